@@ -1,0 +1,234 @@
+//! The command line of SPEC §6. Each command parses its flags and hands over to
+//! the library; nothing here decides anything about payments.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::configuration::{
+    parse_duration, DatabaseSettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
+};
+use crate::gateway::SimulatorConfig;
+use crate::payment::{CommandContext, PaymentCommand};
+use crate::startup::{self, ProcessorSettings};
+use crate::token::{IdempotencyKey, IssueOutcome};
+use crate::worker::{self, LocalKafka};
+
+#[derive(Debug, Parser)]
+#[command(name = "payment-worker", version, about = "Charges each payment command exactly once")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a consumer-group member; SIGTERM drains, commits and leaves the group.
+    Run {
+        #[command(flatten)]
+        kafka: KafkaSettings,
+        #[command(flatten)]
+        worker: WorkerSettings,
+        #[command(flatten)]
+        processor: ProcessorSettings,
+    },
+    /// The whole product on embedded defaults: local Kafka, gateway simulator,
+    /// Redis/Postgres at the default URLs; a workload, a worker group, a replay.
+    Demo(crate::demo::DemoArgs),
+    /// Apply `migrations/` to the database.
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseSettings,
+    },
+    /// Issue and inspect idempotency tokens.
+    Tokens {
+        #[command(subcommand)]
+        command: TokensCommand,
+        #[command(flatten)]
+        database: DatabaseSettings,
+        #[command(flatten)]
+        redis: RedisSettings,
+        #[command(flatten)]
+        tokens: TokenSettings,
+    },
+    /// Process one command (JSON) without Kafka and print its outcome.
+    Process {
+        /// The command as JSON; `-` reads it from standard input.
+        json: String,
+        #[command(flatten)]
+        processor: ProcessorSettings,
+    },
+    /// Publish commands from a JSON-lines file or a generated workload.
+    Produce(crate::worker::ProduceArgs),
+    /// Rewind a consumer group (the group must have no live members).
+    Replay(crate::worker::ReplayArgs),
+    /// Dead-letter topic tools.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// A standalone local Kafka (librdkafka mock cluster) for development.
+    DevKafka {
+        /// Host to advertise; the mock cluster picks its own ports and prints them.
+        #[arg(long, default_value = "127.0.0.1")]
+        listen: String,
+        #[arg(long, default_value_t = 6)]
+        partitions: i32,
+        #[arg(long, default_value_t = 3)]
+        brokers: i32,
+        /// Also write the bootstrap address to this file.
+        #[arg(long)]
+        bootstrap_file: Option<PathBuf>,
+        #[command(flatten)]
+        kafka: KafkaSettings,
+    },
+    /// HTTP gateway simulator (SPEC §7).
+    GatewaySim {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        config: SimulatorConfig,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Mint pending tokens and print one per line (random keys unless KEYs are given).
+    Issue {
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        ttl: Duration,
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        keys: Vec<String>,
+    },
+    /// Print a token's state, owner, fence, lease left and TTL as JSON.
+    Show { key: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Put dead-lettered records back on the commands topic.
+    Redrive(crate::worker::RedriveArgs),
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run {
+            kafka,
+            worker,
+            processor,
+        } => {
+            let worker_id = worker.worker_id();
+            tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
+            let processor = Arc::new(processor.build(&worker_id).await?);
+            let handler = startup::handler(processor, &kafka, &worker)?;
+            let health = worker::serve_health(worker.health_listen).await?;
+            let result = worker::run_until(&kafka, &worker, handler, startup::shutdown_signal()).await;
+            drop(health);
+            result
+        }
+        Command::Demo(args) => crate::demo::run(args).await,
+        Command::Migrate { database } => {
+            database.connect_and_migrate().await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Tokens {
+            command,
+            database,
+            redis,
+            tokens,
+        } => {
+            let pool = database.connect_and_migrate().await?;
+            let store = startup::token_store(&tokens, &redis, &pool).await?;
+            let mut out = std::io::stdout().lock();
+            match command {
+                TokensCommand::Issue { ttl, count, keys } => {
+                    let keys: Vec<IdempotencyKey> = if keys.is_empty() {
+                        (0..count)
+                            .map(|_| IdempotencyKey::try_from(format!("tok-{}", uuid::Uuid::new_v4().simple())))
+                            .collect::<Result<_, _>>()?
+                    } else {
+                        keys.into_iter()
+                            .map(|k| IdempotencyKey::try_from(k.as_str()).with_context(|| format!("key {k:?}")))
+                            .collect::<anyhow::Result<_>>()?
+                    };
+                    for key in keys {
+                        match store.issue(&key, ttl).await? {
+                            IssueOutcome::Created => writeln!(out, "{key}")?,
+                            IssueOutcome::AlreadyExists => eprintln!("{key}: already exists, left as it is"),
+                        }
+                    }
+                }
+                TokensCommand::Show { key } => {
+                    let key = IdempotencyKey::try_from(key.as_str())?;
+                    match store.show(&key).await? {
+                        Some(view) => writeln!(out, "{}", serde_json::to_string(&view)?)?,
+                        None => {
+                            writeln!(out, "{{\"state\":\"missing\"}}")?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Process { json, processor } => {
+            let json = if json == "-" {
+                std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+            } else {
+                json
+            };
+            let command = PaymentCommand::parse(json.as_bytes())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", e.code()))?;
+            let processor = processor.build(&WorkerSettings::default().worker_id()).await?;
+            let outcome = processor.process(&command, &CommandContext::default()).await;
+            println!("{}", serde_json::to_string(&crate::worker::OutcomeView::from(&outcome))?);
+            Ok(())
+        }
+        Command::Produce(args) => worker::produce(args).await,
+        Command::Replay(args) => worker::replay(args).await,
+        Command::Dlq {
+            command: DlqCommand::Redrive(args),
+        } => worker::redrive(args).await,
+        Command::DevKafka {
+            listen,
+            partitions,
+            brokers,
+            bootstrap_file,
+            kafka,
+        } => {
+            let local = LocalKafka::start(brokers)?;
+            local.create_payment_topics(&kafka, partitions)?;
+            let bootstrap = local.bootstrap_servers();
+            let advertised = if listen == "127.0.0.1" {
+                bootstrap.clone()
+            } else {
+                bootstrap.replace("127.0.0.1", &listen)
+            };
+            if let Some(path) = bootstrap_file {
+                std::fs::write(&path, &advertised).with_context(|| format!("writing {}", path.display()))?;
+            }
+            println!("dev-kafka bootstrap {advertised}");
+            std::io::stdout().flush()?;
+            startup::shutdown_signal().await;
+            tokio::task::spawn_blocking(move || drop(local)).await?;
+            Ok(())
+        }
+        Command::GatewaySim { listen, config } => crate::gateway::run_simulator(listen, config).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,312 @@
+//! Every setting is a flag with an environment variable (SPEC §6). Secrets inside
+//! URLs are redacted by every `Debug` here, so a config can be logged whole.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+use crate::token::{TokenMode, TokenPolicy};
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments";
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
+
+/// Parse `30s`, `1500ms`, `5m`, `24h` (clap value parser).
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value).map_err(|e| format!("{value:?} is not a duration: {e}"))
+}
+
+/// `scheme://user:secret@host/db` → `scheme://user:***@host/db`.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // set_password only fails for URLs that cannot carry one.
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "<unparseable url>".to_owned(),
+    }
+}
+
+#[derive(Clone, clap::Args)]
+pub struct DatabaseSettings {
+    /// Postgres URL; the database is created when missing.
+    #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub url: String,
+    /// Pool size. Each in-flight payment holds one connection for its transaction.
+    #[arg(long = "database-max-connections", env = "DATABASE_MAX_CONNECTIONS", default_value_t = 48)]
+    pub max_connections: u32,
+}
+
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+impl DatabaseSettings {
+    pub fn with_url(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            max_connections: 48,
+        }
+    }
+
+    fn options(&self) -> anyhow::Result<PgConnectOptions> {
+        let options: PgConnectOptions = self
+            .url
+            .parse()
+            .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.url)))?;
+        // Statements are logged at debug by the tracing spans, not by sqlx at info.
+        Ok(options.log_statements(tracing::log::LevelFilter::Trace))
+    }
+
+    /// Creates the database named in the URL if it does not exist yet.
+    pub async fn ensure_database(&self) -> anyhow::Result<()> {
+        let options = self.options()?;
+        let name = options
+            .get_database()
+            .unwrap_or("postgres")
+            .to_owned();
+        let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
+            .await
+            .with_context(|| format!("cannot reach Postgres at {}", redact_url(&self.url)))?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(&name)
+                .fetch_one(&mut admin)
+                .await?;
+        if !exists {
+            let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+            match sqlx::query(&format!("CREATE DATABASE {quoted}"))
+                .execute(&mut admin)
+                .await
+            {
+                Ok(_) => {}
+                // Another process created it between our check and our CREATE.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+                Err(e) => return Err(e).context("CREATE DATABASE failed"),
+            }
+        }
+        admin.close().await.ok();
+        Ok(())
+    }
+
+    pub async fn connect(&self) -> anyhow::Result<PgPool> {
+        PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(self.options()?)
+            .await
+            .with_context(|| format!("cannot connect to Postgres at {}", redact_url(&self.url)))
+    }
+
+    /// `ensure_database`, `connect`, then apply `migrations/`.
+    pub async fn connect_and_migrate(&self) -> anyhow::Result<PgPool> {
+        self.ensure_database().await?;
+        let pool = self.connect().await?;
+        crate::startup::migrate(&pool).await?;
+        Ok(pool)
+    }
+}
+
+use sqlx::PgConnection;
+
+#[derive(Clone, clap::Args)]
+pub struct RedisSettings {
+    #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    pub url: String,
+    /// Key prefix; each key is `<prefix>:token:{<idempotency key>}` (hash-tagged for Redis Cluster).
+    #[arg(id = "redis_key_prefix", long = "redis-key-prefix", env = "REDIS_KEY_PREFIX", default_value = "pw")]
+    pub key_prefix: String,
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenStoreKind {
+    Redis,
+    Postgres,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct TokenSettings {
+    #[arg(long = "token-store", env = "TOKEN_STORE", value_enum, default_value = "redis")]
+    pub store: TokenStoreKind,
+    #[arg(long = "token-mode", env = "TOKEN_MODE", value_enum, default_value = "implicit")]
+    pub mode: TokenMode,
+    /// How long a reservation stays exclusive without being extended.
+    #[arg(long = "lease", env = "LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// TTL of a token created implicitly, kept when it is restored.
+    #[arg(long = "token-ttl", env = "TOKEN_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub pending_ttl: Duration,
+    /// TTL of a `completed` tombstone.
+    #[arg(long = "completed-ttl", env = "COMPLETED_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub completed_ttl: Duration,
+}
+
+impl TokenSettings {
+    pub fn policy(&self) -> TokenPolicy {
+        TokenPolicy {
+            mode: self.mode,
+            lease: self.lease,
+            pending_ttl: self.pending_ttl,
+            completed_ttl: self.completed_ttl,
+        }
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewaySettings {
+    #[arg(id = "gateway_url", long = "gateway-url", env = "GATEWAY_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// A charge without an answer after this long has an UNKNOWN outcome.
+    #[arg(id = "gateway_timeout", long = "gateway-timeout", env = "GATEWAY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[arg(long = "gateway-connect-timeout", env = "GATEWAY_CONNECT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    #[arg(long = "gateway-lookup", env = "GATEWAY_LOOKUP", value_enum, default_value = "uncertain")]
+    pub lookup: crate::payment::GatewayLookup,
+}
+
+#[derive(Clone, clap::Args)]
+pub struct KafkaSettings {
+    #[arg(long = "kafka-brokers", env = "KAFKA_BROKERS", default_value = DEFAULT_BROKERS)]
+    pub brokers: String,
+    #[arg(long = "kafka-group-id", env = "KAFKA_GROUP_ID", default_value = "payment-worker")]
+    pub group_id: String,
+    #[arg(long = "commands-topic", env = "COMMANDS_TOPIC", default_value = "payments.commands")]
+    pub commands_topic: String,
+    #[arg(long = "results-topic", env = "RESULTS_TOPIC", default_value = "payments.results")]
+    pub results_topic: String,
+    #[arg(long = "dlq-topic", env = "DLQ_TOPIC", default_value = "payments.dlq")]
+    pub dlq_topic: String,
+    /// A member that stops heart-beating this long is removed from the group.
+    #[arg(long = "kafka-session-timeout", env = "KAFKA_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub session_timeout: Duration,
+    /// Extra librdkafka settings, `key=value` (repeatable); `KAFKA_CONFIG_SASL_MECHANISM=…`
+    /// style environment variables are read too (`_` becomes `.`, lower-cased).
+    #[arg(id = "kafka_config", long = "kafka-config", value_parser = parse_key_value)]
+    pub extra: Vec<(String, String)>,
+}
+
+fn parse_key_value(value: &str) -> Result<(String, String), String> {
+    value
+        .split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{value:?} is not key=value"))
+}
+
+fn is_secret_setting(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "jaas", "token", "key.pem", "credentials"]
+        .iter()
+        .any(|s| key.contains(s))
+}
+
+impl KafkaSettings {
+    pub fn local(brokers: impl Into<String>, group_id: impl Into<String>) -> Self {
+        Self {
+            brokers: brokers.into(),
+            group_id: group_id.into(),
+            commands_topic: "payments.commands".into(),
+            results_topic: "payments.results".into(),
+            dlq_topic: "payments.dlq".into(),
+            session_timeout: Duration::from_secs(6),
+            extra: Vec::new(),
+        }
+    }
+
+    /// `--kafka-config` pairs plus every `KAFKA_CONFIG_*` environment variable.
+    pub fn passthrough(&self) -> Vec<(String, String)> {
+        let mut settings: Vec<(String, String)> = std::env::vars()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("KAFKA_CONFIG_")
+                    .map(|rest| (rest.to_ascii_lowercase().replace('_', "."), v))
+            })
+            .collect();
+        settings.extend(self.extra.iter().cloned());
+        settings
+    }
+}
+
+impl std::fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let extra: Vec<(String, &str)> = self
+            .passthrough()
+            .into_iter()
+            .map(|(k, v)| {
+                let shown = if is_secret_setting(&k) { "***" } else { "<set>" };
+                let _ = v;
+                (k, shown)
+            })
+            .collect();
+        f.debug_struct("KafkaSettings")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("commands_topic", &self.commands_topic)
+            .field("results_topic", &self.results_topic)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("session_timeout", &self.session_timeout)
+            .field("extra", &extra)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerSettings {
+    /// Commands admitted at once per partition (different keys run in parallel,
+    /// one key strictly in order).
+    #[arg(long = "max-in-flight", env = "MAX_IN_FLIGHT", default_value_t = 64)]
+    pub max_in_flight: usize,
+    /// Transient failures are retried this long before dead-lettering (SPEC §5).
+    #[arg(long = "retry-budget", env = "RETRY_BUDGET", default_value = "5m", value_parser = parse_duration)]
+    pub retry_budget: Duration,
+    /// On revoke or shutdown, in-flight commands get this long to finish. Must stay
+    /// below the session timeout so the member is not evicted while draining.
+    #[arg(long = "drain-deadline", env = "DRAIN_DEADLINE", default_value = "4s", value_parser = parse_duration)]
+    pub drain_deadline: Duration,
+    /// Serve `/healthz` and `/readyz` on this address.
+    #[arg(long = "health-listen", env = "HEALTH_LISTEN")]
+    pub health_listen: Option<std::net::SocketAddr>,
+    /// Identifies this member in token owners and logs (default: host-pid).
+    #[arg(long = "worker-id", env = "WORKER_ID")]
+    pub worker_id: Option<String>,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 64,
+            retry_budget: Duration::from_secs(300),
+            drain_deadline: Duration::from_secs(4),
+            health_listen: None,
+            worker_id: None,
+        }
+    }
+}
+
+impl WorkerSettings {
+    pub fn worker_id(&self) -> String {
+        self.worker_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "worker".to_owned());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+}

@@ -1,0 +1,285 @@
+//! `payment-worker demo`: the whole product on one machine. A local Kafka (mock
+//! cluster), the gateway simulator, Redis and Postgres at their default URLs; a
+//! workload with duplicates and bad input; a worker group; a full replay; a report.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::FutureProducer;
+
+use crate::configuration::{
+    DatabaseSettings, GatewaySettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
+};
+use crate::gateway::{ChargeStatus, GatewaySimulator, HttpGateway, PaymentGateway, SimulatorConfig};
+use crate::payment::{GatewayLookup, Processor};
+use crate::retry::RetryPolicy;
+use crate::startup;
+use crate::worker::{self, Handler, LocalKafka, Publisher, ResultRecord, WorkloadSpec};
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Commands in the workload.
+    #[arg(long, default_value_t = 2000)]
+    pub count: usize,
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    #[arg(long, default_value_t = 6)]
+    pub partitions: i32,
+    /// Simulated gateway latency.
+    #[arg(long, default_value_t = 5)]
+    pub gateway_latency_ms: u64,
+    #[command(flatten)]
+    pub database: DatabaseSettings,
+    #[command(flatten)]
+    pub redis: RedisSettings,
+}
+
+/// Outcome counts per pass, filled by a reader of the results topic.
+#[derive(Default)]
+struct Tally {
+    results: usize,
+    by_outcome: BTreeMap<String, usize>,
+}
+
+fn start_results_reader(
+    kafka: &KafkaSettings,
+    tally: Arc<Mutex<Tally>>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let mut config = worker::base_config(kafka);
+    config
+        .set("group.id", format!("demo-results-{}", uuid::Uuid::new_v4().simple()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = config.create()?;
+    consumer.subscribe(&[kafka.results_topic.as_str()])?;
+    Ok(std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            if let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) {
+                let parsed = message
+                    .payload()
+                    .and_then(|p| serde_json::from_slice::<ResultRecord>(p).ok());
+                let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
+                tally.results += 1;
+                let label = parsed.map_or_else(|| "unreadable".to_owned(), |r| r.outcome);
+                *tally.by_outcome.entry(label).or_default() += 1;
+            }
+        }
+        drop(consumer);
+    }))
+}
+
+async fn wait_for_results(tally: &Mutex<Tally>, target: usize, label: &str) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(600);
+    loop {
+        let done = tally.lock().unwrap_or_else(|p| p.into_inner()).results;
+        eprint!("\r  {label}: {done}/{target} results ({:.1}s)   ", started.elapsed().as_secs_f64());
+        let _ = std::io::stderr().flush();
+        if done >= target {
+            eprintln!();
+            return Ok(started.elapsed());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{label} did not finish within 10 minutes");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn start_group(
+    count: usize,
+    kafka: &KafkaSettings,
+    settings: &WorkerSettings,
+    processors: &[Arc<Processor>],
+) -> anyhow::Result<Vec<worker::RunningWorker>> {
+    (0..count)
+        .map(|i| {
+            let handler = Arc::new(Handler::new(
+                Arc::clone(&processors[i % processors.len()]),
+                Publisher::new(kafka)?,
+                RetryPolicy {
+                    budget: Duration::from_secs(60),
+                    ..RetryPolicy::default()
+                },
+            ));
+            worker::start(kafka, settings, handler)
+        })
+        .collect()
+}
+
+async fn stop_group(workers: Vec<worker::RunningWorker>) -> anyhow::Result<()> {
+    for running in workers {
+        running.stop().await?;
+    }
+    Ok(())
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    println!("payment-worker demo (run {run_id})");
+    println!("  postgres: {}", crate::configuration::redact_url(&args.database.url));
+    println!("  redis:    {}", crate::configuration::redact_url(&args.redis.url));
+    let pool = args.database.connect_and_migrate().await?;
+
+    let local = LocalKafka::start(3)?;
+    let mut kafka = KafkaSettings::local(local.bootstrap_servers(), format!("demo-{run_id}"));
+    kafka.commands_topic = format!("demo-{run_id}.commands");
+    kafka.results_topic = format!("demo-{run_id}.results");
+    kafka.dlq_topic = format!("demo-{run_id}.dlq");
+    local.create_payment_topics(&kafka, args.partitions)?;
+    println!("  kafka:    local mock cluster at {} ({} partitions)", kafka.brokers, args.partitions);
+
+    let simulator = GatewaySimulator::bind(
+        "127.0.0.1:0".parse()?,
+        SimulatorConfig {
+            latency_ms: args.gateway_latency_ms,
+            error_rate: 0.02,
+            ..SimulatorConfig::default()
+        },
+    )?;
+    let gateway_url = format!("http://{}", simulator.local_addr());
+    let simulator = simulator.spawn();
+    println!("  gateway:  simulator at {gateway_url} (2% transient errors)");
+
+    let gateway_settings = GatewaySettings {
+        url: gateway_url.clone(),
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(1),
+        lookup: GatewayLookup::Uncertain,
+    };
+    let token_settings = TokenSettings {
+        store: crate::configuration::TokenStoreKind::Redis,
+        mode: crate::token::TokenMode::Implicit,
+        lease: Duration::from_secs(10),
+        pending_ttl: Duration::from_secs(3600),
+        completed_ttl: Duration::from_secs(3600),
+    };
+    let redis = RedisSettings {
+        url: args.redis.url.clone(),
+        key_prefix: format!("demo-{run_id}"),
+    };
+    let tokens = startup::token_store(&token_settings, &redis, &pool).await?;
+    let gateway: Arc<dyn PaymentGateway> = startup::gateway(&gateway_settings)?;
+    let processors: Vec<Arc<Processor>> = (0..args.workers)
+        .map(|i| {
+            Arc::new(Processor::new(
+                Arc::clone(&tokens),
+                Arc::clone(&gateway),
+                pool.clone(),
+                GatewayLookup::Uncertain,
+                format!("demo-worker-{i}"),
+            ))
+        })
+        .collect();
+
+    let spec = WorkloadSpec {
+        count: args.count,
+        duplicate_ratio: 0.25,
+        invalid_ratio: 0.05,
+        decline_ratio: 0.05,
+        seed: rand::random(),
+    };
+    let prefix = format!("demo-{run_id}");
+    let records = worker::generate(&spec, &prefix);
+    let producer: FutureProducer = worker::producer_config(&kafka).create()?;
+    worker::publish_records(&producer, &kafka.commands_topic, args.partitions, &records).await?;
+    let mut kinds: HashMap<worker::RecordKind, usize> = HashMap::new();
+    for r in &records {
+        *kinds.entry(r.kind).or_default() += 1;
+    }
+    println!(
+        "\nproduced {} commands: {} unique, {} duplicates, {} invalid",
+        records.len(),
+        kinds.get(&worker::RecordKind::Valid).unwrap_or(&0),
+        kinds.get(&worker::RecordKind::Duplicate).unwrap_or(&0),
+        kinds.get(&worker::RecordKind::Invalid).unwrap_or(&0),
+    );
+
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let stop_reader = Arc::new(AtomicBool::new(false));
+    let reader = start_results_reader(&kafka, Arc::clone(&tally), Arc::clone(&stop_reader))?;
+    let worker_settings = WorkerSettings {
+        drain_deadline: Duration::from_secs(4),
+        ..WorkerSettings::default()
+    };
+
+    println!("\npass 1: {} workers in group {}", args.workers, kafka.group_id);
+    let group = start_group(args.workers, &kafka, &worker_settings, &processors)?;
+    let first = wait_for_results(&tally, records.len(), "pass 1").await?;
+    let pass1 = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
+    stop_group(group).await?;
+
+    println!("\npass 2: rewind the group to offset 0 and replay every command");
+    let rewind_kafka = kafka.clone();
+    tokio::task::spawn_blocking(move || worker::rewind_group(&rewind_kafka, None))
+        .await?
+        .context("rewinding the group")?;
+    let group = start_group(args.workers, &kafka, &worker_settings, &processors)?;
+    let second = wait_for_results(&tally, records.len(), "pass 2").await?;
+    let pass2 = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
+    stop_group(group).await?;
+    stop_reader.store(true, Ordering::SeqCst);
+    let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+
+    // The books: the gateway ledger against the payments table, for this run's keys.
+    let ledger_client = HttpGateway::new(&gateway_url, Duration::from_secs(10), Duration::from_secs(1))?;
+    let ledger: Vec<_> = ledger_client
+        .ledger()
+        .await?
+        .into_iter()
+        .filter(|e| e.idempotency_key.starts_with(&prefix))
+        .collect();
+    let mut charges_per_key: HashMap<&str, usize> = HashMap::new();
+    for entry in &ledger {
+        *charges_per_key.entry(entry.idempotency_key.as_str()).or_default() += 1;
+    }
+    let double_charged = charges_per_key.values().filter(|n| **n > 1).count();
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT idempotency_key, status, gateway_transaction_id FROM payments WHERE idempotency_key LIKE $1",
+    )
+    .bind(format!("{prefix}-%"))
+    .fetch_all(&pool)
+    .await?;
+    let rows_by_key: HashMap<&str, (&str, Option<&str>)> = rows
+        .iter()
+        .map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref())))
+        .collect();
+    let mut mismatches = 0usize;
+    for entry in &ledger {
+        let expected = match entry.status {
+            ChargeStatus::Approved => "succeeded",
+            ChargeStatus::Declined => "declined",
+        };
+        match rows_by_key.get(entry.idempotency_key.as_str()) {
+            Some((status, Some(txn))) if *status == expected && *txn == entry.transaction_id => {}
+            _ => mismatches += 1,
+        }
+    }
+    let rows_without_charge = rows.len().saturating_sub(ledger.len() - mismatches.min(ledger.len()));
+
+    println!("\n=== report ===");
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(0.001);
+    println!("pass 1: {} results in {:.1}s ({:.0} commands/s): {:?}", pass1.results, first.as_secs_f64(), rate(pass1.results, first), pass1.by_outcome);
+    println!("pass 2 (replay): {} results in {:.1}s ({:.0} commands/s): {:?}", pass2.results, second.as_secs_f64(), rate(pass2.results, second), pass2.by_outcome);
+    let new_in_replay = pass2.by_outcome.get("succeeded").unwrap_or(&0) + pass2.by_outcome.get("declined").unwrap_or(&0);
+    println!("ledger audit: {} charges for {} keys, {} payment rows", ledger.len(), charges_per_key.len(), rows.len());
+    println!("  double charges:               {double_charged}");
+    println!("  charges without matching row: {mismatches}");
+    println!("  rows without a charge:        {rows_without_charge}");
+    println!("  new charges during replay:    {new_in_replay}");
+    drop(simulator);
+    // Every client must be gone before the cluster, or they log reconnect errors.
+    drop(producer);
+    tokio::task::spawn_blocking(move || drop(local)).await?;
+    anyhow::ensure!(
+        double_charged == 0 && mismatches == 0 && rows_without_charge == 0 && new_in_replay == 0,
+        "ledger audit FAILED"
+    );
+    println!("ledger audit: OK (0 double charges)");
+    Ok(())
+}

@@ -1,0 +1,90 @@
+use chrono::{DateTime, Utc};
+
+use crate::token::IdempotencyKey;
+
+/// The body of `POST /charges` (SPEC §7). The idempotency key travels as a header.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChargeRequest {
+    pub amount_minor: i64,
+    pub currency: String,
+    pub payment_method: String,
+}
+
+impl std::fmt::Debug for ChargeRequest {
+    // The payment method is a credential reference: keep it out of every log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChargeRequest")
+            .field("amount_minor", &self.amount_minor)
+            .field("currency", &self.currency)
+            .field("payment_method", &"<redacted>")
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChargeStatus {
+    Approved,
+    Declined,
+}
+
+/// The gateway's answer for one idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Charge {
+    pub transaction_id: String,
+    pub status: ChargeStatus,
+}
+
+/// One row of `GET /charges` (SPEC §7).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LedgerEntry {
+    pub idempotency_key: String,
+    pub transaction_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub status: ChargeStatus,
+    pub charged_at: DateTime<Utc>,
+    /// POST requests this entry received (the first included).
+    pub attempts: u64,
+}
+
+/// How a gateway call failed. The processor branches on the variant.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// No answer in time: the charge may or may not have happened (unknown outcome).
+    #[error("gateway timed out; the outcome is unknown")]
+    Timeout,
+    /// 5xx or a connection that never reached the gateway: nothing was charged.
+    #[error("gateway unavailable: {0}")]
+    Unavailable(String),
+    /// 4xx: the gateway refused this request for good (422: key reused with another body).
+    #[error("gateway rejected the request with HTTP {status}: {reason}")]
+    Rejected { status: u16, reason: String },
+    /// An answer this client cannot read.
+    #[error("gateway answered unreadably: {0}")]
+    Protocol(String),
+}
+
+impl GatewayError {
+    /// Retrying the same request with the same idempotency key is safe and may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Timeout | Self::Unavailable(_) | Self::Protocol(_))
+    }
+}
+
+/// A payment gateway that honours an idempotency key per charge.
+#[async_trait::async_trait]
+pub trait PaymentGateway: Send + Sync + 'static {
+    /// `POST /charges` with `Idempotency-Key: key`.
+    async fn charge(
+        &self,
+        key: &IdempotencyKey,
+        request: &ChargeRequest,
+    ) -> Result<Charge, GatewayError>;
+
+    /// `GET /charges/{key}`: the charge made under `key`, if any.
+    async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<Charge>, GatewayError>;
+
+    /// `GET /charges`: the whole ledger (audit, tests).
+    async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError>;
+}

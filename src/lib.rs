@@ -1,0 +1,14 @@
+//! payment-worker: charges each payment command exactly once, however often it is
+//! delivered, replayed, or the worker crashes. See `docs/ARCHITECTURE.md`.
+
+pub mod cli;
+pub mod configuration;
+pub mod demo;
+pub mod fault;
+pub mod gateway;
+pub mod payment;
+pub mod retry;
+pub mod startup;
+pub mod telemetry;
+pub mod token;
+pub mod worker;

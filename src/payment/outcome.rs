@@ -1,0 +1,69 @@
+use std::time::Duration;
+
+use uuid::Uuid;
+
+/// Why a command was refused for good; the `x-error-kind` of its dead-letter record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    /// The command breaks a rule of SPEC §4.
+    Invalid,
+    /// `issued` mode: the token was never issued, expired, or was consumed.
+    TokenMissing,
+    /// The idempotency key was already used for a different request.
+    KeyReused,
+    /// Transient failures outlasted the retry budget; the token was restored.
+    RetriesExhausted,
+}
+
+impl RejectionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Invalid => "invalid",
+            Self::TokenMissing => "token_missing",
+            Self::KeyReused => "key_reused",
+            Self::RetriesExhausted => "retries_exhausted",
+        }
+    }
+}
+
+/// What happened to one command (SPEC §5). Only `Retry` is not final.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded {
+        payment_id: Uuid,
+        transaction_id: String,
+    },
+    Declined {
+        payment_id: Uuid,
+        transaction_id: String,
+    },
+    /// Already handled: `payment_id` is the original payment.
+    Duplicate { payment_id: Uuid },
+    Rejected { kind: RejectionKind, reason: String },
+    /// A transient failure; the token was restored (or left to its lease when the
+    /// outcome is unknown). Try again no sooner than `after`.
+    Retry { after: Duration, reason: String },
+}
+
+impl Outcome {
+    /// The `outcome` field of the results topic, and a low-cardinality metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Succeeded { .. } => "succeeded",
+            Self::Declined { .. } => "declined",
+            Self::Duplicate { .. } => "duplicate",
+            Self::Rejected { .. } => "rejected",
+            Self::Retry { .. } => "retry",
+        }
+    }
+
+    pub fn payment_id(&self) -> Option<Uuid> {
+        match self {
+            Self::Succeeded { payment_id, .. }
+            | Self::Declined { payment_id, .. }
+            | Self::Duplicate { payment_id } => Some(*payment_id),
+            Self::Rejected { .. } | Self::Retry { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The `payments` table. Every function takes an executor so the processor decides
+//! what runs inside its one transaction.
+
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use super::{Fingerprint, PaymentCommand};
+use crate::gateway::{Charge, ChargeStatus};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentStatus {
+    Processing,
+    Succeeded,
+    Declined,
+}
+
+impl PaymentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processing => "processing",
+            Self::Succeeded => "succeeded",
+            Self::Declined => "declined",
+        }
+    }
+
+    fn parse(value: &str) -> Option<Self> {
+        match value {
+            "processing" => Some(Self::Processing),
+            "succeeded" => Some(Self::Succeeded),
+            "declined" => Some(Self::Declined),
+            _ => None,
+        }
+    }
+}
+
+impl From<ChargeStatus> for PaymentStatus {
+    fn from(status: ChargeStatus) -> Self {
+        match status {
+            ChargeStatus::Approved => Self::Succeeded,
+            ChargeStatus::Declined => Self::Declined,
+        }
+    }
+}
+
+/// Where a command came from; stored on its payment row.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourcePosition {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// The parts of a row the processor decides on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentRecord {
+    pub id: Uuid,
+    pub fingerprint: Fingerprint,
+    pub status: PaymentStatus,
+    pub gateway_transaction_id: Option<String>,
+    pub trace_id: Option<String>,
+}
+
+fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<PaymentRecord, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    let status = PaymentStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: "status".into(),
+        source: format!("unknown payment status {status:?}").into(),
+    })?;
+    Ok(PaymentRecord {
+        id: row.try_get("id")?,
+        fingerprint: Fingerprint::from_hex(row.try_get::<String, _>("fingerprint")?),
+        status,
+        gateway_transaction_id: row.try_get("gateway_transaction_id")?,
+        trace_id: row.try_get("trace_id")?,
+    })
+}
+
+pub async fn find_payment(
+    conn: &mut PgConnection,
+    key: &str,
+) -> Result<Option<PaymentRecord>, sqlx::Error> {
+    sqlx::query(
+        "SELECT id, fingerprint, status, gateway_transaction_id, trace_id
+         FROM payments WHERE idempotency_key = $1",
+    )
+    .bind(key)
+    .fetch_optional(conn)
+    .await?
+    .map(|row| record_from_row(&row))
+    .transpose()
+}
+
+/// What a new row carries besides the command itself.
+pub(crate) struct RowContext<'a> {
+    pub source: Option<&'a SourcePosition>,
+    pub trace_id: Option<&'a str>,
+    pub fence: u64,
+}
+
+/// Inserts the row. `charge` is `None` for the usual `processing` row written before
+/// the gateway call, `Some` when recording a charge that already exists.
+/// Returns `None` when another transaction committed a row for this key first.
+pub(crate) async fn insert(
+    conn: &mut PgConnection,
+    command: &PaymentCommand,
+    fingerprint: &Fingerprint,
+    context: &RowContext<'_>,
+    charge: Option<&Charge>,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    let status = charge.map_or(PaymentStatus::Processing, |c| c.status.into());
+    // ON CONFLICT DO NOTHING waits for a concurrent uncommitted insert of the same
+    // key, then yields no row if that one committed: the unique index serialises.
+    sqlx::query_scalar(
+        "INSERT INTO payments (id, idempotency_key, fingerprint, account_id, amount_minor,
+             currency, description, status, gateway_transaction_id, source_topic,
+             source_partition, source_offset, trace_id, fence)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+         ON CONFLICT (idempotency_key) DO NOTHING
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(command.idempotency_key.as_str())
+    .bind(fingerprint.as_str())
+    .bind(&command.account_id)
+    .bind(command.amount_minor)
+    .bind(&command.currency)
+    .bind(command.description.as_deref())
+    .bind(status.as_str())
+    .bind(charge.map(|c| c.transaction_id.as_str()))
+    .bind(context.source.map(|s| s.topic.as_str()))
+    .bind(context.source.map(|s| s.partition))
+    .bind(context.source.map(|s| s.offset))
+    .bind(context.trace_id)
+    .bind(i64::try_from(context.fence).unwrap_or(i64::MAX))
+    .fetch_optional(conn)
+    .await
+}
+
+pub(crate) async fn record_charge(
+    conn: &mut PgConnection,
+    payment_id: Uuid,
+    charge: &Charge,
+) -> Result<(), sqlx::Error> {
+    let status = PaymentStatus::from(charge.status);
+    let reason = (status == PaymentStatus::Declined).then_some("declined by gateway");
+    sqlx::query(
+        "UPDATE payments
+         SET status = $2, gateway_transaction_id = $3, failure_reason = $4, updated_at = now()
+         WHERE id = $1 AND status = 'processing'",
+    )
+    .bind(payment_id)
+    .bind(status.as_str())
+    .bind(&charge.transaction_id)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,465 @@
+//! SPEC §5 for one command: reserve the token, run the one Postgres transaction
+//! around the gateway charge, then confirm or restore the token.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::Retryable;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::outcome::{Outcome, RejectionKind};
+use super::persistence::{self, PaymentRecord, PaymentStatus, RowContext, SourcePosition};
+use super::{Fingerprint, PaymentCommand};
+use crate::fault::{FaultPoint, Faults};
+use crate::gateway::{Charge, ChargeStatus, GatewayError, PaymentGateway};
+use crate::retry::is_transient_sqlx;
+use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
+
+/// When the processor asks the gateway for an existing charge before charging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum GatewayLookup {
+    /// After a timeout, or when the reservation is not the first (fence > 1).
+    #[default]
+    Uncertain,
+    /// Before every charge: safe even against a gateway that ignores idempotency keys.
+    Always,
+}
+
+/// Where a command came from, carried onto its payment row.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CommandContext<'a> {
+    pub source: Option<&'a SourcePosition>,
+    pub trace_id: Option<&'a str>,
+}
+
+/// What the transaction leaves for the token once it has ended.
+enum Settlement {
+    /// A final outcome is durable in Postgres: `processing → completed`.
+    Confirm {
+        payment_id: Uuid,
+        fingerprint: Fingerprint,
+        outcome: Outcome,
+    },
+    /// Nothing was charged (or the refusal is final and charge-free): `processing → pending`.
+    Restore(Outcome),
+    /// A charge may have happened and we could not find out: leave the token to its
+    /// lease, so the next owner (fence + 1) looks the charge up before charging.
+    LeaveToLease(Outcome),
+}
+
+pub struct Processor {
+    tokens: Arc<dyn TokenStore>,
+    gateway: Arc<dyn PaymentGateway>,
+    pool: PgPool,
+    lookup: GatewayLookup,
+    worker_id: String,
+    faults: Faults,
+}
+
+fn retry(reason: impl Into<String>) -> Outcome {
+    Outcome::Retry {
+        after: Duration::ZERO,
+        reason: reason.into(),
+    }
+}
+
+fn final_outcome(payment_id: Uuid, charge: &Charge) -> Outcome {
+    let transaction_id = charge.transaction_id.clone();
+    match charge.status {
+        ChargeStatus::Approved => Outcome::Succeeded {
+            payment_id,
+            transaction_id,
+        },
+        ChargeStatus::Declined => Outcome::Declined {
+            payment_id,
+            transaction_id,
+        },
+    }
+}
+
+fn key_reused() -> Outcome {
+    Outcome::Rejected {
+        kind: RejectionKind::KeyReused,
+        reason: "idempotency_key_reused: the key was already used for a different request"
+            .to_owned(),
+    }
+}
+
+/// A row that already exists for the key decides the command (SPEC §5, I6).
+fn outcome_for_existing(existing: &PaymentRecord, fingerprint: &Fingerprint) -> Outcome {
+    if &existing.fingerprint != fingerprint {
+        key_reused()
+    } else {
+        Outcome::Duplicate {
+            payment_id: existing.id,
+        }
+    }
+}
+
+impl Processor {
+    pub fn new(
+        tokens: Arc<dyn TokenStore>,
+        gateway: Arc<dyn PaymentGateway>,
+        pool: PgPool,
+        lookup: GatewayLookup,
+        worker_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            tokens,
+            gateway,
+            pool,
+            lookup,
+            worker_id: worker_id.into(),
+            faults: Faults::from_env(),
+        }
+    }
+
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    pub fn tokens(&self) -> &Arc<dyn TokenStore> {
+        &self.tokens
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// One attempt. Never panics and never returns an error: failures become
+    /// `Outcome::Retry` (transient) or `Outcome::Rejected` (final).
+    pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
+        let key = &command.idempotency_key;
+        let fingerprint = command.fingerprint();
+        // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
+        let owner = format!("{}:{}", self.worker_id, Uuid::new_v4().simple());
+        let reservation = match self.tokens.reserve(key, &owner).await {
+            Ok(reservation) => reservation,
+            Err(error) => return retry(format!("token reserve failed: {error}")),
+        };
+        tracing::debug!(idempotency_key = %key, ?reservation, "token reserve");
+        match reservation {
+            Reservation::Reserved { fence } => {
+                let claim = Claim { owner, fence };
+                self.run_reserved(command, &fingerprint, context, &claim).await
+            }
+            Reservation::InFlight { lease_left } => Outcome::Retry {
+                after: lease_left,
+                reason: "token in flight at another worker".to_owned(),
+            },
+            Reservation::Completed {
+                payment_id,
+                fingerprint: stored,
+            } => match stored {
+                Some(stored) if stored == fingerprint.as_str() => Outcome::Duplicate { payment_id },
+                Some(_) => key_reused(),
+                None => self.decide_from_postgres(key, &fingerprint, payment_id).await,
+            },
+            Reservation::Missing => self.recover_missing(command, &fingerprint, context).await,
+        }
+    }
+
+    async fn decide_from_postgres(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        tombstone_payment: Uuid,
+    ) -> Outcome {
+        match self.find_existing(key).await {
+            Ok(Some(existing)) => outcome_for_existing(&existing, fingerprint),
+            Ok(None) => {
+                tracing::warn!(idempotency_key = %key, "completed token without a payment row");
+                Outcome::Duplicate {
+                    payment_id: tombstone_payment,
+                }
+            }
+            Err(error) => retry(format!("payment look-up failed: {error}")),
+        }
+    }
+
+    async fn find_existing(&self, key: &IdempotencyKey) -> Result<Option<PaymentRecord>, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        persistence::find_payment(&mut conn, key.as_str()).await
+    }
+
+    /// `issued` mode, token missing (SPEC §5): Postgres, then the gateway, decide.
+    async fn recover_missing(
+        &self,
+        command: &PaymentCommand,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+    ) -> Outcome {
+        let key = &command.idempotency_key;
+        match self.find_existing(key).await {
+            Ok(Some(existing)) => return outcome_for_existing(&existing, fingerprint),
+            Ok(None) => {}
+            Err(error) => return retry(format!("payment look-up failed: {error}")),
+        }
+        let charge = match self.gateway.lookup(key).await {
+            Ok(Some(charge)) => charge,
+            Ok(None) => {
+                return Outcome::Rejected {
+                    kind: RejectionKind::TokenMissing,
+                    reason: "token_missing: never issued, expired, or already consumed".to_owned(),
+                }
+            }
+            Err(error) => return retry(format!("gateway look-up failed: {error}")),
+        };
+        // An earlier attempt charged and crashed before recording: record, never re-charge.
+        let row = RowContext {
+            source: context.source,
+            trace_id: context.trace_id,
+            fence: 0,
+        };
+        let inserted = async {
+            let mut conn = self.pool.acquire().await?;
+            persistence::insert(&mut conn, command, fingerprint, &row, Some(&charge)).await
+        }
+        .await;
+        match inserted {
+            Ok(Some(payment_id)) => final_outcome(payment_id, &charge),
+            Ok(None) => match self.find_existing(key).await {
+                Ok(Some(existing)) => outcome_for_existing(&existing, fingerprint),
+                Ok(None) => retry("payment row vanished after a conflict"),
+                Err(error) => retry(format!("payment look-up failed: {error}")),
+            },
+            Err(error) => retry(format!("recording the recovered charge failed: {error}")),
+        }
+    }
+
+    async fn run_reserved(
+        &self,
+        command: &PaymentCommand,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+        claim: &Claim,
+    ) -> Outcome {
+        let key = &command.idempotency_key;
+        let settlement = match self.faults.hit(FaultPoint::AfterReserve).await {
+            Err(fault) => Settlement::Restore(retry(fault.to_string())),
+            Ok(()) => self.transact(command, fingerprint, context, claim).await,
+        };
+        match settlement {
+            Settlement::Confirm {
+                payment_id,
+                fingerprint,
+                outcome,
+            } => {
+                if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit).await {
+                    // The payment is durable; the token stays `processing` until its lease
+                    // expires, and the next attempt finds the row (a duplicate).
+                    tracing::warn!(idempotency_key = %key, %fault, "token left processing");
+                    return outcome;
+                }
+                match self.tokens.confirm(key, claim, payment_id, fingerprint.as_str()).await {
+                    Ok(Transition::Applied) => {}
+                    Ok(Transition::Refused) => tracing::warn!(
+                        idempotency_key = %key,
+                        "confirm refused: lease lost after commit; the next owner will find the row"
+                    ),
+                    Err(error) => tracing::warn!(
+                        idempotency_key = %key, %error,
+                        "confirm failed; the lease will expire and the row decides"
+                    ),
+                }
+                outcome
+            }
+            Settlement::Restore(outcome) => {
+                match self.tokens.restore(key, claim).await {
+                    Ok(Transition::Applied) => {}
+                    Ok(Transition::Refused) => {
+                        tracing::warn!(idempotency_key = %key, "restore refused: lease lost")
+                    }
+                    Err(error) => tracing::warn!(
+                        idempotency_key = %key, %error,
+                        "restore failed; the lease will expire instead"
+                    ),
+                }
+                outcome
+            }
+            Settlement::LeaveToLease(outcome) => outcome,
+        }
+    }
+
+    /// The one transaction: pre-existing check, insert, charge, record, commit.
+    async fn transact(
+        &self,
+        command: &PaymentCommand,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+        claim: &Claim,
+    ) -> Settlement {
+        let key = &command.idempotency_key;
+        let before_charge = |what: &str, error: sqlx::Error| {
+            if !is_transient_sqlx(&error) {
+                tracing::error!(idempotency_key = %key, %error, "unexpected database error");
+            }
+            Settlement::Restore(retry(format!("{what} failed: {error}")))
+        };
+        let mut tx = match self.pool.begin().await {
+            Ok(tx) => tx,
+            Err(error) => return before_charge("begin", error),
+        };
+        match persistence::find_payment(&mut tx, key.as_str()).await {
+            Ok(Some(existing)) => return self.settle_existing(existing, fingerprint),
+            Ok(None) => {}
+            Err(error) => return before_charge("pre-existing check", error),
+        }
+        let row = RowContext {
+            source: context.source,
+            trace_id: context.trace_id,
+            fence: claim.fence,
+        };
+        let payment_id = match persistence::insert(&mut tx, command, fingerprint, &row, None).await {
+            Ok(Some(id)) => id,
+            // Another holder committed this key while we waited on the unique index.
+            Ok(None) => {
+                drop(tx);
+                return match self.find_existing(key).await {
+                    Ok(Some(existing)) => self.settle_existing(existing, fingerprint),
+                    Ok(None) => Settlement::Restore(retry("payment row vanished after a conflict")),
+                    Err(error) => before_charge("re-read after conflict", error),
+                };
+            }
+            Err(error) => return before_charge("insert", error),
+        };
+        if let Err(fault) = self.faults.hit(FaultPoint::AfterInsert).await {
+            return Settlement::Restore(retry(fault.to_string()));
+        }
+
+        let (charge, lease_kept) = self.with_lease(key, claim, self.obtain_charge(command, claim)).await;
+        let charge = match charge {
+            Ok(charge) => charge,
+            Err(settlement) => return settlement,
+        };
+        if let Err(fault) = self.faults.hit(FaultPoint::AfterCharge).await {
+            return Settlement::LeaveToLease(retry(fault.to_string()));
+        }
+        if !lease_kept {
+            // Another owner may be waiting on our uncommitted row; rolling back lets it
+            // proceed, and its fence > 1 makes it look this charge up instead of charging.
+            return Settlement::LeaveToLease(retry("lease lost during the gateway call"));
+        }
+        if let Err(error) = persistence::record_charge(&mut tx, payment_id, &charge).await {
+            return Settlement::LeaveToLease(retry(format!("recording the charge failed: {error}")));
+        }
+        // Fencing (I5): only the current owner may commit.
+        match self.tokens.extend(key, claim).await {
+            Ok(Transition::Applied) => {}
+            Ok(Transition::Refused) => {
+                return Settlement::LeaveToLease(retry("lease lost before commit"))
+            }
+            Err(error) => {
+                return Settlement::LeaveToLease(retry(format!("lease check before commit failed: {error}")))
+            }
+        }
+        if let Err(error) = tx.commit().await {
+            // A failed COMMIT may still have committed: only the next owner can tell.
+            return Settlement::LeaveToLease(retry(format!("commit failed: {error}")));
+        }
+        Settlement::Confirm {
+            payment_id,
+            fingerprint: fingerprint.clone(),
+            outcome: final_outcome(payment_id, &charge),
+        }
+    }
+
+    fn settle_existing(&self, existing: PaymentRecord, fingerprint: &Fingerprint) -> Settlement {
+        if existing.status == PaymentStatus::Processing {
+            // Never committed by this code; leave it for `audit` rather than guess.
+            return Settlement::Restore(retry("payment row stuck in processing"));
+        }
+        let outcome = outcome_for_existing(&existing, fingerprint);
+        Settlement::Confirm {
+            payment_id: existing.id,
+            fingerprint: existing.fingerprint,
+            outcome,
+        }
+    }
+
+    /// Charge, or find the charge an earlier attempt made. `Err` says how to settle.
+    async fn obtain_charge(
+        &self,
+        command: &PaymentCommand,
+        claim: &Claim,
+    ) -> Result<Charge, Settlement> {
+        let key = &command.idempotency_key;
+        let look_first = self.lookup == GatewayLookup::Always || claim.fence > 1;
+        if look_first {
+            match self.gateway.lookup(key).await {
+                Ok(Some(charge)) => return Ok(charge),
+                Ok(None) => {}
+                Err(error) => {
+                    return Err(Settlement::Restore(retry(format!(
+                        "gateway look-up before charging failed: {error}"
+                    ))))
+                }
+            }
+        }
+        match self.gateway.charge(key, &command.charge_request()).await {
+            Ok(charge) => Ok(charge),
+            Err(GatewayError::Timeout) => self.resolve_unknown(key).await,
+            Err(GatewayError::Rejected { status: 422, .. }) => Err(Settlement::Restore(key_reused())),
+            Err(GatewayError::Rejected { status, reason }) => {
+                Err(Settlement::Restore(Outcome::Rejected {
+                    kind: RejectionKind::Invalid,
+                    reason: format!("gateway_rejected: HTTP {status}: {reason}"),
+                }))
+            }
+            Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => {
+                Err(Settlement::Restore(retry(format!("gateway: {error}"))))
+            }
+        }
+    }
+
+    /// A timeout is an UNKNOWN outcome: ask the gateway before deciding anything.
+    async fn resolve_unknown(&self, key: &IdempotencyKey) -> Result<Charge, Settlement> {
+        let lookup = || async { self.gateway.lookup(key).await };
+        let found = lookup
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_times(4)
+                    .with_jitter(),
+            )
+            .when(GatewayError::is_retryable)
+            .await;
+        match found {
+            Ok(Some(charge)) => Ok(charge),
+            Ok(None) => Err(Settlement::Restore(retry(
+                "gateway timed out and holds no charge for the key",
+            ))),
+            Err(error) => Err(Settlement::LeaveToLease(retry(format!(
+                "gateway timed out and the look-up failed ({error}): outcome unknown"
+            )))),
+        }
+    }
+
+    /// Runs `work` while renewing the lease every third of it. Returns whether the
+    /// lease was kept throughout.
+    async fn with_lease<T>(
+        &self,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        work: impl Future<Output = T>,
+    ) -> (T, bool) {
+        let period = (self.tokens.policy().lease / 3).max(Duration::from_millis(10));
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let mut kept = true;
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                output = &mut work => return (output, kept),
+                _ = ticker.tick(), if kept => match self.tokens.extend(key, claim).await {
+                    Ok(Transition::Applied) => {}
+                    Ok(Transition::Refused) => kept = false,
+                    // A missed renewal is not a lost lease; the next tick tries again.
+                    Err(error) => tracing::warn!(idempotency_key = %key, %error, "lease renewal failed"),
+                },
+            }
+        }
+    }
+}

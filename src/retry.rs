@@ -1,0 +1,56 @@
+//! The one place that says which failures are worth retrying, and how.
+
+use std::time::Duration;
+
+use backon::ExponentialBuilder;
+
+/// Exponential backoff with full jitter, bounded by a total budget (SPEC §5:
+/// retries exhausted after 5 minutes by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub min_delay: Duration,
+    pub max_delay: Duration,
+    pub budget: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_secs(10),
+            budget: Duration::from_secs(300),
+        }
+    }
+}
+
+impl RetryPolicy {
+    pub fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(self.max_delay)
+            .with_total_delay(Some(self.budget))
+            .without_max_times()
+            .with_jitter()
+    }
+}
+
+/// Postgres failures that a later attempt can overcome: the connection, the pool,
+/// and the server states that abort a transaction without it being our fault.
+pub fn is_transient_sqlx(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // serialization_failure, deadlock_detected, lock_not_available,
+            // admin/crash shutdown, cannot_connect_now, too_many_connections,
+            // query_canceled (statement timeout), connection exceptions (08xxx).
+            Some("40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "53300" | "57014")
+        ) || db.code().is_some_and(|c| c.starts_with("08")),
+        _ => false,
+    }
+}

@@ -1,0 +1,115 @@
+use std::fmt;
+
+/// Longest idempotency key accepted (SPEC §4).
+pub const MAX_KEY_LEN: usize = 128;
+
+/// An idempotency key that passed SPEC §4: 1–128 characters of `[A-Za-z0-9._:-]`.
+///
+/// Parsed once at the edge; everything inside the worker takes this type, so a
+/// key can never smuggle a Redis hash tag (`{`/`}`) or a wildcard into a store.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
+pub struct IdempotencyKey(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidKey {
+    #[error("idempotency_key is empty")]
+    Empty,
+    #[error("idempotency_key is longer than {MAX_KEY_LEN} characters ({0})")]
+    TooLong(usize),
+    #[error("idempotency_key contains a character outside [A-Za-z0-9._:-] at position {position}")]
+    IllegalCharacter { position: usize },
+}
+
+impl IdempotencyKey {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<&str> for IdempotencyKey {
+    type Error = InvalidKey;
+
+    fn try_from(value: &str) -> Result<Self, Self::Error> {
+        if value.is_empty() {
+            return Err(InvalidKey::Empty);
+        }
+        let length = value.chars().count();
+        if length > MAX_KEY_LEN {
+            return Err(InvalidKey::TooLong(length));
+        }
+        if let Some(position) = value
+            .chars()
+            .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+        {
+            return Err(InvalidKey::IllegalCharacter { position });
+        }
+        Ok(Self(value.to_owned()))
+    }
+}
+
+impl TryFrom<String> for IdempotencyKey {
+    type Error = InvalidKey;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::try_from(value.as_str())
+    }
+}
+
+impl std::str::FromStr for IdempotencyKey {
+    type Err = InvalidKey;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::try_from(s)
+    }
+}
+
+impl AsRef<str> for IdempotencyKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey({})", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated_per_spec() {
+        let long_ok = "a".repeat(128);
+        let too_long = "a".repeat(129);
+        let cases: &[(&str, Result<(), InvalidKey>)] = &[
+            ("ord-2026-000123", Ok(())),
+            ("a", Ok(())),
+            ("A.b_c:d-e", Ok(())),
+            ("0123456789", Ok(())),
+            (long_ok.as_str(), Ok(())),
+            ("", Err(InvalidKey::Empty)),
+            (too_long.as_str(), Err(InvalidKey::TooLong(129))),
+            ("has space", Err(InvalidKey::IllegalCharacter { position: 3 })),
+            ("{tag}", Err(InvalidKey::IllegalCharacter { position: 0 })),
+            ("a*", Err(InvalidKey::IllegalCharacter { position: 1 })),
+            ("a/b", Err(InvalidKey::IllegalCharacter { position: 1 })),
+            ("é", Err(InvalidKey::IllegalCharacter { position: 0 })),
+            ("ключ", Err(InvalidKey::IllegalCharacter { position: 0 })),
+            ("a\nb", Err(InvalidKey::IllegalCharacter { position: 1 })),
+            ("a\0", Err(InvalidKey::IllegalCharacter { position: 1 })),
+        ];
+        for (input, expected) in cases {
+            let got = IdempotencyKey::try_from(*input).map(|_| ());
+            assert_eq!(&got, expected, "input {input:?}");
+        }
+    }
+}

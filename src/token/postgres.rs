@@ -1,0 +1,530 @@
+//! The Postgres token store (SPEC §3, `--token-store postgres`), in the seed's style:
+//! every decision is ONE statement on ONE row with `status` and the deadlines checked
+//! in its `WHERE`, so concurrent callers are serialised by the row lock and each one
+//! re-evaluates the condition on the row as the previous one left it. Time is the
+//! database's `now()`, never this host's clock.
+//!
+//! A row past its deadline is treated exactly like an absent one by every statement;
+//! it is only deleted where that is free (consume, restore past the deadline).
+
+use std::time::Duration;
+
+use anyhow::anyhow;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{
+    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode,
+    TokenPolicy, TokenState, TokenStore, TokenView, Transition,
+};
+
+/// Longest wait for one statement (pool acquisition included) before the store is
+/// reported `Unavailable`; the pool's own acquire timeout may be longer.
+const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often `reserve` re-decides when the follow-up read saw the token change between
+/// the deciding statement and the read. Each retry needs another writer to have won a
+/// race in between, so a handful is plenty.
+const RESERVE_ATTEMPTS: usize = 8;
+
+const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// Create `pending` when absent, or replace a row whose life is over. The fence is kept
+/// from the old row: it only ever grows while the row exists.
+const ISSUE: &str = "
+INSERT INTO idempotency_tokens AS t (key, status, fence, expires_at)
+VALUES ($1, 'pending', 0, now() + $2::bigint * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE
+   SET status = 'pending', owner = NULL, lease_expires_at = NULL, payment_id = NULL,
+       fingerprint = NULL, expires_at = EXCLUDED.expires_at, created_at = now(),
+       updated_at = now()
+ WHERE NOT (t.expires_at > now()
+            OR (t.status = 'processing' AND t.lease_expires_at > now()))
+RETURNING fence";
+
+const CONSUME: &str = "
+DELETE FROM idempotency_tokens
+ WHERE key = $1 AND status = 'pending' AND expires_at > now()
+RETURNING fence";
+
+const LOCK: &str = "
+INSERT INTO idempotency_locks AS l (key, owner, expires_at)
+VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE
+   SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+ WHERE l.expires_at <= now()
+RETURNING owner";
+
+const RELEASE: &str = "
+DELETE FROM idempotency_locks
+ WHERE key = $1 AND owner = $2 AND expires_at > now()
+RETURNING owner";
+
+/// Implicit mode: an unknown key is inserted straight into `processing` with fence 1;
+/// an existing row is taken over when it is pending, its lease expired, or its life is
+/// over. A token whose own deadline is still ahead keeps it (restore goes back to it);
+/// otherwise it gets a fresh one.
+const RESERVE_IMPLICIT: &str = "
+INSERT INTO idempotency_tokens AS t (key, status, owner, fence, lease_expires_at, expires_at)
+VALUES ($1, 'processing', $2, 1,
+        now() + $3::bigint * interval '1 millisecond',
+        now() + $4::bigint * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE
+   SET status = 'processing',
+       owner = EXCLUDED.owner,
+       fence = t.fence + 1,
+       lease_expires_at = EXCLUDED.lease_expires_at,
+       expires_at = CASE WHEN t.status <> 'completed' AND t.expires_at > now()
+                         THEN t.expires_at ELSE EXCLUDED.expires_at END,
+       payment_id = NULL,
+       fingerprint = NULL,
+       updated_at = now()
+ WHERE t.status = 'pending'
+    OR (t.status = 'processing' AND t.lease_expires_at <= now())
+    OR (t.status = 'completed' AND t.expires_at <= now())
+RETURNING fence";
+
+/// Issued mode: only a live token that is pending or whose lease expired is taken.
+const RESERVE_ISSUED: &str = "
+UPDATE idempotency_tokens
+   SET status = 'processing',
+       owner = $2,
+       fence = fence + 1,
+       lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+       updated_at = now()
+ WHERE key = $1
+   AND expires_at > now()
+   AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))
+RETURNING fence";
+
+/// The owner-checked statements accept a lapsed lease as long as nobody reserved since
+/// (owner and fence still match) and the row is still live.
+const CONFIRM: &str = "
+UPDATE idempotency_tokens
+   SET status = 'completed',
+       payment_id = $4,
+       fingerprint = $5,
+       lease_expires_at = NULL,
+       expires_at = CASE WHEN status = 'completed' THEN expires_at
+                         ELSE now() + $6::bigint * interval '1 millisecond' END,
+       updated_at = now()
+ WHERE key = $1 AND owner = $2 AND fence = $3
+   AND ((status = 'processing' AND (expires_at > now() OR lease_expires_at > now()))
+        -- the same claim confirming the same payment again: a retry whose answer was lost
+        OR (status = 'completed' AND payment_id = $4 AND expires_at > now()))
+RETURNING fence";
+
+const RESTORE: &str = "
+UPDATE idempotency_tokens
+   SET status = 'pending', owner = NULL, lease_expires_at = NULL, updated_at = now()
+ WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3
+   AND (expires_at > now() OR lease_expires_at > now())
+RETURNING expires_at <= now()";
+
+/// After a restore past the token's deadline the row is already dead; removing it is
+/// housekeeping, guarded so a token revived in between is left alone.
+const DELETE_DEAD_PENDING: &str = "
+DELETE FROM idempotency_tokens
+ WHERE key = $1 AND status = 'pending' AND expires_at <= now()";
+
+const EXTEND: &str = "
+UPDATE idempotency_tokens
+   SET lease_expires_at = now() + $4::bigint * interval '1 millisecond', updated_at = now()
+ WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3
+   AND (expires_at > now() OR lease_expires_at > now())
+RETURNING fence";
+
+const READ: &str = "
+SELECT status, owner, fence, payment_id, fingerprint,
+       (expires_at > now() OR (status = 'processing' AND lease_expires_at > now())) AS live,
+       CASE WHEN status = 'processing' THEN
+           GREATEST(0, ceil(EXTRACT(EPOCH FROM lease_expires_at - now()) * 1000))::bigint
+       END AS lease_left_ms,
+       GREATEST(0, ceil(EXTRACT(EPOCH FROM GREATEST(expires_at, lease_expires_at) - now())
+                        * 1000))::bigint AS ttl_ms
+  FROM idempotency_tokens
+ WHERE key = $1";
+
+const EXPIRED_LEASES: &str = "
+SELECT key
+  FROM idempotency_tokens
+ WHERE status = 'processing' AND lease_expires_at <= now() AND expires_at > now()
+ ORDER BY lease_expires_at
+ LIMIT $1";
+
+#[derive(sqlx::FromRow)]
+struct TokenRow {
+    status: String,
+    owner: Option<String>,
+    fence: i64,
+    payment_id: Option<Uuid>,
+    fingerprint: Option<String>,
+    live: Option<bool>,
+    lease_left_ms: Option<i64>,
+    ttl_ms: Option<i64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PostgresTokenStore {
+    pool: PgPool,
+    policy: TokenPolicy,
+    op_timeout: Duration,
+}
+
+impl PostgresTokenStore {
+    pub fn new(pool: PgPool, policy: TokenPolicy) -> Self {
+        Self {
+            pool,
+            policy,
+            op_timeout: DEFAULT_OP_TIMEOUT,
+        }
+    }
+
+    /// Caps how long one operation may wait for Postgres before it is `Unavailable`.
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn timed<T>(
+        &self,
+        what: &'static str,
+        subject: &str,
+        op: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, TokenError> {
+        match tokio::time::timeout(self.op_timeout, op).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(classify(e, what, subject)),
+            Err(_) => Err(TokenError::Unavailable(anyhow!(
+                "{what} {subject}: no answer from Postgres within {:?}",
+                self.op_timeout
+            ))),
+        }
+    }
+
+    async fn read(&self, key: &IdempotencyKey) -> Result<Option<TokenRow>, TokenError> {
+        let row = self
+            .timed(
+                "read",
+                key.as_str(),
+                sqlx::query_as::<_, TokenRow>(READ)
+                    .bind(key.as_str())
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(row.filter(|r| r.live == Some(true)))
+    }
+
+    /// Runs an owner-checked statement; `None` when the fence cannot exist in the table.
+    fn fence_param(claim: &Claim) -> Option<i64> {
+        i64::try_from(claim.fence).ok()
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    let ms = u64::try_from(duration.as_millis())
+        .unwrap_or(MAX_MILLIS)
+        .clamp(1, MAX_MILLIS);
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+fn fence_of(key: &IdempotencyKey, fence: i64) -> Result<u64, TokenError> {
+    u64::try_from(fence)
+        .map_err(|_| TokenError::Corrupt(format!("token {key} has a negative fence {fence}")))
+}
+
+/// Connection trouble, timeouts and transient server states are worth retrying; values
+/// this code cannot decode, or that violate the table's constraints, are not.
+fn classify(err: sqlx::Error, what: &'static str, subject: &str) -> TokenError {
+    let data_problem = match &err {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("22") || code.starts_with("23")),
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::TypeNotFound { .. } => true,
+        _ => false,
+    };
+    if data_problem {
+        TokenError::Corrupt(format!("{what} {subject}: {err}"))
+    } else {
+        TokenError::Unavailable(anyhow::Error::new(err).context(format!("{what} {subject}")))
+    }
+}
+
+fn transition(applied: bool) -> Transition {
+    if applied {
+        Transition::Applied
+    } else {
+        Transition::Refused
+    }
+}
+
+fn view_of(key: &IdempotencyKey, row: TokenRow) -> Result<TokenView, TokenError> {
+    let state = TokenState::parse(&row.status)
+        .ok_or_else(|| TokenError::Corrupt(format!("token {key} has status {:?}", row.status)))?;
+    let lease_left = match state {
+        TokenState::Processing => Some(Duration::from_millis(
+            row.lease_left_ms
+                .and_then(|ms| u64::try_from(ms).ok())
+                .unwrap_or(0),
+        )),
+        _ => None,
+    };
+    Ok(TokenView {
+        state,
+        owner: row.owner,
+        fence: fence_of(key, row.fence)?,
+        lease_left,
+        ttl: row
+            .ttl_ms
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis),
+        payment_id: row.payment_id,
+    })
+}
+
+#[async_trait::async_trait]
+impl TokenStore for PostgresTokenStore {
+    fn policy(&self) -> &TokenPolicy {
+        &self.policy
+    }
+
+    async fn issue(&self, key: &IdempotencyKey, ttl: Duration) -> Result<IssueOutcome, TokenError> {
+        let created = self
+            .timed(
+                "issue",
+                key.as_str(),
+                sqlx::query_scalar::<_, i64>(ISSUE)
+                    .bind(key.as_str())
+                    .bind(millis(ttl))
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(match created {
+            Some(_) => IssueOutcome::Created,
+            None => IssueOutcome::AlreadyExists,
+        })
+    }
+
+    async fn consume(&self, key: &IdempotencyKey) -> Result<bool, TokenError> {
+        let consumed = self
+            .timed(
+                "consume",
+                key.as_str(),
+                sqlx::query_scalar::<_, i64>(CONSUME)
+                    .bind(key.as_str())
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(consumed.is_some())
+    }
+
+    async fn lock(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LockOutcome, TokenError> {
+        let acquired = self
+            .timed(
+                "lock",
+                key.as_str(),
+                sqlx::query_scalar::<_, String>(LOCK)
+                    .bind(key.as_str())
+                    .bind(owner)
+                    .bind(millis(ttl))
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(match acquired {
+            Some(_) => LockOutcome::Acquired,
+            None => LockOutcome::Held,
+        })
+    }
+
+    async fn release(&self, key: &IdempotencyKey, owner: &str) -> Result<bool, TokenError> {
+        let released = self
+            .timed(
+                "release",
+                key.as_str(),
+                sqlx::query_scalar::<_, String>(RELEASE)
+                    .bind(key.as_str())
+                    .bind(owner)
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(released.is_some())
+    }
+
+    async fn reserve(&self, key: &IdempotencyKey, owner: &str) -> Result<Reservation, TokenError> {
+        let lease = millis(self.policy.lease);
+        for _ in 0..RESERVE_ATTEMPTS {
+            let query = match self.policy.mode {
+                TokenMode::Implicit => sqlx::query_scalar::<_, i64>(RESERVE_IMPLICIT)
+                    .bind(key.as_str())
+                    .bind(owner)
+                    .bind(lease)
+                    .bind(millis(self.policy.pending_ttl)),
+                TokenMode::Issued => sqlx::query_scalar::<_, i64>(RESERVE_ISSUED)
+                    .bind(key.as_str())
+                    .bind(owner)
+                    .bind(lease),
+            };
+            if let Some(fence) = self
+                .timed("reserve", key.as_str(), query.fetch_optional(&self.pool))
+                .await?
+            {
+                return Ok(Reservation::Reserved {
+                    fence: fence_of(key, fence)?,
+                });
+            }
+            // The statement decided "not yours"; this read only tells the caller why.
+            // If it sees a reservable token, the token changed in between: decide again.
+            match self.read(key).await? {
+                None if self.policy.mode == TokenMode::Issued => return Ok(Reservation::Missing),
+                None => continue,
+                Some(row) => match TokenState::parse(&row.status) {
+                    Some(TokenState::Completed) => {
+                        let payment_id = row.payment_id.ok_or_else(|| {
+                            TokenError::Corrupt(format!("completed token {key} has no payment id"))
+                        })?;
+                        return Ok(Reservation::Completed {
+                            payment_id,
+                            fingerprint: row.fingerprint,
+                        });
+                    }
+                    Some(TokenState::Processing) => {
+                        let left = row.lease_left_ms.unwrap_or(0);
+                        if left > 0 {
+                            return Ok(Reservation::InFlight {
+                                lease_left: Duration::from_millis(left.unsigned_abs()),
+                            });
+                        }
+                    }
+                    Some(TokenState::Pending) => {}
+                    None => {
+                        return Err(TokenError::Corrupt(format!(
+                            "token {key} has status {:?}",
+                            row.status
+                        )))
+                    }
+                },
+            }
+        }
+        Err(TokenError::Unavailable(anyhow!(
+            "reserve {key}: the token kept changing for {RESERVE_ATTEMPTS} attempts"
+        )))
+    }
+
+    async fn confirm(
+        &self,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        payment_id: Uuid,
+        fingerprint: &str,
+    ) -> Result<Transition, TokenError> {
+        let Some(fence) = Self::fence_param(claim) else {
+            return Ok(Transition::Refused);
+        };
+        let applied = self
+            .timed(
+                "confirm",
+                key.as_str(),
+                sqlx::query_scalar::<_, i64>(CONFIRM)
+                    .bind(key.as_str())
+                    .bind(&claim.owner)
+                    .bind(fence)
+                    .bind(payment_id)
+                    .bind(fingerprint)
+                    .bind(millis(self.policy.completed_ttl))
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(transition(applied.is_some()))
+    }
+
+    async fn restore(&self, key: &IdempotencyKey, claim: &Claim) -> Result<Transition, TokenError> {
+        let Some(fence) = Self::fence_param(claim) else {
+            return Ok(Transition::Refused);
+        };
+        let restored = self
+            .timed(
+                "restore",
+                key.as_str(),
+                sqlx::query_scalar::<_, bool>(RESTORE)
+                    .bind(key.as_str())
+                    .bind(&claim.owner)
+                    .bind(fence)
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        if restored == Some(true) {
+            let cleanup = self
+                .timed(
+                    "restore",
+                    key.as_str(),
+                    sqlx::query(DELETE_DEAD_PENDING)
+                        .bind(key.as_str())
+                        .execute(&self.pool),
+                )
+                .await;
+            // The token is already dead by its deadline; a failed cleanup changes nothing.
+            if let Err(e) = cleanup {
+                tracing::debug!(%key, error = %e, "could not delete an expired token after restore");
+            }
+        }
+        Ok(transition(restored.is_some()))
+    }
+
+    async fn extend(&self, key: &IdempotencyKey, claim: &Claim) -> Result<Transition, TokenError> {
+        let Some(fence) = Self::fence_param(claim) else {
+            return Ok(Transition::Refused);
+        };
+        let applied = self
+            .timed(
+                "extend",
+                key.as_str(),
+                sqlx::query_scalar::<_, i64>(EXTEND)
+                    .bind(key.as_str())
+                    .bind(&claim.owner)
+                    .bind(fence)
+                    .bind(millis(self.policy.lease))
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(transition(applied.is_some()))
+    }
+
+    async fn show(&self, key: &IdempotencyKey) -> Result<Option<TokenView>, TokenError> {
+        match self.read(key).await? {
+            Some(row) => view_of(key, row).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn expired_leases(&self, limit: usize) -> Result<Vec<IdempotencyKey>, TokenError> {
+        let keys = self
+            .timed(
+                "expired_leases",
+                "scan",
+                sqlx::query_scalar::<_, String>(EXPIRED_LEASES)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(&self.pool),
+            )
+            .await?;
+        keys.into_iter()
+            .map(|raw| {
+                IdempotencyKey::try_from(raw.as_str()).map_err(|e| {
+                    TokenError::Corrupt(format!("token table holds an invalid key {raw:?}: {e}"))
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,64 @@
+-- reserve (scheme 3): pending, or processing with an expired lease, becomes processing
+-- for ARGV[1] under fence + 1; an unknown key is created (implicit) or reported missing.
+-- KEYS[1] token hash; ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' implicit / '0' issued,
+-- ARGV[4] ttl ms of an implicitly created token.
+-- Returns {'reserved', fence} | {'inflight', lease_left_ms} |
+--         {'completed', payment_id, fingerprint} | {'missing'}.
+local key = KEYS[1]
+local owner = ARGV[1]
+local implicit = ARGV[3] == '1'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease_until = now + tonumber(ARGV[2])
+
+local h = redis.call('HMGET', key, 'status', 'fence', 'lease_until_ms', 'expires_at_ms',
+  'payment_id', 'fingerprint')
+local status = h[1]
+local fence = 0
+local expires_at
+
+if status == false then
+  if redis.call('EXISTS', key) == 1 then
+    return redis.error_reply('CORRUPT token hash without status')
+  end
+  if not implicit then
+    return {'missing'}
+  end
+  expires_at = now + tonumber(ARGV[4])
+elseif status == 'completed' then
+  return {'completed', h[5], h[6]}
+else
+  fence = tonumber(h[2])
+  expires_at = tonumber(h[4])
+  if fence == nil or expires_at == nil then
+    return redis.error_reply('CORRUPT token without fence or expires_at_ms')
+  end
+  if status == 'processing' then
+    local held_until = tonumber(h[3])
+    if held_until == nil then
+      return redis.error_reply('CORRUPT processing token without lease_until_ms')
+    end
+    if held_until > now then
+      return {'inflight', held_until - now}
+    end
+  elseif status ~= 'pending' then
+    return redis.error_reply('CORRUPT token status ' .. tostring(status))
+  end
+  -- The token's own life is over; it only lingered because a lease ran past it.
+  if expires_at <= now then
+    if not implicit then
+      return {'missing'}
+    end
+    expires_at = now + tonumber(ARGV[4])
+  end
+end
+
+fence = fence + 1
+redis.call('HSET', key, 'status', 'processing', 'owner', owner,
+  'fence', string.format('%d', fence),
+  'lease_until_ms', string.format('%d', lease_until),
+  'expires_at_ms', string.format('%d', expires_at))
+-- expires_at_ms keeps the token's own deadline for restore; the key itself must
+-- outlive the lease, or the fence would restart from nothing mid-reservation.
+redis.call('PEXPIREAT', key, string.format('%d', math.max(expires_at, lease_until)))
+return {'reserved', fence}

@@ -1,0 +1,205 @@
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::IdempotencyKey;
+
+/// What `reserve` found (SPEC §3, scheme 3). Never a bool: the caller branches on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// This caller now owns the token under `fence`, until its lease runs out.
+    Reserved { fence: u64 },
+    /// Another owner holds an unexpired lease.
+    InFlight { lease_left: Duration },
+    /// A final outcome was recorded. `fingerprint` is the request fingerprint the
+    /// payment was made with, when the store kept it (lets the fast path spot key reuse).
+    Completed {
+        payment_id: Uuid,
+        fingerprint: Option<String>,
+    },
+    /// `issued` mode only: never issued, expired, or already consumed.
+    Missing,
+}
+
+/// Result of an owner-checked operation (confirm, restore, extend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    Applied,
+    /// The caller is no longer the owner: its lease expired and somebody else
+    /// reserved (higher fence), or the token is gone. It must not act on the token.
+    Refused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IssueOutcome {
+    Created,
+    AlreadyExists,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockOutcome {
+    Acquired,
+    Held,
+}
+
+/// How a key the store has never seen is treated by `reserve` (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TokenMode {
+    /// The command's idempotency key is the token: an unknown key is created in
+    /// `processing` by the same atomic step.
+    #[default]
+    Implicit,
+    /// A client must have issued the token first; an unknown key is `Missing`.
+    Issued,
+}
+
+/// Durations that govern a token's life; fixed per store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenPolicy {
+    pub mode: TokenMode,
+    /// How long a reservation is exclusive unless extended.
+    pub lease: Duration,
+    /// TTL of a token created implicitly (and kept on restore).
+    pub pending_ttl: Duration,
+    /// TTL of the `completed` tombstone.
+    pub completed_ttl: Duration,
+}
+
+impl Default for TokenPolicy {
+    fn default() -> Self {
+        Self {
+            mode: TokenMode::Implicit,
+            lease: Duration::from_secs(30),
+            pending_ttl: Duration::from_secs(24 * 3600),
+            completed_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// The proof of a reservation: who reserved and under which fencing number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub owner: String,
+    pub fence: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenState {
+    Pending,
+    Processing,
+    Completed,
+}
+
+impl TokenState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Processing => "processing",
+            Self::Completed => "completed",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "pending" => Some(Self::Pending),
+            "processing" => Some(Self::Processing),
+            "completed" => Some(Self::Completed),
+            _ => None,
+        }
+    }
+}
+
+/// A token as `tokens show` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TokenView {
+    pub state: TokenState,
+    pub owner: Option<String>,
+    pub fence: u64,
+    /// Time left on the lease; `None` unless processing. Zero when expired.
+    #[serde(with = "humantime_serde_opt")]
+    pub lease_left: Option<Duration>,
+    /// Time until the token itself expires.
+    #[serde(with = "humantime_serde_opt")]
+    pub ttl: Option<Duration>,
+    pub payment_id: Option<Uuid>,
+}
+
+mod humantime_serde_opt {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => serializer.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => serializer.serialize_none(),
+        }
+    }
+}
+
+/// Errors of a token store. The caller branches on retryability.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The store could not be reached or timed out: try again later.
+    #[error("token store unavailable: {0:#}")]
+    Unavailable(#[source] anyhow::Error),
+    /// The store answered with something this code never writes.
+    #[error("token store returned unexpected data: {0}")]
+    Corrupt(String),
+}
+
+impl TokenError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+/// The token lifecycle of SPEC §3. Every method is ONE atomic step on ONE key:
+/// there is no check-then-act across round trips anywhere behind this trait.
+#[async_trait::async_trait]
+pub trait TokenStore: Send + Sync + 'static {
+    fn policy(&self) -> &TokenPolicy;
+
+    /// Mint a `pending` token with `ttl` (`SET NX EX`).
+    async fn issue(&self, key: &IdempotencyKey, ttl: Duration) -> Result<IssueOutcome, TokenError>;
+
+    /// Scheme 1: `pending` → gone; true when this caller consumed it.
+    async fn consume(&self, key: &IdempotencyKey) -> Result<bool, TokenError>;
+
+    /// Scheme 2: take the key's lock for `ttl` as `owner`.
+    async fn lock(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<LockOutcome, TokenError>;
+
+    /// Scheme 2: release the lock only when `owner` still holds it.
+    async fn release(&self, key: &IdempotencyKey, owner: &str) -> Result<bool, TokenError>;
+
+    /// Scheme 3: `pending` (or unknown in implicit mode, or processing with an
+    /// expired lease) → `processing` owned by `owner` with a new, higher fence.
+    async fn reserve(&self, key: &IdempotencyKey, owner: &str) -> Result<Reservation, TokenError>;
+
+    /// `processing` (same owner and fence) → `completed` tombstone.
+    async fn confirm(
+        &self,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        payment_id: Uuid,
+        fingerprint: &str,
+    ) -> Result<Transition, TokenError>;
+
+    /// `processing` (same owner and fence) → `pending`, keeping the token's TTL.
+    async fn restore(&self, key: &IdempotencyKey, claim: &Claim) -> Result<Transition, TokenError>;
+
+    /// Renew the lease (same owner and fence) while a slow step runs.
+    async fn extend(&self, key: &IdempotencyKey, claim: &Claim) -> Result<Transition, TokenError>;
+
+    async fn show(&self, key: &IdempotencyKey) -> Result<Option<TokenView>, TokenError>;
+
+    /// Keys whose token is `processing` with an expired lease (for `audit`), at most `limit`.
+    async fn expired_leases(&self, limit: usize) -> Result<Vec<IdempotencyKey>, TokenError>;
+}

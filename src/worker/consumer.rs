@@ -1,0 +1,327 @@
+//! The consumer-group member. librdkafka is polled on a dedicated thread so the
+//! rebalance callback may block while revoked partitions drain; the commands
+//! themselves run on the tokio runtime.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{ClientContext, TopicPartitionList};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::handler::Handler;
+use super::partition::PartitionTask;
+use crate::configuration::{KafkaSettings, WorkerSettings};
+
+type Member = BaseConsumer<MemberContext>;
+
+struct Assigned {
+    inbox: mpsc::Sender<OwnedMessage>,
+    /// Records the inbox had no room for; the partition is paused meanwhile.
+    overflow: VecDeque<OwnedMessage>,
+    abandon: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Partitions this member is working on. Touched only from the poll thread (the
+/// rebalance callbacks run there too); the mutex only satisfies `Sync`.
+struct Partitions {
+    assigned: Mutex<HashMap<(String, i32), Assigned>>,
+    handler: Arc<Handler>,
+    runtime: Handle,
+    max_in_flight: usize,
+    drain_deadline: Duration,
+    consumer: OnceLock<std::sync::Weak<Member>>,
+}
+
+impl Partitions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), Assigned>> {
+        // A poisoned map is still a valid map: every mutation is a single insert/remove.
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn dispatch(&self, consumer: &Arc<Member>, message: OwnedMessage) {
+        let id = (message.topic().to_owned(), message.partition());
+        let mut assigned = self.lock();
+        let entry = assigned.entry(id.clone()).or_insert_with(|| {
+            let (inbox, receiver) = mpsc::channel(self.max_in_flight.max(1));
+            let abandon = CancellationToken::new();
+            let task = PartitionTask {
+                topic: id.0.clone(),
+                partition: id.1,
+                inbox: receiver,
+                abandon: abandon.clone(),
+                consumer: Arc::clone(consumer),
+                handler: Arc::clone(&self.handler),
+                max_in_flight: self.max_in_flight.max(1),
+            };
+            let task = self.runtime.spawn(task.run());
+            Assigned {
+                inbox,
+                overflow: VecDeque::new(),
+                abandon,
+                task,
+            }
+        });
+        if !entry.overflow.is_empty() {
+            entry.overflow.push_back(message);
+            return;
+        }
+        match entry.inbox.try_send(message) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                entry.overflow.push_back(message);
+                pause(consumer, &id, true);
+            }
+            // The partition task is gone; the record stays uncommitted.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Moves held records into inboxes with room, and resumes partitions that caught up.
+    fn relieve(&self, consumer: &Member) {
+        let mut assigned = self.lock();
+        for (id, entry) in assigned.iter_mut().filter(|(_, e)| !e.overflow.is_empty()) {
+            while let Some(message) = entry.overflow.pop_front() {
+                match entry.inbox.try_send(message) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(message)) => {
+                        entry.overflow.push_front(message);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        entry.overflow.clear();
+                        break;
+                    }
+                }
+            }
+            if entry.overflow.is_empty() {
+                pause(consumer, id, false);
+            }
+        }
+    }
+
+    /// Stops taking records for `ids`, lets what runs finish within the drain
+    /// deadline (abandoning the rest), and leaves the final offsets stored.
+    fn drain(&self, ids: &[(String, i32)]) {
+        let drained: Vec<Assigned> = {
+            let mut assigned = self.lock();
+            ids.iter().filter_map(|id| assigned.remove(id)).collect()
+        };
+        if drained.is_empty() {
+            return;
+        }
+        let deadline = self.drain_deadline;
+        self.runtime.block_on(async move {
+            let mut waits = Vec::new();
+            for entry in drained {
+                // Closing the inbox tells the task to start nothing new.
+                drop(entry.inbox);
+                waits.push((entry.abandon, entry.task));
+            }
+            let all = futures_join(waits.iter_mut().map(|(_, task)| task));
+            if tokio::time::timeout(deadline, all).await.is_err() {
+                tracing::warn!(?deadline, "drain deadline passed; abandoning in-flight commands");
+                for (abandon, task) in &mut waits {
+                    abandon.cancel();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+                }
+            }
+        });
+    }
+
+    fn ids(&self) -> Vec<(String, i32)> {
+        self.lock().keys().cloned().collect()
+    }
+}
+
+async fn futures_join<'a>(tasks: impl Iterator<Item = &'a mut JoinHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+fn pause(consumer: &Member, id: &(String, i32), paused: bool) {
+    let mut list = TopicPartitionList::new();
+    list.add_partition(&id.0, id.1);
+    let result = if paused {
+        consumer.pause(&list)
+    } else {
+        consumer.resume(&list)
+    };
+    if let Err(error) = result {
+        tracing::debug!(%error, partition = id.1, paused, "pause/resume failed");
+    }
+}
+
+pub struct MemberContext {
+    partitions: Arc<Partitions>,
+}
+
+impl ClientContext for MemberContext {}
+
+impl ConsumerContext for MemberContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(list) = rebalance {
+            let ids: Vec<(String, i32)> = list
+                .elements()
+                .iter()
+                .map(|e| (e.topic().to_owned(), e.partition()))
+                .collect();
+            tracing::info!(partitions = ids.len(), "revoked; draining");
+            self.partitions.drain(&ids);
+            commit_stored(consumer);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            tracing::info!(partitions = list.count(), "assigned");
+        }
+    }
+}
+
+/// Synchronously commits what was stored. "No offset" just means nothing moved.
+fn commit_stored(consumer: &BaseConsumer<MemberContext>) {
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) => {}
+        Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+        Err(error) => tracing::warn!(%error, "synchronous commit failed"),
+    }
+}
+
+/// A running group member; `stopped` resolves when it has left the group.
+pub struct RunningWorker {
+    stopping: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<KafkaResult<()>>>,
+}
+
+impl RunningWorker {
+    /// Drain, final commit, leave the group. Blocks: call from `spawn_blocking`.
+    pub fn stop_blocking(mut self) -> anyhow::Result<()> {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.join()
+    }
+
+    fn join(&mut self) -> anyhow::Result<()> {
+        match self.thread.take() {
+            Some(thread) => thread
+                .join()
+                .map_err(|_| anyhow::anyhow!("the poll thread panicked"))?
+                .context("consumer failed"),
+            None => Ok(()),
+        }
+    }
+
+    pub async fn stop(self) -> anyhow::Result<()> {
+        tokio::task::spawn_blocking(move || self.stop_blocking())
+            .await
+            .context("joining the stop task")?
+    }
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        // A dropped worker still leaves cleanly (in the background).
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Joins the group and starts consuming; returns once subscribed.
+pub fn start(
+    kafka: &KafkaSettings,
+    worker: &WorkerSettings,
+    handler: Arc<Handler>,
+) -> anyhow::Result<RunningWorker> {
+    anyhow::ensure!(
+        worker.drain_deadline < kafka.session_timeout,
+        "--drain-deadline ({:?}) must be below the session timeout ({:?})",
+        worker.drain_deadline,
+        kafka.session_timeout
+    );
+    let partitions = Arc::new(Partitions {
+        assigned: Mutex::new(HashMap::new()),
+        handler,
+        runtime: Handle::current(),
+        max_in_flight: worker.max_in_flight,
+        drain_deadline: worker.drain_deadline,
+        consumer: OnceLock::new(),
+    });
+    let consumer: Member = super::kafka::consumer_config(kafka)
+        .create_with_context(MemberContext {
+            partitions: Arc::clone(&partitions),
+        })
+        .context("creating the Kafka consumer")?;
+    consumer
+        .subscribe(&[kafka.commands_topic.as_str()])
+        .context("subscribing to the commands topic")?;
+    let consumer = Arc::new(consumer);
+    let _ = partitions.consumer.set(Arc::downgrade(&consumer));
+    let stopping = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stopping);
+    let thread = std::thread::Builder::new()
+        .name("kafka-poll".into())
+        .spawn(move || poll_loop(consumer, partitions, flag))
+        .context("spawning the poll thread")?;
+    Ok(RunningWorker {
+        stopping,
+        thread: Some(thread),
+    })
+}
+
+fn poll_loop(
+    consumer: Arc<Member>,
+    partitions: Arc<Partitions>,
+    stopping: Arc<AtomicBool>,
+) -> KafkaResult<()> {
+    while !stopping.load(Ordering::SeqCst) {
+        partitions.relieve(&consumer);
+        match consumer.poll(Duration::from_millis(50)) {
+            Some(Ok(message)) => {
+                // Detach at once: a borrowed message pins librdkafka buffers and can
+                // hang the consumer's close.
+                let message = message.detach();
+                partitions.dispatch(&consumer, message);
+            }
+            Some(Err(error)) => tracing::warn!(%error, "consumer error"),
+            None => {}
+        }
+    }
+    // Shutdown: drain everything, commit synchronously, then leave the group.
+    partitions.drain(&partitions.ids());
+    commit_stored(&consumer);
+    consumer.unsubscribe();
+    // Serve the final revoke callback so the group sees us leave now, not at timeout.
+    let _ = consumer.poll(Duration::from_millis(100));
+    drop(partitions);
+    match Arc::try_unwrap(consumer) {
+        Ok(consumer) => drop(consumer),
+        Err(shared) => tracing::warn!(
+            holders = Arc::strong_count(&shared),
+            "consumer still shared at shutdown"
+        ),
+    }
+    Ok(())
+}
+
+/// `run`: consume until `shutdown` resolves, then drain, commit and leave.
+pub async fn run_until(
+    kafka: &KafkaSettings,
+    worker: &WorkerSettings,
+    handler: Arc<Handler>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let running = start(kafka, worker, handler)?;
+    shutdown.await;
+    tracing::info!("shutting down: draining in-flight commands");
+    running.stop().await
+}

@@ -1,0 +1,109 @@
+//! One assigned partition: commands of different keys run concurrently (bounded),
+//! commands of one key strictly in order, and the stored offset never passes a
+//! command that is not finished (SPEC I3).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::handler::{lane_of, Handler};
+use super::offsets::OffsetTracker;
+
+/// Records of one key wait behind the one running; a record without a key runs alone.
+type Lane = Option<Vec<u8>>;
+
+pub struct PartitionTask<C: ConsumerContext + 'static> {
+    pub topic: String,
+    pub partition: i32,
+    pub inbox: mpsc::Receiver<OwnedMessage>,
+    /// Cancelled when the drain deadline passed: abandon what still runs.
+    pub abandon: CancellationToken,
+    pub consumer: Arc<BaseConsumer<C>>,
+    pub handler: Arc<Handler>,
+    pub max_in_flight: usize,
+}
+
+impl<C: ConsumerContext + 'static> PartitionTask<C> {
+    pub async fn run(mut self) {
+        let mut offsets = OffsetTracker::default();
+        let mut waiting: HashMap<Lane, VecDeque<OwnedMessage>> = HashMap::new();
+        let mut running: JoinSet<(i64, Lane)> = JoinSet::new();
+        let mut admitted = 0usize;
+        let mut inbox_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.abandon.cancelled() => {
+                    // Abandoned commands keep their offsets pending: the next owner of
+                    // the partition processes them again, and their tokens' leases expire.
+                    running.abort_all();
+                    break;
+                }
+                Some(joined) = running.join_next(), if !running.is_empty() => {
+                    let Ok((offset, lane)) = joined else { continue };
+                    admitted -= 1;
+                    offsets.complete(offset);
+                    self.store(&mut offsets);
+                    let next = waiting.get_mut(&lane).and_then(VecDeque::pop_front);
+                    match next {
+                        Some(message) if inbox_open => self.start(&mut running, message, lane),
+                        _ => { waiting.remove(&lane); }
+                    }
+                }
+                received = self.inbox.recv(), if inbox_open && admitted < self.max_in_flight => {
+                    let Some(message) = received else {
+                        // Revoked or shutting down: finish what runs, start nothing new.
+                        // Queued records stay pending, so their offsets are not committed.
+                        inbox_open = false;
+                        waiting.clear();
+                        if running.is_empty() { break }
+                        continue;
+                    };
+                    admitted += 1;
+                    offsets.admit(message.offset());
+                    let lane = lane_of(&message);
+                    if let Some(queue) = waiting.get_mut(&lane) {
+                        queue.push_back(message);
+                    } else {
+                        waiting.insert(lane.clone(), VecDeque::new());
+                        self.start(&mut running, message, lane);
+                    }
+                }
+            }
+            if !inbox_open && running.is_empty() {
+                break;
+            }
+        }
+        self.store(&mut offsets);
+        tracing::debug!(topic = %self.topic, partition = self.partition, "partition drained");
+    }
+
+    fn start(&self, running: &mut JoinSet<(i64, Lane)>, message: OwnedMessage, lane: Lane) {
+        let handler = Arc::clone(&self.handler);
+        running.spawn(async move {
+            handler.handle(&message).await;
+            (message.offset(), lane)
+        });
+    }
+
+    fn store(&self, offsets: &mut OffsetTracker) {
+        let Some(next) = offsets.advance() else { return };
+        let mut list = TopicPartitionList::new();
+        if list
+            .add_partition_offset(&self.topic, self.partition, Offset::Offset(next))
+            .is_err()
+        {
+            return;
+        }
+        // Fails only once the partition is no longer ours; the new owner decides then.
+        if let Err(error) = self.consumer.store_offsets(&list) {
+            tracing::debug!(%error, partition = self.partition, "offset not stored");
+        }
+    }
+}

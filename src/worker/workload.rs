@@ -1,0 +1,110 @@
+//! Generated workloads for `produce`, `demo` and the tests: valid commands,
+//! exact duplicates (some sent to another partition than their original), and
+//! invalid records of several kinds.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordKind {
+    Valid,
+    Duplicate,
+    Invalid,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkloadRecord {
+    pub kind: RecordKind,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// Send to this partition index (modulo the partition count) instead of by key.
+    pub partition_hint: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct WorkloadSpec {
+    pub count: usize,
+    pub duplicate_ratio: f64,
+    pub invalid_ratio: f64,
+    /// Share of commands whose payment method is always declined by the simulator.
+    pub decline_ratio: f64,
+    pub seed: u64,
+}
+
+fn command_json(key: &str, rng: &mut StdRng, decline_ratio: f64) -> serde_json::Value {
+    let method = if rng.random_bool(decline_ratio.clamp(0.0, 1.0)) {
+        "pm_card_declined"
+    } else {
+        "pm_card_visa"
+    };
+    let currency = ["USD", "EUR", "GBP"][rng.random_range(0..3)];
+    serde_json::json!({
+        "idempotency_key": key,
+        "account_id": format!("acct_{}", rng.random_range(1..500)),
+        "amount_minor": rng.random_range(100..100_000),
+        "currency": currency,
+        "payment_method": method,
+        "description": "generated",
+    })
+}
+
+/// Invalid records, each breaking a different rule.
+fn invalid_record(n: usize, prefix: &str) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let key = format!("{prefix}-bad-{n}");
+    let body = |v: serde_json::Value| Some(v.to_string().into_bytes());
+    let value = match n % 7 {
+        0 => Some(b"{\"idempotency_key\": ".to_vec()),
+        1 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": -5,
+            "currency": "USD", "payment_method": "pm_card_visa"})),
+        2 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 10,
+            "currency": "usd", "payment_method": "pm_card_visa"})),
+        3 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 10,
+            "currency": "USD", "payment_method": "4242424242424242"})),
+        4 => body(serde_json::json!({"idempotency_key": key, "amount_minor": 10,
+            "currency": "USD", "payment_method": "pm_card_visa"})),
+        5 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 19.99,
+            "currency": "USD", "payment_method": "pm_card_visa"})),
+        _ => Some(vec![0xff, 0xfe, 0x00]),
+    };
+    (Some(key.into_bytes()), value)
+}
+
+pub fn generate(spec: &WorkloadSpec, prefix: &str) -> Vec<WorkloadRecord> {
+    let mut rng = StdRng::seed_from_u64(spec.seed);
+    let mut records = Vec::with_capacity(spec.count);
+    let mut valid: Vec<usize> = Vec::new();
+    for n in 0..spec.count {
+        let roll: f64 = rng.random();
+        let record = if roll < spec.invalid_ratio {
+            let (key, value) = invalid_record(n, prefix);
+            WorkloadRecord {
+                kind: RecordKind::Invalid,
+                key,
+                value,
+                partition_hint: None,
+            }
+        } else if roll < spec.invalid_ratio + spec.duplicate_ratio && !valid.is_empty() {
+            let original: &WorkloadRecord = &records[valid[rng.random_range(0..valid.len())]];
+            WorkloadRecord {
+                kind: RecordKind::Duplicate,
+                key: original.key.clone(),
+                value: original.value.clone(),
+                // Half of the duplicates travel through another partition, where only
+                // the token and the unique key can stop them.
+                partition_hint: rng.random_bool(0.5).then(|| rng.random()),
+            }
+        } else {
+            let key = format!("{prefix}-{n:06}");
+            let value = command_json(&key, &mut rng, spec.decline_ratio).to_string();
+            valid.push(records.len());
+            WorkloadRecord {
+                kind: RecordKind::Valid,
+                key: Some(key.into_bytes()),
+                value: Some(value.into_bytes()),
+                partition_hint: None,
+            }
+        };
+        records.push(record);
+    }
+    records
+}

@@ -1,0 +1,5 @@
+//! One integration-test binary (one link step); each module is a capability.
+mod helpers;
+mod token_contract;
+mod token_postgres;
+mod token_redis;
