@@ -271,7 +271,7 @@ impl std::fmt::Debug for KafkaSettings {
 pub struct WorkerSettings {
     /// Commands admitted at once per partition (different keys run in parallel,
     /// one key strictly in order).
-    #[arg(long = "max-in-flight", env = "MAX_IN_FLIGHT", default_value_t = 64)]
+    #[arg(long = "max-in-flight", env = "MAX_IN_FLIGHT", default_value_t = 32)]
     pub max_in_flight: usize,
     /// Transient failures are retried this long before dead-lettering (SPEC §5).
     #[arg(long = "retry-budget", env = "RETRY_BUDGET", default_value = "5m", value_parser = parse_duration)]
@@ -291,7 +291,7 @@ pub struct WorkerSettings {
 impl Default for WorkerSettings {
     fn default() -> Self {
         Self {
-            max_in_flight: 64,
+            max_in_flight: 32,
             retry_budget: Duration::from_secs(300),
             drain_deadline: Duration::from_secs(4),
             health_listen: None,

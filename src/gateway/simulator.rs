@@ -399,12 +399,14 @@ async fn post_charge(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             "injected fault; nothing was charged",
-        ),
+        )
+        .into_response(),
         Decision::Conflict => error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "idempotency_key_reused",
             "this Idempotency-Key was first used with a different request body",
-        ),
+        )
+        .into_response(),
         Decision::Answer { charge, late } => {
             // The charge is already booked: a client that gives up while this
             // sleeps leaves a charge it has no answer for, as with a real gateway.
@@ -434,7 +436,8 @@ async fn get_charge(State(shared): State<Arc<Shared>>, Path(key): Path<String>) 
             StatusCode::NOT_FOUND,
             "not_found",
             "no charge was made under this idempotency key",
-        ),
+        )
+        .into_response(),
     }
 }
 
@@ -541,7 +544,8 @@ impl GatewaySimulator {
     }
 
     /// Serves on the current Tokio runtime in the background (in-process tests).
-    /// The server stops when the returned handle is dropped or shut down.
+    /// The server stops when the returned handle is dropped or shut down. Must be
+    /// called inside a Tokio runtime (it spawns a task).
     pub fn spawn(self) -> RunningSimulator {
         let addr = self.local_addr;
         let shared = Arc::clone(&self.shared);

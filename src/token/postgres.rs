@@ -47,12 +47,22 @@ DELETE FROM idempotency_tokens
  WHERE key = $1 AND status = 'pending' AND expires_at > now()
 RETURNING fence";
 
-const LOCK: &str = "
-INSERT INTO idempotency_locks AS l (key, owner, expires_at)
+/// Lock and reserve create a missing row with `ON CONFLICT DO NOTHING` and take over an
+/// existing one with a separate conditional `UPDATE`, rather than one `ON CONFLICT DO
+/// UPDATE … WHERE`: the latter locks the conflicting row even when its `WHERE` fails, so
+/// every loser of a race would queue for the row and commit a transaction of its own,
+/// one after the other. Each statement is still the whole decision for its case.
+const LOCK_CREATE: &str = "
+INSERT INTO idempotency_locks (key, owner, expires_at)
 VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
-ON CONFLICT (key) DO UPDATE
-   SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
- WHERE l.expires_at <= now()
+ON CONFLICT (key) DO NOTHING
+RETURNING owner";
+
+/// A lock past its deadline is free: the caller takes it over.
+const LOCK_TAKE_OVER: &str = "
+UPDATE idempotency_locks
+   SET owner = $2, expires_at = now() + $3::bigint * interval '1 millisecond'
+ WHERE key = $1 AND expires_at <= now()
 RETURNING owner";
 
 const RELEASE: &str = "
@@ -60,28 +70,35 @@ DELETE FROM idempotency_locks
  WHERE key = $1 AND owner = $2 AND expires_at > now()
 RETURNING owner";
 
-/// Implicit mode: an unknown key is inserted straight into `processing` with fence 1;
-/// an existing row is taken over when it is pending, its lease expired, or its life is
-/// over. A token whose own deadline is still ahead keeps it (restore goes back to it);
-/// otherwise it gets a fresh one.
-const RESERVE_IMPLICIT: &str = "
-INSERT INTO idempotency_tokens AS t (key, status, owner, fence, lease_expires_at, expires_at)
+/// Implicit mode, unknown key: created straight in `processing` with fence 1.
+const RESERVE_CREATE: &str = "
+INSERT INTO idempotency_tokens (key, status, owner, fence, lease_expires_at, expires_at)
 VALUES ($1, 'processing', $2, 1,
         now() + $3::bigint * interval '1 millisecond',
         now() + $4::bigint * interval '1 millisecond')
-ON CONFLICT (key) DO UPDATE
+ON CONFLICT (key) DO NOTHING
+RETURNING fence";
+
+/// Implicit mode, existing row: taken over when pending, when its lease expired, or when
+/// its life is over (the row only lingers; the fence keeps growing). A token whose own
+/// deadline is still ahead keeps it (restore goes back to it); otherwise it gets a
+/// fresh one.
+const RESERVE_IMPLICIT: &str = "
+UPDATE idempotency_tokens
    SET status = 'processing',
-       owner = EXCLUDED.owner,
-       fence = t.fence + 1,
-       lease_expires_at = EXCLUDED.lease_expires_at,
-       expires_at = CASE WHEN t.status <> 'completed' AND t.expires_at > now()
-                         THEN t.expires_at ELSE EXCLUDED.expires_at END,
+       owner = $2,
+       fence = fence + 1,
+       lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+       expires_at = CASE WHEN status <> 'completed' AND expires_at > now()
+                         THEN expires_at
+                         ELSE now() + $4::bigint * interval '1 millisecond' END,
        payment_id = NULL,
        fingerprint = NULL,
        updated_at = now()
- WHERE t.status = 'pending'
-    OR (t.status = 'processing' AND t.lease_expires_at <= now())
-    OR (t.status = 'completed' AND t.expires_at <= now())
+ WHERE key = $1
+   AND (status = 'pending'
+        OR (status = 'processing' AND lease_expires_at <= now())
+        OR (status = 'completed' AND expires_at <= now()))
 RETURNING fence";
 
 /// Issued mode: only a live token that is pending or whose lease expired is taken.
@@ -219,7 +236,7 @@ impl PostgresTokenStore {
         Ok(row.filter(|r| r.live == Some(true)))
     }
 
-    /// Runs an owner-checked statement; `None` when the fence cannot exist in the table.
+    /// The claim's fence as stored; `None` for a fence no row can hold (so: refused).
     fn fence_param(claim: &Claim) -> Option<i64> {
         i64::try_from(claim.fence).ok()
     }
@@ -332,21 +349,24 @@ impl TokenStore for PostgresTokenStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<LockOutcome, TokenError> {
-        let acquired = self
-            .timed(
-                "lock",
-                key.as_str(),
-                sqlx::query_scalar::<_, String>(LOCK)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(millis(ttl))
-                    .fetch_optional(&self.pool),
-            )
-            .await?;
-        Ok(match acquired {
-            Some(_) => LockOutcome::Acquired,
-            None => LockOutcome::Held,
-        })
+        let ttl = millis(ttl);
+        for statement in [LOCK_CREATE, LOCK_TAKE_OVER] {
+            let acquired = self
+                .timed(
+                    "lock",
+                    key.as_str(),
+                    sqlx::query_scalar::<_, String>(statement)
+                        .bind(key.as_str())
+                        .bind(owner)
+                        .bind(ttl)
+                        .fetch_optional(&self.pool),
+                )
+                .await?;
+            if acquired.is_some() {
+                return Ok(LockOutcome::Acquired);
+            }
+        }
+        Ok(LockOutcome::Held)
     }
 
     async fn release(&self, key: &IdempotencyKey, owner: &str) -> Result<bool, TokenError> {
@@ -365,27 +385,33 @@ impl TokenStore for PostgresTokenStore {
 
     async fn reserve(&self, key: &IdempotencyKey, owner: &str) -> Result<Reservation, TokenError> {
         let lease = millis(self.policy.lease);
+        let pending_ttl = millis(self.policy.pending_ttl);
+        // (statement, whether it takes the implicit token's TTL as $4)
+        let statements: &[(&str, bool)] = match self.policy.mode {
+            TokenMode::Implicit => &[(RESERVE_CREATE, true), (RESERVE_IMPLICIT, true)],
+            TokenMode::Issued => &[(RESERVE_ISSUED, false)],
+        };
         for _ in 0..RESERVE_ATTEMPTS {
-            let query = match self.policy.mode {
-                TokenMode::Implicit => sqlx::query_scalar::<_, i64>(RESERVE_IMPLICIT)
+            for &(statement, takes_ttl) in statements {
+                let query = sqlx::query_scalar::<_, i64>(statement)
                     .bind(key.as_str())
                     .bind(owner)
-                    .bind(lease)
-                    .bind(millis(self.policy.pending_ttl)),
-                TokenMode::Issued => sqlx::query_scalar::<_, i64>(RESERVE_ISSUED)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(lease),
-            };
-            if let Some(fence) = self
-                .timed("reserve", key.as_str(), query.fetch_optional(&self.pool))
-                .await?
-            {
-                return Ok(Reservation::Reserved {
-                    fence: fence_of(key, fence)?,
-                });
+                    .bind(lease);
+                let query = if takes_ttl {
+                    query.bind(pending_ttl)
+                } else {
+                    query
+                };
+                let reserved = self
+                    .timed("reserve", key.as_str(), query.fetch_optional(&self.pool))
+                    .await?;
+                if let Some(fence) = reserved {
+                    return Ok(Reservation::Reserved {
+                        fence: fence_of(key, fence)?,
+                    });
+                }
             }
-            // The statement decided "not yours"; this read only tells the caller why.
+            // The statements decided "not yours"; this read only tells the caller why.
             // If it sees a reservable token, the token changed in between: decide again.
             match self.read(key).await? {
                 None if self.policy.mode == TokenMode::Issued => return Ok(Reservation::Missing),

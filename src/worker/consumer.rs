@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -165,6 +165,7 @@ fn pause(consumer: &Member, id: &(String, i32), paused: bool) {
 
 pub struct MemberContext {
     partitions: Arc<Partitions>,
+    assigned: Arc<AtomicUsize>,
 }
 
 impl ClientContext for MemberContext {}
@@ -178,6 +179,7 @@ impl ConsumerContext for MemberContext {
                 .map(|e| (e.topic().to_owned(), e.partition()))
                 .collect();
             tracing::info!(partitions = ids.len(), "revoked; draining");
+            self.assigned.store(0, Ordering::SeqCst);
             self.partitions.drain(&ids);
             commit_stored(consumer);
         }
@@ -186,6 +188,7 @@ impl ConsumerContext for MemberContext {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(list) = rebalance {
             tracing::info!(partitions = list.count(), "assigned");
+            self.assigned.store(list.count(), Ordering::SeqCst);
         }
     }
 }
@@ -202,10 +205,16 @@ fn commit_stored(consumer: &BaseConsumer<MemberContext>) {
 /// A running group member; `stopped` resolves when it has left the group.
 pub struct RunningWorker {
     stopping: Arc<AtomicBool>,
+    assigned: Arc<AtomicUsize>,
     thread: Option<std::thread::JoinHandle<KafkaResult<()>>>,
 }
 
 impl RunningWorker {
+    /// Partitions this member currently owns (0 while a rebalance is in progress).
+    pub fn assigned_partitions(&self) -> usize {
+        self.assigned.load(Ordering::SeqCst)
+    }
+
     /// Drain, final commit, leave the group. Blocks: call from `spawn_blocking`.
     pub fn stop_blocking(mut self) -> anyhow::Result<()> {
         self.stopping.store(true, Ordering::SeqCst);
@@ -248,6 +257,7 @@ pub fn start(
         worker.drain_deadline,
         kafka.session_timeout
     );
+    let assigned = Arc::new(AtomicUsize::new(0));
     let partitions = Arc::new(Partitions {
         assigned: Mutex::new(HashMap::new()),
         handler,
@@ -259,6 +269,7 @@ pub fn start(
     let consumer: Member = super::kafka::consumer_config(kafka)
         .create_with_context(MemberContext {
             partitions: Arc::clone(&partitions),
+            assigned: Arc::clone(&assigned),
         })
         .context("creating the Kafka consumer")?;
     consumer
@@ -274,6 +285,7 @@ pub fn start(
         .context("spawning the poll thread")?;
     Ok(RunningWorker {
         stopping,
+        assigned,
         thread: Some(thread),
     })
 }

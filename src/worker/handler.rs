@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use backon::Retryable;
 use rdkafka::message::{Message, OwnedMessage};
+use tokio_util::sync::CancellationToken;
 
 use super::messages::{decode, record_key, source_of, ResultRecord};
 use super::publisher::Publisher;
@@ -38,13 +39,15 @@ impl Handler {
         &self.processor
     }
 
-    /// Returns once the outcome is final and every record about it is acknowledged.
-    pub async fn handle(&self, message: &OwnedMessage) -> Outcome {
+    /// Returns once the outcome is final and every record about it is acknowledged,
+    /// or `None` when `draining` stopped the retries first: then nothing was
+    /// published and the command's offset must stay uncommitted.
+    pub async fn handle(&self, message: &OwnedMessage, draining: &CancellationToken) -> Option<Outcome> {
         let source = source_of(message);
         let (outcome, key, attempts) = match decode(message) {
             Ok(command) => {
                 let key = command.idempotency_key.as_str().to_owned();
-                let (outcome, attempts) = self.process_with_retries(&command, &source).await;
+                let (outcome, attempts) = self.process_with_retries(&command, &source, draining).await?;
                 (outcome, Some(key), attempts)
             }
             Err(reason) => (
@@ -62,14 +65,15 @@ impl Handler {
         }
         let result = ResultRecord::new(key, &outcome, source);
         self.publisher.publish_result(message.key(), &result).await;
-        outcome
+        Some(outcome)
     }
 
     async fn process_with_retries(
         &self,
         command: &PaymentCommand,
         source: &SourcePosition,
-    ) -> (Outcome, u32) {
+        draining: &CancellationToken,
+    ) -> Option<(Outcome, u32)> {
         let started = Instant::now();
         let budget = self.retry.budget;
         let mut attempts = 0u32;
@@ -88,7 +92,20 @@ impl Handler {
         };
         let result = attempt
             .retry(self.retry.backoff())
-            .when(|_| started.elapsed() < budget)
+            .when(|_| started.elapsed() < budget && !draining.is_cancelled())
+            // A drain cuts the backoff short; the attempt after it is the last.
+            .sleep({
+                let draining = draining.clone();
+                move |delay| {
+                    let draining = draining.clone();
+                    async move {
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = draining.cancelled() => {}
+                        }
+                    }
+                }
+            })
             // Another worker's lease tells us when to look again; do not sleep past it.
             .adjust(|not_yet: &NotYet, delay| {
                 delay.map(|d| {
@@ -104,14 +121,16 @@ impl Handler {
             })
             .await;
         match result {
-            Ok(outcome) => (outcome, attempts),
-            Err(last) => (
+            Ok(outcome) => Some((outcome, attempts)),
+            // Not exhausted, interrupted: the partition's next owner takes it over.
+            Err(_) if draining.is_cancelled() => None,
+            Err(last) => Some((
                 Outcome::Rejected {
                     kind: RejectionKind::RetriesExhausted,
                     reason: format!("retries_exhausted after {attempts} attempts: {}", last.reason),
                 },
                 attempts,
-            ),
+            )),
         }
     }
 }

@@ -33,7 +33,8 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
     pub async fn run(mut self) {
         let mut offsets = OffsetTracker::default();
         let mut waiting: HashMap<Lane, VecDeque<OwnedMessage>> = HashMap::new();
-        let mut running: JoinSet<(i64, Lane)> = JoinSet::new();
+        let mut running: JoinSet<(i64, Lane, bool)> = JoinSet::new();
+        let draining = CancellationToken::new();
         let mut admitted = 0usize;
         let mut inbox_open = true;
         loop {
@@ -46,13 +47,15 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     break;
                 }
                 Some(joined) = running.join_next(), if !running.is_empty() => {
-                    let Ok((offset, lane)) = joined else { continue };
+                    let Ok((offset, lane, finished)) = joined else { continue };
                     admitted -= 1;
-                    offsets.complete(offset);
-                    self.store(&mut offsets);
+                    if finished {
+                        offsets.complete(offset);
+                        self.store(&mut offsets);
+                    }
                     let next = waiting.get_mut(&lane).and_then(VecDeque::pop_front);
                     match next {
-                        Some(message) if inbox_open => self.start(&mut running, message, lane),
+                        Some(message) if inbox_open => self.start(&mut running, message, lane, &draining),
                         _ => { waiting.remove(&lane); }
                     }
                 }
@@ -62,6 +65,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                         // Queued records stay pending, so their offsets are not committed.
                         inbox_open = false;
                         waiting.clear();
+                        draining.cancel();
                         if running.is_empty() { break }
                         continue;
                     };
@@ -72,7 +76,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                         queue.push_back(message);
                     } else {
                         waiting.insert(lane.clone(), VecDeque::new());
-                        self.start(&mut running, message, lane);
+                        self.start(&mut running, message, lane, &draining);
                     }
                 }
             }
@@ -84,11 +88,18 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         tracing::debug!(topic = %self.topic, partition = self.partition, "partition drained");
     }
 
-    fn start(&self, running: &mut JoinSet<(i64, Lane)>, message: OwnedMessage, lane: Lane) {
+    fn start(
+        &self,
+        running: &mut JoinSet<(i64, Lane, bool)>,
+        message: OwnedMessage,
+        lane: Lane,
+        draining: &CancellationToken,
+    ) {
         let handler = Arc::clone(&self.handler);
+        let draining = draining.clone();
         running.spawn(async move {
-            handler.handle(&message).await;
-            (message.offset(), lane)
+            let finished = handler.handle(&message, &draining).await.is_some();
+            (message.offset(), lane, finished)
         });
     }
 

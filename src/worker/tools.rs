@@ -270,15 +270,45 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     Ok(targets.len())
 }
 
+/// What `replay --dry-run` says one command would do.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DryRunVerdict {
+    pub partition: i32,
+    pub offset: i64,
+    /// `invalid`, `duplicate`, `key_reused`, `in_flight`, `token_missing` or `would_charge`.
+    pub verdict: &'static str,
+    pub detail: String,
+}
+
 async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
     let pool = args.database.connect_and_migrate().await?;
     let store = crate::startup::token_store(&args.tokens, &args.redis, &pool).await?;
-    let kafka_settings = kafka.clone();
     let to_offset = if args.to_beginning { None } else { args.to_offset };
-    let records = tokio::task::spawn_blocking(move || read_topic(&kafka_settings, to_offset)).await??;
+    let verdicts = dry_run_verdicts(kafka, to_offset, &pool, store.as_ref(), args.tokens.mode).await?;
     let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    for v in &verdicts {
+        *counts.entry(v.verdict).or_default() += 1;
+        println!("{}/{}@{} {} {}", kafka.commands_topic, v.partition, v.offset, v.verdict, v.detail);
+    }
+    println!("dry-run summary: {}", serde_json::to_string(&counts)?);
+    Ok(())
+}
+
+/// Decides, read-only, what each command from `to_offset` (or the beginning) would
+/// do if replayed: Postgres first (the truth), then the token. The gateway is not asked.
+pub async fn dry_run_verdicts(
+    kafka: &KafkaSettings,
+    to_offset: Option<i64>,
+    pool: &sqlx::PgPool,
+    store: &dyn crate::token::TokenStore,
+    mode: crate::token::TokenMode,
+) -> anyhow::Result<Vec<DryRunVerdict>> {
+    use crate::token::{TokenMode, TokenState};
+    let kafka_settings = kafka.clone();
+    let records = tokio::task::spawn_blocking(move || read_topic(&kafka_settings, to_offset)).await??;
+    let mut verdicts = Vec::with_capacity(records.len());
     for record in &records {
-        let verdict: (&'static str, String) = match decode(record) {
+        let (verdict, detail) = match decode(record) {
             Err(reason) => ("invalid", reason),
             Ok(command) => {
                 let mut conn = pool.acquire().await?;
@@ -289,33 +319,27 @@ async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()>
                         ("duplicate", format!("payment {}", row.id))
                     }
                     Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
-                    None => match store.show(&command.idempotency_key).await? {
-                        Some(view) if view.state == crate::token::TokenState::Processing => {
+                    None => match store.show(&command.idempotency_key).await?.map(|v| v.state) {
+                        Some(TokenState::Processing) => {
                             ("in_flight", "another worker holds the token".to_owned())
                         }
-                        Some(view) if view.state == crate::token::TokenState::Completed => {
-                            ("duplicate", "completed token".to_owned())
-                        }
-                        None if args.tokens.mode == crate::token::TokenMode::Issued => {
+                        Some(TokenState::Completed) => ("duplicate", "completed token".to_owned()),
+                        None if mode == TokenMode::Issued => {
                             ("token_missing", "never issued, expired or consumed".to_owned())
                         }
-                        _ => ("would_charge", String::new()),
+                        Some(TokenState::Pending) | None => ("would_charge", String::new()),
                     },
                 }
             }
         };
-        *counts.entry(verdict.0).or_default() += 1;
-        println!(
-            "{}/{}@{} {} {}",
-            record.topic(),
-            record.partition(),
-            record.offset(),
-            verdict.0,
-            verdict.1
-        );
+        verdicts.push(DryRunVerdict {
+            partition: record.partition(),
+            offset: record.offset(),
+            verdict,
+            detail,
+        });
     }
-    println!("dry-run summary: {}", serde_json::to_string(&counts)?);
-    Ok(())
+    Ok(verdicts)
 }
 
 /// Reads every partition of the commands topic from `to_offset` (or the beginning)
@@ -349,11 +373,14 @@ pub fn read_partitions(
     consumer.assign(&list)?;
     drop(list);
     let mut out = Vec::new();
+    // A fetch retried after an error may deliver a record again: count positions.
+    let mut seen = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while out.len() < remaining as usize && Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
-                if message.offset() < ends.get(&message.partition()).copied().unwrap_or(0) {
+                let position = (message.partition(), message.offset());
+                if position.1 < ends.get(&position.0).copied().unwrap_or(0) && seen.insert(position) {
                     out.push(message.detach());
                 }
             }

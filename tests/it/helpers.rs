@@ -58,6 +58,11 @@ fn start_redis() {
 pub fn ensure_services() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        // Logs only when RUST_LOG is set, captured per test.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         if !reachable(PG_ADDR) {
             start_postgres();
             wait_for(PG_ADDR);
@@ -105,5 +110,260 @@ impl TestRedis {
         let client = redis::Client::open(REDIS_URL).expect("redis url");
         let conn = redis::aio::ConnectionManager::new(client).await.expect("redis connection");
         Self { prefix: unique("pwt"), conn }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The whole stack in process: database, Redis prefix, local Kafka, simulator.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use payment_worker::configuration::{KafkaSettings, WorkerSettings};
+use payment_worker::gateway::{
+    GatewaySimulator, HttpGateway, LedgerEntry, PaymentGateway, RunningSimulator, SimulatorConfig,
+};
+use payment_worker::payment::{GatewayLookup, Processor};
+use payment_worker::retry::RetryPolicy;
+use payment_worker::token::{RedisTokenStore, TokenPolicy, TokenStore};
+use payment_worker::worker::{self, Handler, LocalKafka, Publisher, ResultRecord, RunningWorker};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::{Offset, TopicPartitionList};
+
+pub struct Stack {
+    pub db: TestDb,
+    pub redis: TestRedis,
+    pub kafka: LocalKafka,
+    pub settings: KafkaSettings,
+    pub partitions: i32,
+    pub simulator: RunningSimulator,
+    pub tokens: Arc<dyn TokenStore>,
+    pub gateway: Arc<dyn PaymentGateway>,
+}
+
+pub fn quick_worker_settings() -> WorkerSettings {
+    WorkerSettings {
+        drain_deadline: Duration::from_secs(3),
+        ..WorkerSettings::default()
+    }
+}
+
+impl Stack {
+    pub async fn new(partitions: i32, simulator: SimulatorConfig) -> Self {
+        Self::with_policy(partitions, simulator, TokenPolicy {
+            lease: Duration::from_secs(5),
+            ..TokenPolicy::default()
+        })
+        .await
+    }
+
+    pub async fn with_policy(partitions: i32, simulator: SimulatorConfig, policy: TokenPolicy) -> Self {
+        let db = TestDb::new().await;
+        let redis = TestRedis::new().await;
+        let kafka = LocalKafka::start(3).expect("mock cluster");
+        let settings = KafkaSettings::local(kafka.bootstrap_servers(), unique("group"));
+        kafka.create_payment_topics(&settings, partitions).expect("topics");
+        let simulator = GatewaySimulator::bind("127.0.0.1:0".parse().unwrap(), simulator)
+            .expect("simulator")
+            .spawn();
+        let tokens: Arc<dyn TokenStore> =
+            Arc::new(RedisTokenStore::new(redis.conn.clone(), redis.prefix.clone(), policy));
+        let gateway: Arc<dyn PaymentGateway> = Arc::new(
+            HttpGateway::new(&simulator.url(), Duration::from_secs(15), Duration::from_secs(1)).unwrap(),
+        );
+        Self { db, redis, kafka, settings, partitions, simulator, tokens, gateway }
+    }
+
+    pub fn processor(&self, id: &str) -> Arc<Processor> {
+        Arc::new(Processor::new(
+            Arc::clone(&self.tokens),
+            Arc::clone(&self.gateway),
+            self.db.pool.clone(),
+            GatewayLookup::Uncertain,
+            id,
+        ))
+    }
+
+    pub fn start_worker(&self, id: &str, settings: &WorkerSettings) -> RunningWorker {
+        let handler = Arc::new(Handler::new(
+            self.processor(id),
+            Publisher::new(&self.settings).unwrap(),
+            RetryPolicy { budget: Duration::from_secs(60), ..RetryPolicy::default() },
+        ));
+        worker::start(&self.settings, settings, handler).expect("worker start")
+    }
+
+    pub async fn produce(&self, records: &[worker::WorkloadRecord]) {
+        let producer: rdkafka::producer::FutureProducer =
+            worker::producer_config(&self.settings).create().unwrap();
+        worker::publish_records(&producer, &self.settings.commands_topic, self.partitions, records)
+            .await
+            .unwrap();
+    }
+
+    async fn read(&self, topic: String) -> Vec<OwnedMessage> {
+        let settings = self.settings.clone();
+        tokio::task::spawn_blocking(move || worker::read_partitions(&settings, &topic, |_, low| low).unwrap())
+            .await
+            .unwrap()
+    }
+
+    pub async fn results(&self) -> Vec<ResultRecord> {
+        use rdkafka::message::Message;
+        self.read(self.settings.results_topic.clone())
+            .await
+            .iter()
+            .map(|m| serde_json::from_slice(m.payload().expect("result payload")).expect("result json"))
+            .collect()
+    }
+
+    pub async fn dead_letters(&self) -> Vec<OwnedMessage> {
+        self.read(self.settings.dlq_topic.clone()).await
+    }
+
+    /// Waits until `count` distinct command positions have a result; returns all results.
+    pub async fn wait_for_results(&self, count: usize, within: Duration) -> Vec<ResultRecord> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let results = self.results().await;
+            let answered: std::collections::HashSet<_> =
+                results.iter().map(|r| (r.source.partition, r.source.offset)).collect();
+            if answered.len() >= count {
+                return results;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {count} commands answered after {within:?}",
+                answered.len()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// Offsets the group committed, per partition of the commands topic.
+    pub async fn committed(&self) -> HashMap<i32, i64> {
+        let settings = self.settings.clone();
+        let partitions = self.partitions;
+        tokio::task::spawn_blocking(move || {
+            let mut config = worker::base_config(&settings);
+            config.set("group.id", &settings.group_id);
+            let consumer: BaseConsumer = config.create().unwrap();
+            let mut list = TopicPartitionList::new();
+            for p in 0..partitions {
+                list.add_partition(&settings.commands_topic, p);
+            }
+            let committed = consumer.committed_offsets(list, Duration::from_secs(10)).unwrap();
+            let out = committed
+                .elements()
+                .iter()
+                .map(|e| (e.partition(), match e.offset() { Offset::Offset(o) => o, _ => -1 }))
+                .collect();
+            drop(committed);
+            drop(consumer);
+            out
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn high_watermarks(&self) -> HashMap<i32, i64> {
+        let settings = self.settings.clone();
+        let partitions = self.partitions;
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = worker::base_config(&settings).create().unwrap();
+            let out = (0..partitions)
+                .map(|p| {
+                    let (_, high) = consumer
+                        .fetch_watermarks(&settings.commands_topic, p, Duration::from_secs(10))
+                        .unwrap();
+                    (p, high)
+                })
+                .collect();
+            drop(consumer);
+            out
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Waits until every partition's committed offset reached its high watermark.
+    pub async fn wait_for_commits(&self, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        let high = self.high_watermarks().await;
+        loop {
+            let committed = self.committed().await;
+            if high.iter().all(|(p, h)| committed.get(p) == Some(h)) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "committed {committed:?} never reached {high:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    pub fn ledger(&self) -> Vec<LedgerEntry> {
+        self.simulator.ledger()
+    }
+
+    pub async fn payment_rows(&self) -> Vec<(String, String, Option<String>)> {
+        sqlx::query_as("SELECT idempotency_key, status, gateway_transaction_id FROM payments")
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    /// I1 and I7: at most one charge per key, and ledger = books.
+    pub async fn assert_books_balance(&self) {
+        let ledger = self.ledger();
+        let mut per_key: HashMap<&str, usize> = HashMap::new();
+        for entry in &ledger {
+            *per_key.entry(entry.idempotency_key.as_str()).or_default() += 1;
+        }
+        let doubles: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(doubles.is_empty(), "keys charged more than once: {doubles:?}");
+        let rows = self.payment_rows().await;
+        let by_key: HashMap<&str, (&str, Option<&str>)> =
+            rows.iter().map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref()))).collect();
+        assert_eq!(rows.len(), ledger.len(), "every row has its ledger entry and vice versa");
+        for entry in &ledger {
+            let expected = match entry.status {
+                payment_worker::gateway::ChargeStatus::Approved => "succeeded",
+                payment_worker::gateway::ChargeStatus::Declined => "declined",
+            };
+            assert_eq!(
+                by_key.get(entry.idempotency_key.as_str()),
+                Some(&(expected, Some(entry.transaction_id.as_str()))),
+                "row of {}",
+                entry.idempotency_key
+            );
+        }
+    }
+}
+
+/// Waits until the members own every partition between them and the group is quiet.
+pub async fn wait_for_stable_group(workers: &[RunningWorker], partitions: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut stable_since = None;
+    loop {
+        let owned: Vec<usize> = workers.iter().map(RunningWorker::assigned_partitions).collect();
+        let settled = owned.iter().sum::<usize>() == partitions && owned.iter().all(|n| *n > 0);
+        match (settled, stable_since) {
+            (true, Some(since)) if std::time::Instant::now() - since > Duration::from_millis(1500) => return,
+            (true, None) => stable_since = Some(std::time::Instant::now()),
+            (false, _) => stable_since = None,
+            _ => {}
+        }
+        assert!(std::time::Instant::now() < deadline, "group never settled: {owned:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Stops workers off the runtime threads (closing a consumer blocks).
+pub async fn stop_all(workers: Vec<RunningWorker>) {
+    for w in workers {
+        w.stop().await.expect("worker stop");
     }
 }

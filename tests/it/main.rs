@@ -3,3 +3,6 @@ mod helpers;
 mod token_contract;
 mod token_postgres;
 mod token_redis;
+mod gateway;
+mod worker;
+mod compose;

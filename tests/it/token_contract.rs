@@ -436,7 +436,24 @@ pub async fn fencing(backend: &dyn Backend) {
             fingerprint: Some("fp-c".into())
         }
     );
-    assert_eq!(live(backend, &k).await.unwrap(), done);
+    let after = live(backend, &k).await.unwrap();
+    assert_eq!(
+        RawToken {
+            ttl_ms: 0,
+            expires_in_ms: 0,
+            ..after.clone()
+        },
+        RawToken {
+            ttl_ms: 0,
+            expires_in_ms: 0,
+            ..done.clone()
+        },
+        "refused operations change nothing"
+    );
+    assert!(
+        after.ttl_ms <= done.ttl_ms,
+        "a repeated confirm keeps the tombstone's TTL"
+    );
 }
 
 /// A lapsed lease nobody took over still lets its owner finish (owner and fence match).

@@ -1,0 +1,391 @@
+//! The container deployment hangs together without Docker: `docker-compose.yml`,
+//! `deploy/otel-collector.yaml` and the `Dockerfile` are parsed and cross-checked
+//! (pinned images, expected services, worker wiring, dependencies, collector pipelines).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_yaml::{Mapping, Value};
+
+const EXPECTED_SERVICES: &[&str] = &[
+    "kafka",
+    "kafka-init",
+    "redis",
+    "postgres",
+    "otel-collector",
+    "jaeger",
+    "gateway-sim",
+    "worker",
+    "migrate",
+];
+
+const WORKER_ENV: &[&str] = &[
+    "KAFKA_BROKERS",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "GATEWAY_URL",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+];
+
+fn read(relative: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn yaml(relative: &str) -> Value {
+    serde_yaml::from_str(&read(relative)).unwrap_or_else(|e| panic!("{relative} is not YAML: {e}"))
+}
+
+fn compose() -> Value {
+    yaml("docker-compose.yml")
+}
+
+fn services(compose: &Value) -> &Mapping {
+    compose
+        .get("services")
+        .and_then(Value::as_mapping)
+        .expect("docker-compose.yml has a `services` mapping")
+}
+
+fn service_names(compose: &Value) -> BTreeSet<String> {
+    services(compose)
+        .keys()
+        .map(|k| k.as_str().expect("service names are strings").to_owned())
+        .collect()
+}
+
+fn service<'a>(compose: &'a Value, name: &str) -> &'a Value {
+    services(compose)
+        .get(name)
+        .unwrap_or_else(|| panic!("no service {name:?}"))
+}
+
+/// A scalar as the string Docker would see (`KAFKA_NODE_ID: 1` is the string "1").
+fn scalar(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// `environment` as a map, whether written as a mapping or as a `KEY=VALUE` list.
+fn environment(service: &Value) -> Vec<(String, String)> {
+    match service.get("environment") {
+        None => Vec::new(),
+        Some(Value::Mapping(map)) => map
+            .iter()
+            .map(|(k, v)| {
+                let key = k.as_str().expect("environment keys are strings").to_owned();
+                (key, scalar(v).unwrap_or_default())
+            })
+            .collect(),
+        Some(Value::Sequence(items)) => items
+            .iter()
+            .map(|item| {
+                let item = item.as_str().expect("environment entries are strings");
+                let (key, value) = item.split_once('=').unwrap_or((item, ""));
+                (key.to_owned(), value.to_owned())
+            })
+            .collect(),
+        Some(other) => panic!("environment is neither a mapping nor a list: {other:?}"),
+    }
+}
+
+/// `depends_on` names, whether written as a list or as a mapping with conditions.
+fn depends_on(service: &Value) -> Vec<String> {
+    match service.get("depends_on") {
+        None => Vec::new(),
+        Some(Value::Sequence(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .expect("depends_on entries are strings")
+                    .to_owned()
+            })
+            .collect(),
+        Some(Value::Mapping(map)) => map
+            .keys()
+            .map(|k| k.as_str().expect("depends_on keys are strings").to_owned())
+            .collect(),
+        Some(other) => panic!("depends_on is neither a list nor a mapping: {other:?}"),
+    }
+}
+
+/// `name:tag` or `name@sha256:…`, with a tag other than `latest`. A registry port
+/// (`host:5000/name`) is not a tag.
+fn is_pinned(image: &str) -> bool {
+    if let Some((_, digest)) = image.split_once('@') {
+        return digest.starts_with("sha256:");
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.split_once(':') {
+        Some((name, tag)) => !name.is_empty() && !tag.is_empty() && tag != "latest",
+        None => false,
+    }
+}
+
+#[test]
+fn image_pinning_rule() {
+    for pinned in [
+        "apache/kafka:3.9.1",
+        "redis:7.4.2",
+        "registry.local:5000/team/app:1.2",
+        "debian:bookworm-slim",
+        "busybox@sha256:0123",
+    ] {
+        assert!(is_pinned(pinned), "{pinned} should count as pinned");
+    }
+    for floating in [
+        "redis",
+        "redis:latest",
+        "registry.local:5000/team/app",
+        "app:",
+    ] {
+        assert!(
+            !is_pinned(floating),
+            "{floating} should not count as pinned"
+        );
+    }
+}
+
+#[test]
+fn every_service_has_a_pinned_image_or_a_build() {
+    let compose = compose();
+    for (name, service) in services(&compose) {
+        let name = name.as_str().unwrap_or("?");
+        let image = service.get("image").and_then(Value::as_str);
+        let build = service.get("build");
+        assert!(
+            image.is_some() || build.is_some(),
+            "service {name} has neither an image nor a build"
+        );
+        if let Some(image) = image {
+            assert!(
+                build.is_some() || is_pinned(image),
+                "service {name}: image {image:?} is not pinned to a tag (or is `latest`)"
+            );
+            assert!(
+                !image.ends_with(":latest"),
+                "service {name}: image {image:?} uses `latest`"
+            );
+        }
+    }
+}
+
+#[test]
+fn expected_services_exist() {
+    let names = service_names(&compose());
+    let missing: Vec<&&str> = EXPECTED_SERVICES
+        .iter()
+        .filter(|s| !names.contains(**s))
+        .collect();
+    assert!(missing.is_empty(), "missing services: {missing:?}");
+}
+
+#[test]
+fn worker_is_wired_to_the_other_services() {
+    let compose = compose();
+    let worker = service(&compose, "worker");
+    let env = environment(worker);
+    let keys: BTreeSet<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    let missing: Vec<&&str> = WORKER_ENV.iter().filter(|k| !keys.contains(**k)).collect();
+    assert!(missing.is_empty(), "worker environment lacks {missing:?}");
+
+    let value = |key: &str| {
+        env.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default()
+    };
+    // Every address names a service of this file, so the worker reaches it in-network.
+    let names = service_names(&compose);
+    for (key, service) in [
+        ("KAFKA_BROKERS", "kafka"),
+        ("DATABASE_URL", "postgres"),
+        ("REDIS_URL", "redis"),
+        ("GATEWAY_URL", "gateway-sim"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "otel-collector"),
+    ] {
+        assert!(names.contains(service), "no service {service}");
+        assert!(
+            value(key).contains(service),
+            "{key}={:?} does not point at the {service} service",
+            value(key)
+        );
+    }
+    assert!(!value("OTEL_SERVICE_NAME").is_empty());
+
+    let command = worker
+        .get("command")
+        .map(|c| serde_yaml::to_string(c).unwrap())
+        .unwrap_or_default();
+    assert!(command.contains("run"), "worker command is {command:?}");
+    let replicas = worker
+        .get("deploy")
+        .and_then(|d| d.get("replicas"))
+        .and_then(Value::as_u64)
+        .unwrap_or(1);
+    assert!(replicas >= 2, "a consumer group of one is not a group");
+    let healthcheck = worker
+        .get("healthcheck")
+        .map(|h| serde_yaml::to_string(h).unwrap())
+        .unwrap_or_default();
+    assert!(
+        healthcheck.contains("/healthz") && !value("HEALTH_LISTEN").is_empty(),
+        "the worker health check needs HEALTH_LISTEN and /healthz"
+    );
+}
+
+#[test]
+fn kafka_init_creates_the_topics() {
+    let compose = compose();
+    let init = service(&compose, "kafka-init");
+    let script = serde_yaml::to_string(init.get("command").expect("kafka-init has a command"))
+        .unwrap()
+        + &serde_yaml::to_string(init.get("entrypoint").unwrap_or(&Value::Null)).unwrap();
+    assert!(script.contains("/opt/kafka/bin/kafka-topics.sh"));
+    for topic in ["payments.commands", "payments.results", "payments.dlq"] {
+        assert!(script.contains(topic), "kafka-init does not create {topic}");
+    }
+    assert!(
+        script.contains("--topic payments.commands --partitions 6"),
+        "payments.commands should have 6 partitions"
+    );
+}
+
+#[test]
+fn every_dependency_names_an_existing_service() {
+    let compose = compose();
+    let names = service_names(&compose);
+    for (name, service) in services(&compose) {
+        for dependency in depends_on(service) {
+            assert!(
+                names.contains(&dependency),
+                "service {} depends on unknown service {dependency:?}",
+                name.as_str().unwrap_or("?")
+            );
+        }
+    }
+}
+
+fn component_ids(config: &Value, section: &str) -> BTreeSet<String> {
+    config
+        .get(section)
+        .and_then(Value::as_mapping)
+        .map(|m| {
+            m.keys()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn string_list(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_sequence)
+        .map(|items| {
+            items
+                .iter()
+                .map(|i| i.as_str().expect("component ids are strings").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn collector_pipelines_reference_defined_components() {
+    let config = yaml("deploy/otel-collector.yaml");
+    let settings = config
+        .get("service")
+        .expect("collector config has `service`");
+    let pipelines = settings
+        .get("pipelines")
+        .and_then(Value::as_mapping)
+        .expect("collector config has pipelines");
+    let mut kinds = BTreeSet::new();
+    for (name, pipeline) in pipelines {
+        let name = name.as_str().unwrap_or("?");
+        kinds.insert(name.split('/').next().unwrap_or(name).to_owned());
+        for section in ["receivers", "processors", "exporters"] {
+            let defined = component_ids(&config, section);
+            let used = string_list(pipeline.get(section));
+            if section != "processors" {
+                assert!(!used.is_empty(), "pipeline {name} has no {section}");
+            }
+            for id in used {
+                assert!(
+                    defined.contains(&id),
+                    "pipeline {name} uses {section} {id:?}, not defined"
+                );
+            }
+        }
+    }
+    assert!(kinds.contains("traces") && kinds.contains("metrics"));
+    let extensions = component_ids(&config, "extensions");
+    for id in string_list(settings.get("extensions")) {
+        assert!(extensions.contains(&id), "extension {id:?} is not defined");
+    }
+
+    // The compose file mounts exactly this file into the collector.
+    let compose = compose();
+    let collector = string_list(service(&compose, "otel-collector").get("volumes"));
+    assert!(
+        collector
+            .iter()
+            .any(|v| v.starts_with("./deploy/otel-collector.yaml:")),
+        "otel-collector does not mount deploy/otel-collector.yaml: {collector:?}"
+    );
+}
+
+/// `FROM [--platform=…] image [AS stage]` lines; a stage named earlier is no image.
+fn dockerfile_images(dockerfile: &str) -> Vec<String> {
+    let mut stages = BTreeSet::new();
+    let mut images = Vec::new();
+    for line in dockerfile.lines().map(str::trim) {
+        let mut words = line.split_whitespace();
+        if !words.next().is_some_and(|w| w.eq_ignore_ascii_case("FROM")) {
+            continue;
+        }
+        let rest: Vec<&str> = words.filter(|w| !w.starts_with("--")).collect();
+        let Some(image) = rest.first() else { continue };
+        if !stages.contains(*image) {
+            images.push((*image).to_owned());
+        }
+        if rest.len() >= 3 && rest[1].eq_ignore_ascii_case("AS") {
+            stages.insert(rest[2].to_owned());
+        }
+    }
+    images
+}
+
+#[test]
+fn dockerfile_base_images_are_pinned() {
+    let dockerfile = read("Dockerfile");
+    let images = dockerfile_images(&dockerfile);
+    assert!(
+        images.len() >= 2,
+        "expected a builder and a runtime stage, found {images:?}"
+    );
+    for image in &images {
+        assert!(is_pinned(image), "Dockerfile image {image:?} is not pinned");
+    }
+    assert!(
+        images.first().is_some_and(|i| i.starts_with("rust:")),
+        "the builder is a rust image: {images:?}"
+    );
+    assert!(
+        images.last().is_some_and(|i| i.starts_with("debian:")),
+        "the runtime is a debian image: {images:?}"
+    );
+    assert!(dockerfile.contains("cargo build --release --locked"));
+    assert!(dockerfile.contains(r#"ENTRYPOINT ["payment-worker"]"#));
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.trim_start().starts_with("USER ")),
+        "the runtime runs as a non-root user"
+    );
+}
