@@ -67,6 +67,9 @@ pub enum Command {
     Produce(crate::worker::ProduceArgs),
     /// Rewind a consumer group (the group must have no live members).
     Replay(crate::worker::ReplayArgs),
+    /// Reconcile Redis tokens, Postgres payments and the gateway ledger; exits
+    /// non-zero on any invariant violation. `--repair` settles stuck tokens.
+    Audit(crate::audit::AuditArgs),
     /// Dead-letter topic tools.
     Dlq {
         #[command(subcommand)]
@@ -79,7 +82,9 @@ pub enum Command {
         listen: String,
         #[arg(long, default_value_t = 6)]
         partitions: i32,
-        #[arg(long, default_value_t = 3)]
+        /// Mock brokers in the cluster. Its own id: the flattened KafkaSettings
+        /// already owns the argument id `brokers` (`--kafka-brokers`).
+        #[arg(id = "mock_brokers", long = "brokers", default_value_t = 3)]
         brokers: i32,
         /// Also write the bootstrap address to this file.
         #[arg(long)]
@@ -87,6 +92,8 @@ pub enum Command {
         #[command(flatten)]
         kafka: KafkaSettings,
     },
+    /// Throughput, latency and memory against a Postgres ceiling (SPEC §8).
+    Bench(crate::bench::BenchArgs),
     /// HTTP gateway simulator (SPEC §7).
     GatewaySim {
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -192,6 +199,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Produce(args) => worker::produce(args).await,
         Command::Replay(args) => worker::replay(args).await,
+        Command::Audit(args) => crate::audit::run(args).await,
         Command::Dlq {
             command: DlqCommand::Redrive(args),
         } => worker::redrive(args).await,
@@ -219,6 +227,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || drop(local)).await?;
             Ok(())
         }
+        Command::Bench(args) => crate::bench::run(args).await,
         Command::GatewaySim { listen, config } => crate::gateway::run_simulator(listen, config).await,
     }
 }

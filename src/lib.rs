@@ -1,6 +1,8 @@
 //! payment-worker: charges each payment command exactly once, however often it is
 //! delivered, replayed, or the worker crashes. See `docs/ARCHITECTURE.md`.
 
+pub mod audit;
+pub mod bench;
 pub mod cli;
 pub mod configuration;
 pub mod demo;

@@ -1,32 +1,297 @@
-//! Logging setup. Logs go to stderr (stdout is for command output), as JSON lines
-//! when `LOG_FORMAT=json`; the level comes from `RUST_LOG` (default `info`).
+//! Logs, traces and metrics. Logs go to stderr (stdout is for command output), as
+//! JSON lines with `LOG_FORMAT=json`; the level comes from `RUST_LOG`.
+//!
+//! OpenTelemetry is configured only by the standard `OTEL_*` variables: with no
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (or a per-signal endpoint) nothing is exported and
+//! the instruments are no-ops. `OTEL_EXPORTER_OTLP_PROTOCOL` picks `grpc` or
+//! `http/protobuf`; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
+//! `OTEL_TRACES_SAMPLER(_ARG)` and `OTEL_METRIC_EXPORT_INTERVAL` are honoured by the SDK.
 
+use std::sync::OnceLock;
+
+use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{EnvFilter, Layer};
 
-/// Held by `main`; `shutdown` flushes whatever is buffered.
-pub struct Telemetry;
+pub const SERVICE_NAME: &str = "payment-worker";
 
-/// `default_filter` applies when `RUST_LOG` is unset.
+/// Held by `main`; `shutdown` flushes buffered spans and metrics.
+pub struct Telemetry {
+    tracer_provider: Option<SdkTracerProvider>,
+    meter_provider: Option<SdkMeterProvider>,
+}
+
+fn env_set(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.trim().is_empty())
+}
+
+fn otlp_wanted(signal_endpoint: &str) -> bool {
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    !disabled && (env_set("OTEL_EXPORTER_OTLP_ENDPOINT") || env_set(signal_endpoint))
+}
+
+fn resource() -> Resource {
+    let builder = Resource::builder();
+    // The SDK reads OTEL_SERVICE_NAME itself; without it, name the service anyway.
+    if env_set("OTEL_SERVICE_NAME") {
+        builder.build()
+    } else {
+        builder.with_service_name(SERVICE_NAME).build()
+    }
+}
+
+fn tracer_provider() -> Option<SdkTracerProvider> {
+    if !otlp_wanted("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        return None;
+    }
+    match opentelemetry_otlp::SpanExporter::builder().build() {
+        Ok(exporter) => Some(
+            SdkTracerProvider::builder()
+                .with_resource(resource())
+                .with_batch_exporter(exporter)
+                .build(),
+        ),
+        Err(error) => {
+            eprintln!("payment-worker: OTLP span exporter not started: {error}");
+            None
+        }
+    }
+}
+
+fn meter_provider() -> Option<SdkMeterProvider> {
+    if !otlp_wanted("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") {
+        return None;
+    }
+    match opentelemetry_otlp::MetricExporter::builder().build() {
+        Ok(exporter) => Some(
+            SdkMeterProvider::builder()
+                .with_resource(resource())
+                .with_periodic_exporter(exporter)
+                .build(),
+        ),
+        Err(error) => {
+            eprintln!("payment-worker: OTLP metric exporter not started: {error}");
+            None
+        }
+    }
+}
+
+/// Whether metrics leave the process (so collecting them is worth its cost).
+pub fn metrics_exported() -> bool {
+    otlp_wanted("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+}
+
+/// Installs the global subscriber, propagator and providers. Call inside the tokio
+/// runtime (the gRPC exporter needs it). `default_filter` applies without `RUST_LOG`.
 pub fn init(default_filter: &str) -> Telemetry {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let tracer_provider = tracer_provider();
+    let meter_provider = meter_provider();
+    if let Some(provider) = &meter_provider {
+        opentelemetry::global::set_meter_provider(provider.clone());
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
-    let registry = tracing_subscriber::registry().with(filter);
-    let result = if json {
-        registry
-            .with(tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr))
-            .try_init()
+    let logs = if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed()
     } else {
-        registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .try_init()
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed()
     };
-    // Already initialised (tests): keep the first subscriber.
-    let _ = result;
-    Telemetry
+    // Spans are exported whatever the log level: the trace is complete at `info`.
+    let traces = tracer_provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer(SERVICE_NAME))
+            .with_filter(EnvFilter::new("info,payment_worker=debug,h2=off,tonic=off,hyper=off,reqwest=off"))
+    });
+    // Already initialised (a test installed its own): keep that one.
+    let _ = tracing_subscriber::registry().with(logs).with(traces).try_init();
+    Telemetry {
+        tracer_provider,
+        meter_provider,
+    }
 }
 
 impl Telemetry {
-    pub fn shutdown(self) {}
+    pub fn shutdown(self) {
+        if let Some(provider) = self.tracer_provider {
+            if let Err(error) = provider.shutdown() {
+                eprintln!("payment-worker: flushing spans failed: {error}");
+            }
+        }
+        if let Some(provider) = self.meter_provider {
+            if let Err(error) = provider.shutdown() {
+                eprintln!("payment-worker: flushing metrics failed: {error}");
+            }
+        }
+    }
+}
+
+/// The instruments. Attributes are low-cardinality by construction: operation
+/// names, outcome labels, error kinds, partition numbers; never a key, token,
+/// account or payment method.
+pub struct Metrics {
+    pub atomic_operation_failures: Counter<u64>,
+    pub token_inconsistencies: Counter<u64>,
+    pub commands: Counter<u64>,
+    pub processing_duration: Histogram<f64>,
+    pub in_flight: UpDownCounter<i64>,
+    pub retries: Counter<u64>,
+    pub dead_letters: Counter<u64>,
+    pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
+}
+
+fn build_metrics(meter: &Meter) -> Metrics {
+    Metrics {
+        atomic_operation_failures: meter
+            .u64_counter("payment_worker.atomic_operation.failures")
+            .with_description("Token store operations that failed (operation, reason)")
+            .build(),
+        token_inconsistencies: meter
+            .u64_counter("payment_worker.token.inconsistencies")
+            .with_description("A token found in another state than expected (expected, actual)")
+            .build(),
+        commands: meter
+            .u64_counter("payment_worker.commands")
+            .with_description("Commands finished, by outcome")
+            .build(),
+        processing_duration: meter
+            .f64_histogram("payment_worker.command.duration")
+            .with_unit("s")
+            .with_description("Time from dispatch to acknowledged result, by outcome")
+            .build(),
+        in_flight: meter
+            .i64_up_down_counter("payment_worker.commands.in_flight")
+            .with_description("Commands being processed")
+            .build(),
+        retries: meter
+            .u64_counter("payment_worker.command.retries")
+            .with_description("Attempts that ended in a retry")
+            .build(),
+        dead_letters: meter
+            .u64_counter("payment_worker.dead_letters")
+            .with_description("Records sent to the dead-letter topic, by kind")
+            .build(),
+        consumer_lag: meter
+            .i64_gauge("payment_worker.consumer.lag")
+            .with_description("Messages behind the high watermark, per partition")
+            .build(),
+    }
+}
+
+/// The process-wide instruments (no-ops until a meter provider is installed).
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| build_metrics(&opentelemetry::global::meter(SERVICE_NAME)))
+}
+
+pub fn record_atomic_failure(operation: &'static str, reason: &'static str) {
+    metrics().atomic_operation_failures.add(
+        1,
+        &[KeyValue::new("operation", operation), KeyValue::new("reason", reason)],
+    );
+}
+
+pub fn record_token_inconsistency(expected: &'static str, actual: &'static str) {
+    metrics().token_inconsistencies.add(
+        1,
+        &[KeyValue::new("expected", expected), KeyValue::new("actual", actual)],
+    );
+}
+
+// ---------------------------------------------------------------------------
+// W3C trace context across Kafka headers and HTTP.
+
+use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+struct KafkaHeaderExtractor<'a, H: Headers>(&'a H);
+
+impl<H: Headers> Extractor for KafkaHeaderExtractor<'_, H> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|h| h.key.eq_ignore_ascii_case(key))
+            .and_then(|h| h.value)
+            .and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|h| h.key).collect()
+    }
+}
+
+/// Makes `span` a child of the `traceparent`/`tracestate` carried by `headers`.
+/// A missing or malformed header leaves the span a root: bad tracing data never
+/// fails a payment.
+pub fn adopt_remote_parent<H: Headers>(span: &tracing::Span, headers: Option<&H>) {
+    let Some(headers) = headers else { return };
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&KafkaHeaderExtractor(headers)));
+    if parent.span().span_context().is_valid() {
+        let _ = span.set_parent(parent);
+    }
+}
+
+#[derive(Default)]
+struct PairInjector(Vec<(String, String)>);
+
+impl Injector for PairInjector {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.push((key.to_owned(), value));
+    }
+}
+
+/// `traceparent` (and `tracestate`) of the current span, for outgoing requests.
+pub fn current_trace_headers() -> Vec<(String, String)> {
+    let context = tracing::Span::current().context();
+    let mut injector = PairInjector::default();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&context, &mut injector));
+    injector.0
+}
+
+/// `headers` plus the current trace context.
+pub fn with_trace_headers(mut headers: OwnedHeaders) -> OwnedHeaders {
+    for (key, value) in current_trace_headers() {
+        headers = headers.insert(Header {
+            key: &key,
+            value: Some(value.as_bytes()),
+        });
+    }
+    headers
+}
+
+/// Trace id and span id (hex) of `span`, when it is being traced.
+pub fn trace_ids(span: &tracing::Span) -> Option<(String, String)> {
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context
+        .is_valid()
+        .then(|| (span_context.trace_id().to_string(), span_context.span_id().to_string()))
+}
+
+/// Links `span` to a span of another trace (a replayed duplicate to the run that
+/// charged). Ignores ids that do not parse.
+pub fn link_to(span: &tracing::Span, trace_id: &str, span_id: &str) {
+    let (Ok(trace_id), Ok(span_id)) = (TraceId::from_hex(trace_id), SpanId::from_hex(span_id)) else {
+        return;
+    };
+    let remote = SpanContext::new(trace_id, span_id, TraceFlags::SAMPLED, true, TraceState::default());
+    span.add_link(remote);
 }

@@ -216,8 +216,39 @@ fn reason_from_body(body: String) -> String {
     reason
 }
 
+/// The W3C trace context of the current (client) span, so the gateway's spans join
+/// the command's trace.
+fn trace_headers() -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    for (key, value) in crate::telemetry::current_trace_headers() {
+        if let (Ok(name), Ok(value)) = (
+            reqwest::header::HeaderName::from_bytes(key.as_bytes()),
+            reqwest::header::HeaderValue::from_str(&value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    headers
+}
+
+fn record_status(status: StatusCode) {
+    tracing::Span::current().record("http.response.status_code", status.as_u16());
+}
+
 #[async_trait::async_trait]
 impl PaymentGateway for HttpGateway {
+    #[tracing::instrument(
+        name = "gateway charge",
+        skip_all,
+        fields(
+            otel.name = "POST /charges",
+            otel.kind = "client",
+            http.request.method = "POST",
+            url.template = "/charges",
+            http.response.status_code = tracing::field::Empty,
+            gateway.status = tracing::field::Empty,
+        )
+    )]
     async fn charge(
         &self,
         key: &IdempotencyKey,
@@ -227,21 +258,42 @@ impl PaymentGateway for HttpGateway {
             .http
             .post(self.charges_url())
             .header("Idempotency-Key", key.as_str())
+            .headers(trace_headers())
             .json(request)
             .send()
             .await
             .map_err(charge_request_error)?;
+        record_status(response.status());
         if !response.status().is_success() {
             return Err(Self::error_from(response).await);
         }
         // A 2xx means the gateway decided; a body that breaks off or cannot be read
         // leaves the decision unknown, which a look-up can recover.
-        read_json(response).await.map_err(|e| match e {
+        let charge: Charge = read_json(response).await.map_err(|e| match e {
             ReadError::Transport(_) => GatewayError::Timeout,
             ReadError::Decode(message) => GatewayError::Protocol(message),
-        })
+        })?;
+        tracing::Span::current().record(
+            "gateway.status",
+            match charge.status {
+                crate::gateway::ChargeStatus::Approved => "approved",
+                crate::gateway::ChargeStatus::Declined => "declined",
+            },
+        );
+        Ok(charge)
     }
 
+    #[tracing::instrument(
+        name = "gateway lookup",
+        skip_all,
+        fields(
+            otel.name = "GET /charges/{key}",
+            otel.kind = "client",
+            http.request.method = "GET",
+            url.template = "/charges/{key}",
+            http.response.status_code = tracing::field::Empty,
+        )
+    )]
     async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<Charge>, GatewayError> {
         if key.as_str().bytes().all(|b| b == b'.') {
             return self.lookup_via_ledger(key).await;
@@ -251,9 +303,11 @@ impl PaymentGateway for HttpGateway {
         let response = self
             .http
             .get(url)
+            .headers(trace_headers())
             .send()
             .await
             .map_err(idempotent_request_error)?;
+        record_status(response.status());
         if response.status() == StatusCode::NOT_FOUND {
             return Ok(None);
         }

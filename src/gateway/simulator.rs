@@ -173,6 +173,9 @@ struct Shared {
     config: SimulatorConfig,
     slow_keys: HashMap<String, Duration>,
     ledger: Mutex<Ledger>,
+    /// The `traceparent` of the first POST per key, so tests can see the trace
+    /// context reach the gateway (in process only; not part of the HTTP API).
+    traceparents: Mutex<HashMap<String, String>>,
 }
 
 enum Decision {
@@ -391,6 +394,11 @@ async fn post_charge(
         Ok(request) => request,
         Err(rejection) => return rejection.into_response(),
     };
+    if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        let mut seen = shared.traceparents.lock().unwrap_or_else(|p| p.into_inner());
+        seen.entry(key.as_str().to_owned())
+            .or_insert_with(|| traceparent.to_owned());
+    }
     if shared.config.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(shared.config.latency_ms)).await;
     }
@@ -495,6 +503,7 @@ impl GatewaySimulator {
                 latest: HashMap::new(),
                 rng: StdRng::seed_from_u64(seed),
             }),
+            traceparents: Mutex::new(HashMap::new()),
             config,
         });
         Ok(Self {
@@ -584,6 +593,12 @@ impl RunningSimulator {
     /// The ledger as `GET /charges` would return it, without HTTP.
     pub fn ledger(&self) -> Vec<LedgerEntry> {
         self.shared.snapshot(None)
+    }
+
+    /// The `traceparent` header of the first charge request for `key`, if it had one.
+    pub fn traceparent_of(&self, key: &str) -> Option<String> {
+        let seen = self.shared.traceparents.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(key).cloned()
     }
 
     /// Stops serving and waits for the server to finish.

@@ -2,6 +2,7 @@
 //! what runs inside its one transaction.
 
 use sqlx::{PgConnection, Row};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{Fingerprint, PaymentCommand};
@@ -58,6 +59,20 @@ pub struct PaymentRecord {
     pub status: PaymentStatus,
     pub gateway_transaction_id: Option<String>,
     pub trace_id: Option<String>,
+    /// The span that charged (hex), for links from later duplicates.
+    pub span_id: Option<String>,
+}
+
+/// A client span for one statement (OpenTelemetry database conventions).
+pub(crate) fn statement_span(operation: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        "statement",
+        otel.name = format!("{operation} payments"),
+        otel.kind = "client",
+        db.system.name = "postgresql",
+        db.operation.name = operation,
+        db.collection.name = "payments",
+    )
 }
 
 fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<PaymentRecord, sqlx::Error> {
@@ -72,6 +87,7 @@ fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<PaymentRecord, sqlx::E
         status,
         gateway_transaction_id: row.try_get("gateway_transaction_id")?,
         trace_id: row.try_get("trace_id")?,
+        span_id: row.try_get("span_id")?,
     })
 }
 
@@ -80,11 +96,12 @@ pub async fn find_payment(
     key: &str,
 ) -> Result<Option<PaymentRecord>, sqlx::Error> {
     sqlx::query(
-        "SELECT id, fingerprint, status, gateway_transaction_id, trace_id
+        "SELECT id, fingerprint, status, gateway_transaction_id, trace_id, span_id
          FROM payments WHERE idempotency_key = $1",
     )
     .bind(key)
     .fetch_optional(conn)
+    .instrument(statement_span("SELECT"))
     .await?
     .map(|row| record_from_row(&row))
     .transpose()
@@ -94,6 +111,7 @@ pub async fn find_payment(
 pub(crate) struct RowContext<'a> {
     pub source: Option<&'a SourcePosition>,
     pub trace_id: Option<&'a str>,
+    pub span_id: Option<&'a str>,
     pub fence: u64,
 }
 
@@ -113,8 +131,8 @@ pub(crate) async fn insert(
     sqlx::query_scalar(
         "INSERT INTO payments (id, idempotency_key, fingerprint, account_id, amount_minor,
              currency, description, status, gateway_transaction_id, source_topic,
-             source_partition, source_offset, trace_id, fence)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+             source_partition, source_offset, trace_id, fence, span_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
     )
@@ -132,7 +150,9 @@ pub(crate) async fn insert(
     .bind(context.source.map(|s| s.offset))
     .bind(context.trace_id)
     .bind(i64::try_from(context.fence).unwrap_or(i64::MAX))
+    .bind(context.span_id)
     .fetch_optional(conn)
+    .instrument(statement_span("INSERT"))
     .await
 }
 
@@ -153,6 +173,21 @@ pub(crate) async fn record_charge(
     .bind(&charge.transaction_id)
     .bind(reason)
     .execute(conn)
+    .instrument(statement_span("UPDATE"))
     .await?;
     Ok(())
+}
+
+/// The trace and span that charged `payment_id`, if recorded.
+pub(crate) async fn trace_of(
+    conn: &mut PgConnection,
+    payment_id: uuid::Uuid,
+) -> Result<Option<(String, String)>, sqlx::Error> {
+    let row: Option<(Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT trace_id, span_id FROM payments WHERE id = $1")
+            .bind(payment_id)
+            .fetch_optional(conn)
+            .instrument(statement_span("SELECT"))
+            .await?;
+    Ok(row.and_then(|(t, s)| t.zip(s)))
 }

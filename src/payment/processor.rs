@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::Retryable;
+use tracing::field::Empty;
+use tracing::Instrument;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -132,14 +134,41 @@ impl Processor {
     /// One attempt. Never panics and never returns an error: failures become
     /// `Outcome::Retry` (transient) or `Outcome::Rejected` (final).
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
+        let outcome = self.decide(command, context).await;
+        if let Outcome::Duplicate { payment_id } = &outcome {
+            self.link_to_original(*payment_id).await;
+        }
+        outcome
+    }
+
+    /// A duplicate's trace points at the trace that charged (only when tracing).
+    async fn link_to_original(&self, payment_id: Uuid) {
+        let span = tracing::Span::current();
+        if crate::telemetry::trace_ids(&span).is_none() {
+            return;
+        }
+        let Ok(mut conn) = self.pool.acquire().await else { return };
+        if let Ok(Some((trace_id, span_id))) = persistence::trace_of(&mut conn, payment_id).await {
+            crate::telemetry::link_to(&span, &trace_id, &span_id);
+        }
+    }
+
+    async fn decide(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
         let key = &command.idempotency_key;
         let fingerprint = command.fingerprint();
         // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
         let owner = format!("{}:{}", self.worker_id, Uuid::new_v4().simple());
-        let reservation = match self.tokens.reserve(key, &owner).await {
+        let span = token_span("reserve");
+        let reservation = match self.tokens.reserve(key, &owner).instrument(span.clone()).await {
             Ok(reservation) => reservation,
-            Err(error) => return retry(format!("token reserve failed: {error}")),
+            Err(error) => {
+                token_failure("reserve", &error);
+                return retry(format!("token reserve failed: {error}"));
+            }
         };
+        let verdict = verdict_label(&reservation);
+        span.record("token.verdict", verdict);
+        tracing::Span::current().record("token.verdict", verdict);
         tracing::debug!(idempotency_key = %key, ?reservation, "token reserve");
         match reservation {
             Reservation::Reserved { fence } => {
@@ -209,9 +238,12 @@ impl Processor {
             Err(error) => return retry(format!("gateway look-up failed: {error}")),
         };
         // An earlier attempt charged and crashed before recording: record, never re-charge.
+        // The row remembers the trace that charged, for links from later duplicates.
+        let ids = crate::telemetry::trace_ids(&tracing::Span::current());
         let row = RowContext {
             source: context.source,
-            trace_id: context.trace_id,
+            trace_id: context.trace_id.or(ids.as_ref().map(|(t, _)| t.as_str())),
+            span_id: ids.as_ref().map(|(_, s)| s.as_str()),
             fence: 0,
         };
         let inserted = async {
@@ -240,7 +272,16 @@ impl Processor {
         let key = &command.idempotency_key;
         let settlement = match self.faults.hit(FaultPoint::AfterReserve).await {
             Err(fault) => Settlement::Restore(retry(fault.to_string())),
-            Ok(()) => self.transact(command, fingerprint, context, claim).await,
+            Ok(()) => {
+                self.transact(command, fingerprint, context, claim)
+                    .instrument(tracing::info_span!(
+                        "payment transaction",
+                        otel.kind = "internal",
+                        db.system.name = "postgresql",
+                        token.fence = claim.fence,
+                    ))
+                    .await
+            }
         };
         match settlement {
             Settlement::Confirm {
@@ -254,29 +295,48 @@ impl Processor {
                     tracing::warn!(idempotency_key = %key, %fault, "token left processing");
                     return outcome;
                 }
-                match self.tokens.confirm(key, claim, payment_id, fingerprint.as_str()).await {
-                    Ok(Transition::Applied) => {}
-                    Ok(Transition::Refused) => tracing::warn!(
-                        idempotency_key = %key,
-                        "confirm refused: lease lost after commit; the next owner will find the row"
-                    ),
-                    Err(error) => tracing::warn!(
-                        idempotency_key = %key, %error,
-                        "confirm failed; the lease will expire and the row decides"
-                    ),
+                let confirmed = self
+                    .tokens
+                    .confirm(key, claim, payment_id, fingerprint.as_str())
+                    .instrument(token_span("confirm"))
+                    .await;
+                match confirmed {
+                    Ok(Transition::Applied) => {
+                        tracing::debug!(idempotency_key = %key, "token processing -> completed")
+                    }
+                    Ok(Transition::Refused) => {
+                        crate::telemetry::record_token_inconsistency("processing", "not_owned");
+                        tracing::warn!(
+                            idempotency_key = %key,
+                            "confirm refused: lease lost after commit; the next owner will find the row"
+                        )
+                    }
+                    Err(error) => {
+                        token_failure("confirm", &error);
+                        tracing::warn!(
+                            idempotency_key = %key, %error,
+                            "confirm failed; the lease will expire and the row decides"
+                        )
+                    }
                 }
                 outcome
             }
             Settlement::Restore(outcome) => {
-                match self.tokens.restore(key, claim).await {
-                    Ok(Transition::Applied) => {}
+                match self.tokens.restore(key, claim).instrument(token_span("restore")).await {
+                    Ok(Transition::Applied) => {
+                        tracing::debug!(idempotency_key = %key, "token processing -> pending")
+                    }
                     Ok(Transition::Refused) => {
+                        crate::telemetry::record_token_inconsistency("processing", "not_owned");
                         tracing::warn!(idempotency_key = %key, "restore refused: lease lost")
                     }
-                    Err(error) => tracing::warn!(
-                        idempotency_key = %key, %error,
-                        "restore failed; the lease will expire instead"
-                    ),
+                    Err(error) => {
+                        token_failure("restore", &error);
+                        tracing::warn!(
+                            idempotency_key = %key, %error,
+                            "restore failed; the lease will expire instead"
+                        )
+                    }
                 }
                 outcome
             }
@@ -299,7 +359,7 @@ impl Processor {
             }
             Settlement::Restore(retry(format!("{what} failed: {error}")))
         };
-        let mut tx = match self.pool.begin().await {
+        let mut tx = match self.pool.begin().instrument(persistence::statement_span("BEGIN")).await {
             Ok(tx) => tx,
             Err(error) => return before_charge("begin", error),
         };
@@ -308,9 +368,12 @@ impl Processor {
             Ok(None) => {}
             Err(error) => return before_charge("pre-existing check", error),
         }
+        // The row remembers the trace that charged, for links from later duplicates.
+        let ids = crate::telemetry::trace_ids(&tracing::Span::current());
         let row = RowContext {
             source: context.source,
-            trace_id: context.trace_id,
+            trace_id: context.trace_id.or(ids.as_ref().map(|(t, _)| t.as_str())),
+            span_id: ids.as_ref().map(|(_, s)| s.as_str()),
             fence: claim.fence,
         };
         let payment_id = match persistence::insert(&mut tx, command, fingerprint, &row, None).await {
@@ -347,7 +410,7 @@ impl Processor {
             return Settlement::LeaveToLease(retry(format!("recording the charge failed: {error}")));
         }
         // Fencing (I5): only the current owner may commit.
-        match self.tokens.extend(key, claim).await {
+        match self.tokens.extend(key, claim).instrument(token_span("extend")).await {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
                 return Settlement::LeaveToLease(retry("lease lost before commit"))
@@ -356,7 +419,7 @@ impl Processor {
                 return Settlement::LeaveToLease(retry(format!("lease check before commit failed: {error}")))
             }
         }
-        if let Err(error) = tx.commit().await {
+        if let Err(error) = tx.commit().instrument(persistence::statement_span("COMMIT")).await {
             // A failed COMMIT may still have committed: only the next owner can tell.
             return Settlement::LeaveToLease(retry(format!("commit failed: {error}")));
         }
@@ -453,7 +516,7 @@ impl Processor {
         loop {
             tokio::select! {
                 output = &mut work => return (output, kept),
-                _ = ticker.tick(), if kept => match self.tokens.extend(key, claim).await {
+                _ = ticker.tick(), if kept => match self.tokens.extend(key, claim).instrument(token_span("extend")).await {
                     Ok(Transition::Applied) => {}
                     Ok(Transition::Refused) => kept = false,
                     // A missed renewal is not a lost lease; the next tick tries again.
@@ -462,4 +525,29 @@ impl Processor {
             }
         }
     }
+}
+
+/// A client span for one token-store operation.
+fn token_span(operation: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        "token",
+        otel.name = format!("token {operation}"),
+        otel.kind = "client",
+        token.operation = operation,
+        token.verdict = Empty,
+    )
+}
+
+fn verdict_label(reservation: &Reservation) -> &'static str {
+    match reservation {
+        Reservation::Reserved { .. } => "reserved",
+        Reservation::InFlight { .. } => "in_flight",
+        Reservation::Completed { .. } => "completed",
+        Reservation::Missing => "missing",
+    }
+}
+
+fn token_failure(operation: &'static str, error: &crate::token::TokenError) {
+    let reason = if error.is_retryable() { "unavailable" } else { "corrupt" };
+    crate::telemetry::record_atomic_failure(operation, reason);
 }

@@ -41,6 +41,7 @@ struct Partitions {
     max_in_flight: usize,
     drain_deadline: Duration,
     consumer: OnceLock<std::sync::Weak<Member>>,
+    group_id: Arc<str>,
 }
 
 impl Partitions {
@@ -62,6 +63,7 @@ impl Partitions {
                 abandon: abandon.clone(),
                 consumer: Arc::clone(consumer),
                 handler: Arc::clone(&self.handler),
+                group_id: Arc::clone(&self.group_id),
                 max_in_flight: self.max_in_flight.max(1),
             };
             let task = self.runtime.spawn(task.run());
@@ -168,7 +170,22 @@ pub struct MemberContext {
     assigned: Arc<AtomicUsize>,
 }
 
-impl ClientContext for MemberContext {}
+impl ClientContext for MemberContext {
+    /// librdkafka statistics (enabled with metrics): consumer lag per partition.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let lag = &crate::telemetry::metrics().consumer_lag;
+        for topic in statistics.topics.values() {
+            for (partition, stats) in &topic.partitions {
+                if *partition >= 0 && stats.consumer_lag >= 0 {
+                    lag.record(
+                        stats.consumer_lag,
+                        &[opentelemetry::KeyValue::new("partition", i64::from(*partition))],
+                    );
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for MemberContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -265,6 +282,7 @@ pub fn start(
         max_in_flight: worker.max_in_flight,
         drain_deadline: worker.drain_deadline,
         consumer: OnceLock::new(),
+        group_id: Arc::from(kafka.group_id.as_str()),
     });
     let consumer: Member = super::kafka::consumer_config(kafka)
         .create_with_context(MemberContext {

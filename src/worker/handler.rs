@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::Retryable;
+use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
+use tracing::field::Empty;
 use tokio_util::sync::CancellationToken;
 
 use super::messages::{decode, record_key, source_of, ResultRecord};
@@ -43,6 +45,7 @@ impl Handler {
     /// or `None` when `draining` stopped the retries first: then nothing was
     /// published and the command's offset must stay uncommitted.
     pub async fn handle(&self, message: &OwnedMessage, draining: &CancellationToken) -> Option<Outcome> {
+        let started = Instant::now();
         let source = source_of(message);
         let (outcome, key, attempts) = match decode(message) {
             Ok(command) => {
@@ -59,12 +62,22 @@ impl Handler {
                 1,
             ),
         };
+        let span = tracing::Span::current();
+        span.record("payment.outcome", outcome.label());
         if let Outcome::Rejected { kind, reason } = &outcome {
+            span.record("payment.rejection", kind.as_str());
             tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
             self.publisher.dead_letter(message, *kind, reason, attempts).await;
+            crate::telemetry::metrics()
+                .dead_letters
+                .add(1, &[KeyValue::new("kind", kind.as_str())]);
         }
         let result = ResultRecord::new(key, &outcome, source);
         self.publisher.publish_result(message.key(), &result).await;
+        let labels = [KeyValue::new("outcome", outcome.label())];
+        let metrics = crate::telemetry::metrics();
+        metrics.commands.add(1, &labels);
+        metrics.processing_duration.record(started.elapsed().as_secs_f64(), &labels);
         Some(outcome)
     }
 
@@ -117,6 +130,7 @@ impl Handler {
                 })
             })
             .notify(|not_yet, after| {
+                crate::telemetry::metrics().retries.add(1, &[]);
                 tracing::debug!(reason = %not_yet.reason, ?after, "retrying command");
             })
             .await;
@@ -133,6 +147,37 @@ impl Handler {
             )),
         }
     }
+}
+
+/// The consumer span of one command (OpenTelemetry messaging conventions), a child
+/// of the record's `traceparent` when it carries one.
+pub fn command_span(message: &OwnedMessage, group_id: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "process",
+        otel.name = format!("{} process", message.topic()),
+        otel.kind = "consumer",
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.operation.name = "process",
+        messaging.destination.name = message.topic(),
+        messaging.destination.partition.id = message.partition().to_string(),
+        messaging.kafka.offset = message.offset(),
+        messaging.consumer.group.name = group_id,
+        payment.idempotency_key = Empty,
+        token.verdict = Empty,
+        payment.outcome = Empty,
+        payment.rejection = Empty,
+        trace_id = Empty,
+    );
+    crate::telemetry::adopt_remote_parent(&span, message.headers());
+    if let Some(key) = super::messages::record_key(message) {
+        span.record("payment.idempotency_key", key);
+    }
+    if let Some((trace_id, _)) = crate::telemetry::trace_ids(&span) {
+        // Puts the trace id on every log line of this command.
+        span.record("trace_id", trace_id);
+    }
+    span
 }
 
 /// The partition-local serialisation key of a record: its Kafka key.

@@ -36,6 +36,10 @@ pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
         .set("max.poll.interval.ms", "300000")
         // Bounded prefetch keeps memory flat with a deep backlog.
         .set("queued.max.messages.kbytes", "16384");
+    if crate::telemetry::metrics_exported() {
+        // Feeds the consumer-lag gauge.
+        config.set("statistics.interval.ms", "5000");
+    }
     config
 }
 

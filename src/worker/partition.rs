@@ -11,12 +11,22 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
-use super::handler::{lane_of, Handler};
+use super::handler::{command_span, lane_of, Handler};
 use super::offsets::OffsetTracker;
 
 /// Records of one key wait behind the one running; a record without a key runs alone.
 type Lane = Option<Vec<u8>>;
+
+/// A command task's end: `settled` when its outcome is final and acknowledged.
+struct Finished {
+    offset: i64,
+    lane: Lane,
+    settled: bool,
+    /// Kept open so the offset commit is recorded inside the command's trace.
+    span: tracing::Span,
+}
 
 pub struct PartitionTask<C: ConsumerContext + 'static> {
     pub topic: String,
@@ -26,6 +36,7 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
     pub abandon: CancellationToken,
     pub consumer: Arc<BaseConsumer<C>>,
     pub handler: Arc<Handler>,
+    pub group_id: Arc<str>,
     pub max_in_flight: usize,
 }
 
@@ -33,7 +44,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
     pub async fn run(mut self) {
         let mut offsets = OffsetTracker::default();
         let mut waiting: HashMap<Lane, VecDeque<OwnedMessage>> = HashMap::new();
-        let mut running: JoinSet<(i64, Lane, bool)> = JoinSet::new();
+        let mut running: JoinSet<Finished> = JoinSet::new();
         let draining = CancellationToken::new();
         let mut admitted = 0usize;
         let mut inbox_open = true;
@@ -47,11 +58,12 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     break;
                 }
                 Some(joined) = running.join_next(), if !running.is_empty() => {
-                    let Ok((offset, lane, finished)) = joined else { continue };
+                    let Ok(Finished { offset, lane, settled, span }) = joined else { continue };
                     admitted -= 1;
-                    if finished {
+                    crate::telemetry::metrics().in_flight.add(-1, &[]);
+                    if settled {
                         offsets.complete(offset);
-                        self.store(&mut offsets);
+                        span.in_scope(|| self.store(&mut offsets));
                     }
                     let next = waiting.get_mut(&lane).and_then(VecDeque::pop_front);
                     match next {
@@ -90,21 +102,43 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
 
     fn start(
         &self,
-        running: &mut JoinSet<(i64, Lane, bool)>,
+        running: &mut JoinSet<Finished>,
         message: OwnedMessage,
         lane: Lane,
         draining: &CancellationToken,
     ) {
         let handler = Arc::clone(&self.handler);
         let draining = draining.clone();
+        let span = command_span(&message, &self.group_id);
+        crate::telemetry::metrics().in_flight.add(1, &[]);
         running.spawn(async move {
-            let finished = handler.handle(&message, &draining).await.is_some();
-            (message.offset(), lane, finished)
+            let settled = handler
+                .handle(&message, &draining)
+                .instrument(span.clone())
+                .await
+                .is_some();
+            Finished {
+                offset: message.offset(),
+                lane,
+                settled,
+                span,
+            }
         });
     }
 
     fn store(&self, offsets: &mut OffsetTracker) {
         let Some(next) = offsets.advance() else { return };
+        // librdkafka commits stored offsets within `auto.commit.interval.ms`, and
+        // synchronously on revoke and shutdown.
+        let _span = tracing::info_span!(
+            "offset commit",
+            otel.kind = "client",
+            messaging.system = "kafka",
+            messaging.operation.type = "settle",
+            messaging.destination.partition.id = self.partition.to_string(),
+            messaging.kafka.offset = next,
+        )
+        .entered();
         let mut list = TopicPartitionList::new();
         if list
             .add_partition_offset(&self.topic, self.partition, Offset::Offset(next))

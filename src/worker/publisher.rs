@@ -11,6 +11,18 @@ use rdkafka::util::Timeout;
 use super::messages::{dead_letter_headers, ResultRecord};
 use crate::configuration::KafkaSettings;
 use crate::payment::RejectionKind;
+use tracing::Instrument;
+
+fn produce_span(topic: &str) -> tracing::Span {
+    tracing::info_span!(
+        "send",
+        otel.name = format!("{topic} send"),
+        otel.kind = "producer",
+        messaging.system = "kafka",
+        messaging.operation.type = "send",
+        messaging.destination.name = topic,
+    )
+}
 
 #[derive(Clone)]
 pub struct Publisher {
@@ -80,7 +92,11 @@ impl Publisher {
     pub async fn publish_result(&self, key: Option<&[u8]>, result: &ResultRecord) {
         // Serialising our own struct cannot fail; an empty payload would still be visible.
         let payload = serde_json::to_vec(result).unwrap_or_default();
-        self.send(&self.results_topic, key, Some(&payload), None).await;
+        let span = produce_span(&self.results_topic);
+        let headers = span.in_scope(|| crate::telemetry::with_trace_headers(OwnedHeaders::new()));
+        self.send(&self.results_topic, key, Some(&payload), Some(headers))
+            .instrument(span)
+            .await;
     }
 
     /// The original key, value and headers, plus the dead-letter headers.
@@ -93,6 +109,7 @@ impl Publisher {
     ) {
         let headers = dead_letter_headers(original, kind, reason, attempts);
         self.send(&self.dlq_topic, original.key(), original.payload(), Some(headers))
+            .instrument(produce_span(&self.dlq_topic))
             .await;
     }
 }

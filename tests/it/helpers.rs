@@ -53,16 +53,47 @@ fn start_redis() {
         .status();
 }
 
+/// Spans of every trace that arrived with a sampled `traceparent` (the test of
+/// the span tree sends one); traces started here are not sampled, so the other
+/// tests' spans cost nothing.
+pub fn span_exporter() -> &'static opentelemetry_sdk::trace::InMemorySpanExporter {
+    static EXPORTER: std::sync::OnceLock<opentelemetry_sdk::trace::InMemorySpanExporter> =
+        std::sync::OnceLock::new();
+    EXPORTER.get_or_init(opentelemetry_sdk::trace::InMemorySpanExporter::default)
+}
+
+fn install_tracing() {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_sampler(opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
+            opentelemetry_sdk::trace::Sampler::AlwaysOff,
+        )))
+        .with_simple_exporter(span_exporter().clone())
+        .build();
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("payment-worker-tests"))
+        .with_filter(tracing_subscriber::EnvFilter::new("info,payment_worker=debug"));
+    // Logs only when RUST_LOG is set, captured per test.
+    let logs = tracing_subscriber::fmt::layer()
+        .with_test_writer()
+        .with_filter(tracing_subscriber::EnvFilter::from_default_env());
+    let _ = tracing_subscriber::registry().with(logs).with(traces).try_init();
+    // Keep the provider alive for the whole test binary.
+    std::mem::forget(provider);
+}
+
 /// Starts Postgres and Redis when they are down (CI may run on a machine where
 /// they were stopped). Runs once per test binary.
 pub fn ensure_services() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // Logs only when RUST_LOG is set, captured per test.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        install_tracing();
         if !reachable(PG_ADDR) {
             start_postgres();
             wait_for(PG_ADDR);

@@ -1,0 +1,63 @@
+//! The `audit` subcommand: flags, wiring, output and exit status.
+
+use std::time::Duration;
+
+use crate::configuration::{DatabaseSettings, RedisSettings, TokenSettings};
+use crate::gateway::HttpGateway;
+
+use super::checks::{audit, AuditOptions};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub database: DatabaseSettings,
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub tokens: TokenSettings,
+    /// The gateway whose ledger (`GET /charges`) is reconciled.
+    #[arg(
+        id = "gateway_url",
+        long = "gateway-url",
+        env = "GATEWAY_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub gateway_url: String,
+    /// Settle tokens stuck in `processing` where it is safe (committed payment →
+    /// completed; no row and no charge → pending).
+    #[arg(long)]
+    pub repair: bool,
+    /// Audit only idempotency keys that start with this.
+    #[arg(long = "key-prefix")]
+    pub key_prefix: Option<String>,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints the report; fails (non-zero exit) when any SPEC §2 invariant is violated.
+pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
+    let pool = args.database.connect_and_migrate().await?;
+    let tokens = crate::startup::token_store(&args.tokens, &args.redis, &pool).await?;
+    let gateway = HttpGateway::new(
+        &args.gateway_url,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+    )?;
+    let options = AuditOptions {
+        repair: args.repair,
+        key_prefix: args.key_prefix.clone(),
+    };
+    let report = audit(&pool, tokens.as_ref(), &gateway, &options).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_table());
+    }
+    let violations = report.violations();
+    anyhow::ensure!(
+        violations == 0,
+        "audit found {violations} invariant violation(s)"
+    );
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! The reconciliation itself: ledger against rows, rows against the ledger, and the
+//! token store against both.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::Context;
+use sqlx::PgPool;
+
+use super::repair::repair_stuck_token;
+use super::report::AuditReport;
+use crate::gateway::{ChargeStatus, LedgerEntry, PaymentGateway};
+use crate::token::{IdempotencyKey, TokenState, TokenStore};
+
+/// Most stuck tokens listed (and repaired) in one run.
+const MAX_STUCK_TOKENS: usize = 100_000;
+
+#[derive(Debug, Clone, Default)]
+pub struct AuditOptions {
+    /// Settle tokens stuck in `processing` where that is safe.
+    pub repair: bool,
+    /// Audit only idempotency keys starting with this (a shared ledger or database).
+    pub key_prefix: Option<String>,
+}
+
+impl AuditOptions {
+    fn wants(&self, key: &str) -> bool {
+        self.key_prefix
+            .as_deref()
+            .is_none_or(|p| key.starts_with(p))
+    }
+}
+
+struct Row {
+    key: String,
+    status: String,
+    transaction_id: Option<String>,
+    stale: bool,
+}
+
+fn expected_status(status: ChargeStatus) -> &'static str {
+    match status {
+        ChargeStatus::Approved => "succeeded",
+        ChargeStatus::Declined => "declined",
+    }
+}
+
+async fn payment_rows(
+    pool: &PgPool,
+    options: &AuditOptions,
+    lease_secs: f64,
+) -> anyhow::Result<Vec<Row>> {
+    let prefix = options.key_prefix.clone().unwrap_or_default();
+    let rows: Vec<(String, String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT idempotency_key, status, gateway_transaction_id,
+                status = 'processing' AND updated_at < now() - make_interval(secs => $2)
+           FROM payments
+          WHERE left(idempotency_key, char_length($1)) = $1",
+    )
+    .bind(&prefix)
+    .bind(lease_secs)
+    .fetch_all(pool)
+    .await
+    .context("reading payment rows")?;
+    Ok(rows
+        .into_iter()
+        .map(|(key, status, transaction_id, stale)| Row {
+            key,
+            status,
+            transaction_id,
+            stale,
+        })
+        .collect())
+}
+
+/// Reconciles the ledger, Postgres and the token store; with `options.repair`,
+/// settles stuck tokens first-hand (see `repair.rs`). Errors only when a source
+/// cannot be read; violations are in the report.
+pub async fn audit(
+    pool: &PgPool,
+    tokens: &dyn TokenStore,
+    gateway: &dyn PaymentGateway,
+    options: &AuditOptions,
+) -> anyhow::Result<AuditReport> {
+    let lease = tokens.policy().lease;
+    // Rows first: a command finishing during the audit then shows up as a charge
+    // without a row at worst, never as a row without its charge.
+    let rows = payment_rows(pool, options, lease.as_secs_f64()).await?;
+    let ledger: Vec<LedgerEntry> = gateway
+        .ledger()
+        .await
+        .context("reading the gateway ledger")?
+        .into_iter()
+        .filter(|entry| options.wants(&entry.idempotency_key))
+        .collect();
+    let mut report = AuditReport {
+        key_prefix: options.key_prefix.clone(),
+        ledger_entries: ledger.len(),
+        payment_rows: rows.len(),
+        ..AuditReport::default()
+    };
+
+    // Sorted, so examples and repairs come out in a stable order.
+    let mut charges: BTreeMap<&str, Vec<&LedgerEntry>> = BTreeMap::new();
+    for entry in &ledger {
+        charges
+            .entry(entry.idempotency_key.as_str())
+            .or_default()
+            .push(entry);
+    }
+    let rows_by_key: HashMap<&str, &Row> = rows.iter().map(|r| (r.key.as_str(), r)).collect();
+
+    for (key, entries) in &charges {
+        if entries.len() > 1 {
+            let ids: Vec<&str> = entries.iter().map(|e| e.transaction_id.as_str()).collect();
+            report.double_charges.push(
+                key,
+                format!("{} charges: {}", entries.len(), ids.join(", ")),
+            );
+        }
+        if !rows_by_key.contains_key(key) {
+            let entry = entries[0];
+            report.charges_without_row.push(
+                key,
+                format!(
+                    "{} {} {:?} {}",
+                    entry.transaction_id, entry.amount_minor, entry.status, entry.currency
+                ),
+            );
+        }
+    }
+
+    for row in &rows {
+        if row.status == "processing" {
+            if row.stale {
+                report
+                    .stale_processing_rows
+                    .push(&row.key, "committed in processing for longer than a lease");
+            }
+            continue;
+        }
+        let Some(entries) = charges.get(row.key.as_str()) else {
+            report.rows_without_charge.push(
+                &row.key,
+                format!(
+                    "{} {}",
+                    row.status,
+                    row.transaction_id.as_deref().unwrap_or("-")
+                ),
+            );
+            continue;
+        };
+        let agrees = entries.iter().any(|entry| {
+            row.transaction_id.as_deref() == Some(entry.transaction_id.as_str())
+                && row.status == expected_status(entry.status)
+        });
+        if !agrees {
+            let ledger_side: Vec<String> = entries
+                .iter()
+                .map(|e| format!("{} {}", expected_status(e.status), e.transaction_id))
+                .collect();
+            report.rows_disagreeing.push(
+                &row.key,
+                format!(
+                    "row {} {}, ledger {}",
+                    row.status,
+                    row.transaction_id.as_deref().unwrap_or("-"),
+                    ledger_side.join(" / ")
+                ),
+            );
+        }
+    }
+
+    // Tombstones can only lack their row where a key was charged without one (a row
+    // is written before every charge and only committed final).
+    for key in charges.keys().filter(|k| !rows_by_key.contains_key(*k)) {
+        let Ok(key) = IdempotencyKey::try_from(*key) else {
+            continue;
+        };
+        if let Some(view) = tokens.show(&key).await.context("reading a token")? {
+            if view.state == TokenState::Completed {
+                let payment = view.payment_id.map(|id| id.to_string()).unwrap_or_default();
+                report
+                    .tombstones_without_row
+                    .push(key.as_str(), format!("tombstone for payment {payment}"));
+            }
+        }
+    }
+
+    let stuck = tokens
+        .expired_leases(MAX_STUCK_TOKENS)
+        .await
+        .context("listing tokens whose lease expired")?;
+    report.stuck_tokens_truncated = stuck.len() >= MAX_STUCK_TOKENS;
+    let stuck: Vec<IdempotencyKey> = stuck
+        .into_iter()
+        .filter(|k| options.wants(k.as_str()))
+        .collect();
+    for key in &stuck {
+        let row = rows_by_key
+            .get(key.as_str())
+            .map_or("no payment row", |r| r.status.as_str());
+        report.stuck_tokens.push(
+            key.as_str(),
+            format!("processing past its lease; row: {row}"),
+        );
+    }
+
+    if options.repair {
+        for key in &stuck {
+            let charged_without_row =
+                charges.contains_key(key.as_str()) && !rows_by_key.contains_key(key.as_str());
+            let repair = repair_stuck_token(key, charged_without_row, pool, tokens, gateway).await;
+            report.repairs.push(repair);
+        }
+        report.token_inconsistencies_repaired = report
+            .repairs
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.action,
+                    super::RepairAction::Completed | super::RepairAction::Restored
+                )
+            })
+            .count();
+    }
+    Ok(report)
+}

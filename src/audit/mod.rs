@@ -1,0 +1,11 @@
+//! `payment-worker audit`: reconciles the gateway ledger, the `payments` table and
+//! the token store against the invariants of SPEC §2, and repairs stuck tokens.
+mod args;
+mod checks;
+mod repair;
+mod report;
+
+pub use args::{run, AuditArgs};
+pub use checks::{audit, AuditOptions};
+pub use repair::{RepairAction, TokenRepair};
+pub use report::{AuditReport, Example, Finding, MAX_EXAMPLES};

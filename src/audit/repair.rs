@@ -1,0 +1,187 @@
+//! `--repair`: the owner-free path that settles a token left `processing` past its
+//! lease. It takes the token over like any worker would (`reserve` of an expired
+//! lease fences the old owner out), and only then reads Postgres and the gateway,
+//! so nothing the old owner could still do races with the decision.
+
+use uuid::Uuid;
+
+use crate::gateway::PaymentGateway;
+use crate::payment::{find_payment, PaymentStatus};
+use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
+
+/// What `--repair` did with one stuck token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepairAction {
+    /// Its payment had committed: `processing → completed` with the row's payment id.
+    Completed,
+    /// No payment row and no charge: `processing → pending` (gone if past its deadline).
+    Restored,
+    /// Between the scan and the repair a worker reserved or completed it.
+    AlreadyMoved,
+    /// A charge without a row (the next owner, fence > 1, must look it up and record
+    /// it) or a row stuck in `processing`: left to its lease rather than guessed at.
+    LeftForWorker,
+    /// The store or the database failed, or the token cannot be reserved any more.
+    Failed,
+}
+
+impl RepairAction {
+    /// The token no longer sits in `processing` without an owner working on it.
+    pub fn resolves(self) -> bool {
+        matches!(self, Self::Completed | Self::Restored | Self::AlreadyMoved)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Completed => "completed from its committed payment row",
+            Self::Restored => "restored to pending (no row, no charge)",
+            Self::AlreadyMoved => "already taken over or completed by a worker",
+            Self::LeftForWorker => "left to a worker or an operator",
+            Self::Failed => "not repaired",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TokenRepair {
+    pub idempotency_key: String,
+    pub action: RepairAction,
+    pub detail: String,
+}
+
+fn repair(key: &IdempotencyKey, action: RepairAction, detail: impl Into<String>) -> TokenRepair {
+    TokenRepair {
+        idempotency_key: key.as_str().to_owned(),
+        action,
+        detail: detail.into(),
+    }
+}
+
+/// Counts one corrected token: the log line is what operators alert on.
+fn record_inconsistency(key: &IdempotencyKey, expected: &'static str, actual: &'static str) {
+    crate::telemetry::record_token_inconsistency(expected, actual);
+    tracing::warn!(
+        idempotency_key = %key,
+        expected,
+        actual,
+        "token inconsistency repaired"
+    );
+}
+
+/// Settles one token that was `processing` past its lease. `charged_without_row`:
+/// the audit saw a ledger charge for the key and no payment row.
+pub(super) async fn repair_stuck_token(
+    key: &IdempotencyKey,
+    charged_without_row: bool,
+    pool: &sqlx::PgPool,
+    tokens: &dyn TokenStore,
+    gateway: &dyn PaymentGateway,
+) -> TokenRepair {
+    if charged_without_row {
+        // Reserving would only push the recording worker back by another lease.
+        return repair(
+            key,
+            RepairAction::LeftForWorker,
+            "charged at the gateway without a row; the next delivery records it",
+        );
+    }
+    let owner = format!("audit:{}", Uuid::new_v4().simple());
+    let fence = match tokens.reserve(key, &owner).await {
+        Ok(Reservation::Reserved { fence }) => fence,
+        Ok(Reservation::InFlight { .. } | Reservation::Completed { .. }) => {
+            return repair(key, RepairAction::AlreadyMoved, "a worker got to it first")
+        }
+        Ok(Reservation::Missing) => {
+            return repair(
+                key,
+                RepairAction::Failed,
+                "the token is past its deadline (issued mode)",
+            )
+        }
+        Err(error) => {
+            return repair(
+                key,
+                RepairAction::Failed,
+                format!("reserve failed: {error}"),
+            )
+        }
+    };
+    let claim = Claim { owner, fence };
+    let row = async {
+        let mut conn = pool.acquire().await?;
+        find_payment(&mut conn, key.as_str()).await
+    }
+    .await;
+    let row = match row {
+        Ok(row) => row,
+        // Our lease runs out like any other; a worker then decides as usual.
+        Err(error) => {
+            return repair(
+                key,
+                RepairAction::Failed,
+                format!("payment look-up failed: {error}"),
+            )
+        }
+    };
+    match row {
+        Some(row) if row.status != PaymentStatus::Processing => {
+            match tokens
+                .confirm(key, &claim, row.id, row.fingerprint.as_str())
+                .await
+            {
+                Ok(Transition::Applied) => {
+                    record_inconsistency(key, "completed", "processing");
+                    repair(key, RepairAction::Completed, format!("payment {}", row.id))
+                }
+                Ok(Transition::Refused) => {
+                    repair(key, RepairAction::AlreadyMoved, "confirm refused")
+                }
+                Err(error) => repair(
+                    key,
+                    RepairAction::Failed,
+                    format!("confirm failed: {error}"),
+                ),
+            }
+        }
+        Some(_) => repair(
+            key,
+            RepairAction::LeftForWorker,
+            "its payment row is stuck in processing; an operator must decide",
+        ),
+        None => {
+            // The fenced-out owner may have charged just before we took over.
+            let charged_now = match gateway.lookup(key).await {
+                Ok(found) => found.is_some(),
+                Err(error) => {
+                    return repair(
+                        key,
+                        RepairAction::Failed,
+                        format!("gateway look-up failed: {error}"),
+                    )
+                }
+            };
+            if charged_now {
+                return repair(
+                    key,
+                    RepairAction::LeftForWorker,
+                    "charged at the gateway without a row; the next delivery records it",
+                );
+            }
+            match tokens.restore(key, &claim).await {
+                Ok(Transition::Applied) => {
+                    record_inconsistency(key, "pending", "processing");
+                    repair(key, RepairAction::Restored, "no payment row, no charge")
+                }
+                Ok(Transition::Refused) => {
+                    repair(key, RepairAction::AlreadyMoved, "restore refused")
+                }
+                Err(error) => repair(
+                    key,
+                    RepairAction::Failed,
+                    format!("restore failed: {error}"),
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The audit report: one count and a few examples per kind of violation, printed as
+//! a table or as JSON.
+
+use std::fmt::Write as _;
+
+use super::repair::{RepairAction, TokenRepair};
+
+/// Examples kept per finding; the count covers all of them.
+pub const MAX_EXAMPLES: usize = 5;
+
+/// One offending idempotency key and what is wrong with it. Never carries a payment
+/// method or anything else from the command beyond its key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Example {
+    pub idempotency_key: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Finding {
+    pub count: usize,
+    pub examples: Vec<Example>,
+}
+
+impl Finding {
+    pub fn push(&mut self, key: &str, detail: impl Into<String>) {
+        self.count += 1;
+        if self.examples.len() < MAX_EXAMPLES {
+            self.examples.push(Example {
+                idempotency_key: key.to_owned(),
+                detail: detail.into(),
+            });
+        }
+    }
+
+    pub fn keys(&self) -> Vec<&str> {
+        self.examples
+            .iter()
+            .map(|e| e.idempotency_key.as_str())
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AuditReport {
+    /// Only idempotency keys starting with this were audited.
+    pub key_prefix: Option<String>,
+    pub ledger_entries: usize,
+    pub payment_rows: usize,
+    /// I1: ledger entries per key > 1.
+    pub double_charges: Finding,
+    /// I7: a ledger entry whose key has no payment row at all.
+    pub charges_without_row: Finding,
+    /// I7: a final row (succeeded / declined) whose key has no ledger entry.
+    pub rows_without_charge: Finding,
+    /// I7: a final row whose status or transaction id matches none of its key's entries.
+    pub rows_disagreeing: Finding,
+    /// I4: tokens in `processing` whose lease has run out (found before any repair).
+    pub stuck_tokens: Finding,
+    /// True when the token store listed as many stuck tokens as were asked for.
+    pub stuck_tokens_truncated: bool,
+    /// I2/I6: a `completed` tombstone for a charged key without a payment row.
+    pub tombstones_without_row: Finding,
+    /// I2/I4: committed rows still `processing` longer than a lease.
+    pub stale_processing_rows: Finding,
+    /// What `--repair` did to each stuck token (empty without it).
+    pub repairs: Vec<TokenRepair>,
+    /// Tokens whose state was corrected (the token-inconsistency count).
+    pub token_inconsistencies_repaired: usize,
+}
+
+impl AuditReport {
+    /// Stuck tokens that are still a problem after the repairs.
+    pub fn unresolved_stuck_tokens(&self) -> usize {
+        let resolved = self.repairs.iter().filter(|r| r.action.resolves()).count();
+        self.stuck_tokens.count.saturating_sub(resolved)
+    }
+
+    /// Violations of SPEC §2 left after the repairs; zero means the books are clean.
+    pub fn violations(&self) -> usize {
+        self.double_charges.count
+            + self.charges_without_row.count
+            + self.rows_without_charge.count
+            + self.rows_disagreeing.count
+            + self.unresolved_stuck_tokens()
+            + self.tombstones_without_row.count
+            + self.stale_processing_rows.count
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.violations() == 0
+    }
+
+    fn sections(&self) -> [(&'static str, &Finding); 7] {
+        [
+            ("keys charged more than once (I1)", &self.double_charges),
+            (
+                "charges without a payment row (I7)",
+                &self.charges_without_row,
+            ),
+            (
+                "payment rows without a charge (I7)",
+                &self.rows_without_charge,
+            ),
+            (
+                "rows disagreeing with the ledger (I7)",
+                &self.rows_disagreeing,
+            ),
+            (
+                "tokens processing past their lease (I4)",
+                &self.stuck_tokens,
+            ),
+            (
+                "completed tombstones without a row (I2)",
+                &self.tombstones_without_row,
+            ),
+            (
+                "rows processing longer than a lease (I2)",
+                &self.stale_processing_rows,
+            ),
+        ]
+    }
+
+    /// The human-readable table `audit` prints by default.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let scope = match &self.key_prefix {
+            Some(prefix) => format!("keys starting with {prefix:?}"),
+            None => "all keys".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "audit of {scope}: {} ledger entries, {} payment rows",
+            self.ledger_entries, self.payment_rows
+        );
+        let _ = writeln!(out, "{:<44} {:>7}  examples", "check", "count");
+        for (title, finding) in self.sections() {
+            let _ = writeln!(out, "{title:<44} {:>7}", finding.count);
+            for example in &finding.examples {
+                let _ = writeln!(
+                    out,
+                    "{:<44} {:>7}  {}: {}",
+                    "", "", example.idempotency_key, example.detail
+                );
+            }
+        }
+        if self.stuck_tokens_truncated {
+            let _ = writeln!(out, "(stuck tokens: the listing was truncated)");
+        }
+        if !self.repairs.is_empty() {
+            let _ = writeln!(out, "repairs:");
+            for repair in &self.repairs {
+                let _ = writeln!(
+                    out,
+                    "  {}: {} ({})",
+                    repair.idempotency_key,
+                    repair.action.describe(),
+                    repair.detail
+                );
+            }
+            let _ = writeln!(
+                out,
+                "token inconsistencies repaired: {}",
+                self.token_inconsistencies_repaired
+            );
+        }
+        let repaired_note = if self
+            .repairs
+            .iter()
+            .any(|r| r.action == RepairAction::Completed || r.action == RepairAction::Restored)
+        {
+            " (after repairs)"
+        } else {
+            ""
+        };
+        match self.violations() {
+            0 => {
+                let _ = writeln!(out, "result: CLEAN{repaired_note}");
+            }
+            n => {
+                let _ = writeln!(out, "result: {n} invariant violation(s){repaired_note}");
+            }
+        }
+        out
+    }
+}

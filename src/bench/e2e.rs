@@ -1,0 +1,521 @@
+//! End-to-end phases: local Kafka → worker → Redis → Postgres → gateway simulator
+//! (over HTTP) → results topic. Each phase gets its own topics, consumer group,
+//! simulator and key prefix, so phases cannot see each other's records and each is
+//! audited on its own.
+//!
+//! Latency is read from Kafka timestamps: every command carries the wall-clock
+//! time it was produced, every result the time the worker produced it (CreateTime),
+//! and a result names its command by source partition and offset.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use indicatif::ProgressBar;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::PgPool;
+
+use super::audit::{self, AuditReport};
+use super::ceiling::command_json;
+use super::report::{LatencySummary, PhaseReport};
+use super::rss::read_memory;
+use crate::configuration::{KafkaSettings, WorkerSettings};
+use crate::gateway::{GatewaySimulator, HttpGateway, PaymentGateway, RunningSimulator, SimulatorConfig};
+use crate::payment::{GatewayLookup, Processor};
+use crate::token::TokenStore;
+use crate::worker::{self, LocalKafka, ResultRecord, RunningWorker};
+
+/// A phase that makes no progress for this long has failed.
+const STALL: Duration = Duration::from_secs(60);
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// (partition, offset) of a command record.
+type Position = (i32, i64);
+
+/// Hands one command to librdkafka, stamped with the current time.
+async fn send_command(producer: &FutureProducer, topic: &str, key: &str, value: &str) -> anyhow::Result<(DeliveryFuture, i64)> {
+    loop {
+        let at = now_ms();
+        let record: FutureRecord<'_, str, str> = FutureRecord::to(topic).key(key).payload(value).timestamp(at);
+        match producer.send_result(record) {
+            Ok(delivery) => return Ok((delivery, at)),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((error, _)) => return Err(error).context("producing a command"),
+        }
+    }
+}
+
+async fn delivered(
+    pending: &mut Vec<(DeliveryFuture, i64)>,
+    sent: &mut HashMap<Position, i64>,
+) -> anyhow::Result<()> {
+    for (delivery, at) in pending.drain(..) {
+        let delivery = delivery
+            .await
+            .context("the producer went away")?
+            .map_err(|(error, _)| error)
+            .context("a command was not delivered")?;
+        sent.insert((delivery.partition, delivery.offset), at);
+    }
+    Ok(())
+}
+
+/// Produces `count` commands as fast as the broker takes them.
+async fn produce_backlog(
+    producer: &FutureProducer,
+    topic: &str,
+    key_prefix: &str,
+    count: usize,
+    bar: &ProgressBar,
+) -> anyhow::Result<HashMap<Position, i64>> {
+    let mut sent = HashMap::with_capacity(count);
+    let mut pending = Vec::with_capacity(5000);
+    for n in 0..count {
+        let key = format!("{key_prefix}-{n:07}");
+        pending.push(send_command(producer, topic, &key, &command_json(&key, n)).await?);
+        if pending.len() == 5000 {
+            delivered(&mut pending, &mut sent).await?;
+            bar.set_position(n as u64 + 1);
+        }
+    }
+    delivered(&mut pending, &mut sent).await?;
+    bar.set_position(count as u64);
+    Ok(sent)
+}
+
+/// Produces `count` commands at `rate` per second, evenly spaced from the start.
+async fn produce_paced(
+    producer: &FutureProducer,
+    topic: &str,
+    key_prefix: &str,
+    count: usize,
+    rate: f64,
+) -> anyhow::Result<HashMap<Position, i64>> {
+    let mut sent = HashMap::with_capacity(count);
+    let mut pending = Vec::with_capacity(count);
+    let started = Instant::now();
+    let mut n = 0usize;
+    while n < count {
+        let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).min(count);
+        while n < due {
+            let key = format!("{key_prefix}-{n:07}");
+            pending.push(send_command(producer, topic, &key, &command_json(&key, n)).await?);
+            n += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    delivered(&mut pending, &mut sent).await?;
+    Ok(sent)
+}
+
+/// One result as the bench's reader saw it.
+#[derive(Debug, Clone)]
+struct Observation {
+    source: Position,
+    /// The result record's CreateTime: when the worker produced it.
+    produced_ms: i64,
+    /// When the reader received it.
+    seen_ms: i64,
+    outcome: String,
+}
+
+/// Reads a phase's results topic on its own thread, first result per command only.
+struct ResultsReader {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<anyhow::Result<Vec<Observation>>>,
+}
+
+impl ResultsReader {
+    fn start(kafka: &KafkaSettings, partitions: i32) -> anyhow::Result<Self> {
+        let mut config = worker::base_config(kafka);
+        config
+            .set("group.id", format!("{}-reader", kafka.group_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            // Results arrive one by one; do not hold a fetch open waiting for more.
+            .set("fetch.wait.max.ms", "5");
+        let consumer: BaseConsumer = config.create().context("creating the results reader")?;
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition_offset(&kafka.results_topic, p, Offset::Beginning)?;
+        }
+        consumer.assign(&list)?;
+        drop(list);
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let (stop, answered) = (Arc::clone(&stop), Arc::clone(&answered));
+            std::thread::Builder::new()
+                .name("bench-results".into())
+                .spawn(move || {
+                    let mut seen: HashSet<Position> = HashSet::new();
+                    let mut out = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some(polled) = consumer.poll(Duration::from_millis(50)) else { continue };
+                        let message = match polled {
+                            Ok(message) => message,
+                            Err(error) => {
+                                tracing::warn!(%error, "reading results");
+                                continue;
+                            }
+                        };
+                        let seen_ms = now_ms();
+                        let Some(result) = message
+                            .payload()
+                            .and_then(|p| serde_json::from_slice::<ResultRecord>(p).ok())
+                        else {
+                            tracing::warn!(offset = message.offset(), "unreadable result record");
+                            continue;
+                        };
+                        let source = (result.source.partition, result.source.offset);
+                        if seen.insert(source) {
+                            out.push(Observation {
+                                source,
+                                produced_ms: message.timestamp().to_millis().unwrap_or(seen_ms),
+                                seen_ms,
+                                outcome: result.outcome,
+                            });
+                            answered.store(out.len(), Ordering::Relaxed);
+                        }
+                    }
+                    drop(consumer);
+                    Ok(out)
+                })?
+        };
+        Ok(Self { stop, answered, thread })
+    }
+
+    fn answered(&self) -> usize {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    async fn finish(self) -> anyhow::Result<Vec<Observation>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the results reader panicked"))?
+    }
+}
+
+/// How commands reach the topic.
+#[derive(Debug, Clone, Copy)]
+pub enum Load {
+    /// All produced before the worker starts.
+    Backlog(usize),
+    /// Produced at `rate`/s once the worker owns its partitions; commands produced
+    /// during the first `warmup` seconds are not measured.
+    Paced { rate: f64, seconds: f64, warmup: f64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerKind {
+    /// `worker::start` on the bench's runtime.
+    InProcess,
+    /// A `payment-worker run` child process (its memory is its own).
+    Process,
+}
+
+pub struct PhaseOutcome {
+    pub report: PhaseReport,
+    pub audit: AuditReport,
+}
+
+/// What every phase shares: one local Kafka, one pool and one token store, as a
+/// long-running worker would have them.
+pub struct Bed {
+    pub run_id: String,
+    pub local: LocalKafka,
+    pub partitions: i32,
+    pub pool: PgPool,
+    pub tokens: Arc<dyn TokenStore>,
+    pub producer: FutureProducer,
+    pub worker: WorkerSettings,
+    pub database_url: String,
+    pub database_max_connections: u32,
+    pub redis_url: String,
+    pub redis_prefix: String,
+}
+
+enum Running {
+    InProcess(RunningWorker),
+    Process { child: Child, log: PathBuf },
+}
+
+impl Bed {
+    pub fn key_prefix(&self, phase: &str) -> String {
+        format!("bench-{}-{phase}", self.run_id)
+    }
+
+    fn kafka(&self, phase: &str) -> anyhow::Result<KafkaSettings> {
+        let name = self.key_prefix(phase);
+        let mut kafka = KafkaSettings::local(self.local.bootstrap_servers(), name.clone());
+        kafka.commands_topic = format!("{name}.commands");
+        kafka.results_topic = format!("{name}.results");
+        kafka.dlq_topic = format!("{name}.dlq");
+        self.local.create_payment_topics(&kafka, self.partitions)?;
+        Ok(kafka)
+    }
+
+    fn start_in_process(&self, kafka: &KafkaSettings, simulator: &RunningSimulator, phase: &str) -> anyhow::Result<RunningWorker> {
+        let gateway: Arc<dyn PaymentGateway> = Arc::new(HttpGateway::new(
+            &simulator.url(),
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        )?);
+        let processor = Arc::new(Processor::new(
+            Arc::clone(&self.tokens),
+            gateway,
+            self.pool.clone(),
+            GatewayLookup::Uncertain,
+            self.key_prefix(phase),
+        ));
+        let handler = crate::startup::handler(processor, kafka, &self.worker)?;
+        worker::start(kafka, &self.worker, handler)
+    }
+
+    /// `payment-worker run`, configured through its environment variables.
+    fn start_process(&self, kafka: &KafkaSettings, simulator: &RunningSimulator, phase: &str) -> anyhow::Result<Running> {
+        let exe = std::env::current_exe().context("locating the payment-worker binary")?;
+        let log = std::env::temp_dir().join(format!("{}.worker.log", self.key_prefix(phase)));
+        let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = std::process::Command::new(exe)
+            .arg("run")
+            .env("KAFKA_BROKERS", &kafka.brokers)
+            .env("KAFKA_GROUP_ID", &kafka.group_id)
+            .env("COMMANDS_TOPIC", &kafka.commands_topic)
+            .env("RESULTS_TOPIC", &kafka.results_topic)
+            .env("DLQ_TOPIC", &kafka.dlq_topic)
+            .env("KAFKA_SESSION_TIMEOUT", format!("{}ms", kafka.session_timeout.as_millis()))
+            .env("DATABASE_URL", &self.database_url)
+            .env("DATABASE_MAX_CONNECTIONS", self.database_max_connections.to_string())
+            .env("MAX_IN_FLIGHT", self.worker.max_in_flight.to_string())
+            .env("REDIS_URL", &self.redis_url)
+            .env("REDIS_KEY_PREFIX", &self.redis_prefix)
+            .env("TOKEN_STORE", "redis")
+            .env("TOKEN_MODE", "implicit")
+            .env("GATEWAY_URL", simulator.url())
+            .env("WORKER_ID", self.key_prefix(phase))
+            .env("RUST_LOG", "warn")
+            .env_remove("HEALTH_LISTEN")
+            .env_remove("PAYMENT_WORKER_FAULT")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .context("starting the worker process")?;
+        Ok(Running::Process { child, log })
+    }
+
+    pub async fn run_phase(
+        &self,
+        phase: &str,
+        gateway_latency_ms: u64,
+        load: Load,
+        kind: WorkerKind,
+        bar: &ProgressBar,
+    ) -> anyhow::Result<PhaseOutcome> {
+        let kafka = self.kafka(phase)?;
+        let key_prefix = self.key_prefix(phase);
+        let simulator = GatewaySimulator::bind(
+            "127.0.0.1:0".parse()?,
+            SimulatorConfig {
+                latency_ms: gateway_latency_ms,
+                seed: Some(7),
+                ..SimulatorConfig::default()
+            },
+        )?
+        .spawn();
+        let reader = ResultsReader::start(&kafka, self.partitions)?;
+        let start = |this: &Self| -> anyhow::Result<Running> {
+            match kind {
+                WorkerKind::InProcess => Ok(Running::InProcess(this.start_in_process(&kafka, &simulator, phase)?)),
+                WorkerKind::Process => this.start_process(&kafka, &simulator, phase),
+            }
+        };
+
+        let (sent, running, measured_from, offered) = match load {
+            Load::Backlog(count) => {
+                bar.set_length(count as u64);
+                bar.set_message("producing the backlog");
+                let sent = produce_backlog(&self.producer, &kafka.commands_topic, &key_prefix, count, bar).await?;
+                bar.set_position(0);
+                bar.reset_elapsed();
+                bar.set_message("processing");
+                (sent, start(self)?, i64::MIN, None)
+            }
+            Load::Paced { rate, seconds, warmup } => {
+                let count = (rate * (seconds + warmup)).round().max(1.0) as usize;
+                bar.set_length(count as u64);
+                let mut running = start(self)?;
+                bar.set_message("waiting for the partitions");
+                wait_for_assignment(&running, self.partitions as usize).await?;
+                bar.set_message(format!("paced at {rate:.0}/s"));
+                let measured_from = now_ms() + (warmup * 1000.0) as i64;
+                let producing = produce_paced(&self.producer, &kafka.commands_topic, &key_prefix, count, rate);
+                tokio::pin!(producing);
+                let sent = loop {
+                    tokio::select! {
+                        sent = &mut producing => break sent?,
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                            bar.set_position(reader.answered() as u64);
+                            check_alive(&mut running)?;
+                        }
+                    }
+                };
+                (sent, running, measured_from, Some(rate))
+            }
+        };
+        let mut running = running;
+        let waited = wait_for_answers(&reader, sent.len(), bar, &mut running).await;
+        let worker_memory = match &running {
+            Running::Process { child, .. } => read_memory(Some(child.id())),
+            Running::InProcess(_) => None,
+        };
+        stop(running).await?;
+        let observations = reader.finish().await?;
+        waited?;
+
+        let rows = audit::rows_with_prefix(&self.pool, &format!("{key_prefix}-")).await?;
+        let ledger = simulator.ledger();
+        simulator.shutdown().await?;
+        let audit = audit::reconcile(&ledger, &rows, sent.len(), observations.len());
+
+        let mut report = summarize(&sent, &observations, measured_from);
+        report.name = phase.to_owned();
+        report.worker = match kind {
+            WorkerKind::InProcess => "in-process".into(),
+            WorkerKind::Process => "process".into(),
+        };
+        report.gateway_latency_ms = gateway_latency_ms;
+        report.offered_per_s = offered;
+        report.worker_peak_rss_mib = worker_memory.map(|m| m.peak_mib());
+        Ok(PhaseOutcome { report, audit })
+    }
+}
+
+fn summarize(sent: &HashMap<Position, i64>, observations: &[Observation], measured_from: i64) -> PhaseReport {
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut latency = Vec::with_capacity(observations.len());
+    let mut observed = Vec::with_capacity(observations.len());
+    for o in observations {
+        *outcomes.entry(o.outcome.clone()).or_default() += 1;
+        match sent.get(&o.source) {
+            Some(&at) if at >= measured_from => {
+                latency.push(o.produced_ms - at);
+                observed.push(o.seen_ms - at);
+            }
+            Some(_) => {}
+            None => *outcomes.entry("unknown_source".into()).or_default() += 1,
+        }
+    }
+    let first = observations.iter().map(|o| o.produced_ms).min().unwrap_or(0);
+    let last = observations.iter().map(|o| o.produced_ms).max().unwrap_or(0);
+    let span_s = (last - first) as f64 / 1000.0;
+    let answered = observations.len();
+    PhaseReport {
+        commands: sent.len(),
+        answered,
+        outcomes,
+        payments_per_s: if span_s > 0.0 { (answered.saturating_sub(1)) as f64 / span_s } else { 0.0 },
+        first_to_last_result_s: span_s,
+        latency: LatencySummary::of(latency),
+        observed_latency: LatencySummary::of(observed),
+        ..PhaseReport::default()
+    }
+}
+
+fn check_alive(running: &mut Running) -> anyhow::Result<()> {
+    if let Running::Process { child, log } = running {
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("the worker process exited early ({status}); see {}", log.display());
+        }
+    }
+    Ok(())
+}
+
+async fn wait_for_assignment(running: &Running, partitions: usize) -> anyhow::Result<()> {
+    let Running::InProcess(worker) = running else {
+        anyhow::bail!("paced phases run the worker in process");
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut stable_since: Option<Instant> = None;
+    loop {
+        if worker.assigned_partitions() == partitions {
+            let since = *stable_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_secs(1) {
+                return Ok(());
+            }
+        } else {
+            stable_since = None;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the worker never owned all {partitions} partitions");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_for_answers(reader: &ResultsReader, target: usize, bar: &ProgressBar, running: &mut Running) -> anyhow::Result<()> {
+    let mut last = 0usize;
+    let mut last_progress = Instant::now();
+    loop {
+        let answered = reader.answered();
+        bar.set_position(answered as u64);
+        if answered >= target {
+            return Ok(());
+        }
+        if answered != last {
+            last = answered;
+            last_progress = Instant::now();
+        }
+        anyhow::ensure!(
+            last_progress.elapsed() < STALL,
+            "no progress for {STALL:?}: {answered} of {target} commands answered"
+        );
+        check_alive(running)?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn stop(running: Running) -> anyhow::Result<()> {
+    match running {
+        Running::InProcess(worker) => worker.stop().await,
+        Running::Process { mut child, log } => {
+            // SIGTERM lets it drain and leave the group, as in production.
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    anyhow::ensure!(status.success(), "the worker process failed ({status}); see {}", log.display());
+                    let _ = std::fs::remove_file(&log);
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    child.kill()?;
+                    child.wait()?;
+                    anyhow::bail!("the worker process did not stop after SIGTERM; see {}", log.display());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+

@@ -1,0 +1,13 @@
+//! `payment-worker bench` (SPEC §8): throughput, latency and memory of the whole
+//! path, against a Postgres ceiling measured in the same run so the ratios hold on
+//! a noisy machine.
+mod audit;
+mod ceiling;
+mod e2e;
+mod report;
+mod rss;
+mod runner;
+
+pub use report::{percentile, BenchReport};
+pub use rss::{read_memory, Memory};
+pub use runner::{run, BenchArgs};

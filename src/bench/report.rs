@@ -1,0 +1,320 @@
+//! What a bench run found: per-phase statistics, the SPEC §8 targets with their
+//! verdicts, the table printed at the end and the JSON written for comparisons.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::audit::AuditReport;
+
+/// The SPEC §8 targets.
+pub const TARGET_RATIO_0MS: f64 = 0.8;
+pub const TARGET_TPS_20MS: f64 = 1000.0;
+pub const TARGET_P99_HALF_LOAD_MS: f64 = 25.0;
+pub const TARGET_PEAK_RSS_MIB: f64 = 150.0;
+
+/// Nearest-rank percentile of an ascending slice; 0 for an empty one.
+pub fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LatencySummary {
+    pub samples: usize,
+    pub p50_ms: i64,
+    pub p95_ms: i64,
+    pub p99_ms: i64,
+    pub max_ms: i64,
+}
+
+impl LatencySummary {
+    pub fn of(mut values: Vec<i64>) -> Self {
+        values.sort_unstable();
+        Self {
+            samples: values.len(),
+            p50_ms: percentile(&values, 50.0),
+            p95_ms: percentile(&values, 95.0),
+            p99_ms: percentile(&values, 99.0),
+            max_ms: values.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+/// One end-to-end phase.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PhaseReport {
+    pub name: String,
+    /// `in-process` (worker::start on the bench's runtime) or `process` (a
+    /// `payment-worker run` child).
+    pub worker: String,
+    pub gateway_latency_ms: u64,
+    pub commands: usize,
+    /// Commands with at least one result (by source partition and offset).
+    pub answered: usize,
+    pub outcomes: BTreeMap<String, usize>,
+    /// Results per second between the first and the last result (broker timestamps),
+    /// so the group join before the first result does not count.
+    pub payments_per_s: f64,
+    pub first_to_last_result_s: f64,
+    /// Paced phases: the rate the producer offered.
+    pub offered_per_s: Option<f64>,
+    /// Result record timestamp (CreateTime, set when the worker produced it) minus
+    /// command record timestamp. Includes any time spent waiting in a backlog.
+    pub latency: LatencySummary,
+    /// When the bench's reader saw the result, minus the command timestamp: adds
+    /// the result's produce acknowledgement and the fetch.
+    pub observed_latency: LatencySummary,
+    /// `payment-worker run` child only: its VmHWM.
+    pub worker_peak_rss_mib: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoopReport {
+    pub operations: usize,
+    pub concurrency: usize,
+    pub elapsed_s: f64,
+    pub per_s: f64,
+    pub failures: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Settings {
+    pub quick: bool,
+    pub release_build: bool,
+    pub cpus: usize,
+    pub partitions: i32,
+    pub max_in_flight: usize,
+    pub database_max_connections: u32,
+    /// partitions × max_in_flight: commands one worker runs at once, and the
+    /// ceiling's concurrency.
+    pub concurrency: usize,
+    pub backlog: usize,
+    pub e2e_commands: usize,
+    pub half_load_seconds: u64,
+    pub database: String,
+    pub redis_prefix: String,
+}
+
+/// The JSON written by `--json`: the headline numbers at the top level so runs can
+/// be compared with `jq`, the details below.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BenchReport {
+    pub run_id: String,
+    pub started_at: String,
+    pub version: String,
+    pub ceiling_tps: f64,
+    pub token_round_trips_per_s: f64,
+    pub e2e_tps_0ms: f64,
+    /// e2e_tps_0ms ÷ ceiling_tps.
+    pub ratio_0ms: f64,
+    pub e2e_tps_20ms: f64,
+    /// partitions × 1000 ÷ 20 ms: what processing each partition sequentially allows.
+    pub sequential_bound_20ms: f64,
+    /// e2e_tps_20ms ÷ sequential_bound_20ms.
+    pub ratio_20ms_to_sequential: f64,
+    pub half_load_rate: f64,
+    pub p50_ms_half_load: i64,
+    pub p95_ms_half_load: i64,
+    pub p99_ms_half_load: i64,
+    pub p99_ms_half_load_observed: i64,
+    /// VmHWM of a `payment-worker run` process draining the backlog.
+    pub peak_rss_mib: f64,
+    /// Throughput of that process over the backlog (a cross-check of e2e_tps_0ms).
+    pub worker_process_tps_0ms: f64,
+    /// VmHWM of the bench process itself: broker, simulator, reader and the
+    /// in-process workers together.
+    pub bench_process_peak_rss_mib: f64,
+    pub pass_ratio_0ms: bool,
+    pub pass_tps_20ms: bool,
+    pub pass_p99_half_load: bool,
+    pub pass_peak_rss: bool,
+    pub audit_ok: bool,
+    pub all_pass: bool,
+    pub settings: Settings,
+    pub ceiling: LoopReport,
+    pub tokens: LoopReport,
+    pub phases: Vec<PhaseReport>,
+    pub audit: AuditReport,
+}
+
+impl BenchReport {
+    /// Fills the ratios and verdicts from the measured numbers.
+    pub fn judge(&mut self) {
+        self.ratio_0ms = ratio(self.e2e_tps_0ms, self.ceiling_tps);
+        self.ratio_20ms_to_sequential = ratio(self.e2e_tps_20ms, self.sequential_bound_20ms);
+        self.pass_ratio_0ms = self.ratio_0ms >= TARGET_RATIO_0MS;
+        self.pass_tps_20ms = self.e2e_tps_20ms >= TARGET_TPS_20MS;
+        self.pass_p99_half_load = self.p99_ms_half_load as f64 <= TARGET_P99_HALF_LOAD_MS
+            && self.half_load_rate > 0.0;
+        self.pass_peak_rss = self.peak_rss_mib > 0.0 && self.peak_rss_mib <= TARGET_PEAK_RSS_MIB;
+        self.audit_ok = self.audit.ok;
+        self.all_pass = self.pass_ratio_0ms
+            && self.pass_tps_20ms
+            && self.pass_p99_half_load
+            && self.pass_peak_rss
+            && self.audit_ok;
+    }
+
+    pub fn table(&self) -> String {
+        let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
+        let s = &self.settings;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "payment-worker bench {} (run {}, {} build, {} CPUs, {} partitions, max-in-flight {}, pool {}{})",
+            self.version,
+            self.run_id,
+            if s.release_build { "release" } else { "DEBUG: not representative" },
+            s.cpus,
+            s.partitions,
+            s.max_in_flight,
+            s.database_max_connections,
+            if s.quick { ", --quick" } else { "" },
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "{:<58} {:>12} {:>10}  verdict", "measure", "value", "target");
+        let mut row = |name: &str, value: String, target: &str, verdict: &str| {
+            let _ = writeln!(out, "{name:<58} {value:>12} {target:>10}  {verdict}");
+        };
+        row("Postgres ceiling, worker's transaction shape (tx/s)", format!("{:.0}", self.ceiling_tps), "", "");
+        row("Redis reserve + confirm (round trip pairs/s)", format!("{:.0}", self.token_round_trips_per_s), "", "");
+        row("end to end, 0 ms gateway (payments/s)", format!("{:.0}", self.e2e_tps_0ms), "", "");
+        row(
+            "  ratio: end to end ÷ ceiling at 0 ms",
+            format!("{:.2}", self.ratio_0ms),
+            &format!(">= {TARGET_RATIO_0MS:.2}"),
+            verdict(self.pass_ratio_0ms),
+        );
+        row(
+            &format!("end to end, 20 ms gateway, {} partitions (payments/s)", s.partitions),
+            format!("{:.0}", self.e2e_tps_20ms),
+            &format!(">= {TARGET_TPS_20MS:.0}"),
+            verdict(self.pass_tps_20ms),
+        );
+        row(
+            &format!("  ratio: ÷ partition-sequential bound ({:.0}/s)", self.sequential_bound_20ms),
+            format!("{:.2}", self.ratio_20ms_to_sequential),
+            "",
+            "",
+        );
+        row(
+            &format!("p99 produce→result at half the peak rate ({:.0}/s) (ms)", self.half_load_rate),
+            self.p99_ms_half_load.to_string(),
+            &format!("<= {TARGET_P99_HALF_LOAD_MS:.0}"),
+            verdict(self.pass_p99_half_load),
+        );
+        row(
+            &format!("worker process peak RSS, backlog of {} (MiB)", s.backlog),
+            format!("{:.1}", self.peak_rss_mib),
+            &format!("<= {TARGET_PEAK_RSS_MIB:.0}"),
+            verdict(self.pass_peak_rss),
+        );
+        row("  that worker process's throughput (payments/s)", format!("{:.0}", self.worker_process_tps_0ms), "", "");
+        row("bench process peak RSS, all in one (MiB)", format!("{:.1}", self.bench_process_peak_rss_mib), "", "");
+        row(
+            "ledger audit (≤ 1 charge per key, ledger = rows)",
+            if self.audit.ok { "OK".into() } else { "VIOLATED".into() },
+            "",
+            verdict(self.audit.ok),
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<26} {:>8} {:>9} {:>11} {:>6} {:>6} {:>6} {:>6}   observed p99",
+            "phase", "commands", "answered", "payments/s", "p50", "p95", "p99", "max"
+        );
+        for phase in &self.phases {
+            let _ = writeln!(
+                out,
+                "{:<26} {:>8} {:>9} {:>11.0} {:>6} {:>6} {:>6} {:>6}   {}",
+                phase.name,
+                phase.commands,
+                phase.answered,
+                phase.payments_per_s,
+                phase.latency.p50_ms,
+                phase.latency.p95_ms,
+                phase.latency.p99_ms,
+                phase.latency.max_ms,
+                phase.observed_latency.p99_ms,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "(latencies in ms, produce → result record; backlog phases include the wait in the backlog)"
+        );
+        out
+    }
+}
+
+fn ratio(numerator: f64, denominator: f64) -> f64 {
+    if denominator > 0.0 {
+        numerator / denominator
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let values: Vec<i64> = (1..=100).collect();
+        assert_eq!(percentile(&values, 50.0), 50);
+        assert_eq!(percentile(&values, 99.0), 99);
+        assert_eq!(percentile(&values, 100.0), 100);
+        assert_eq!(percentile(&[7], 99.0), 7);
+        assert_eq!(percentile(&[], 99.0), 0);
+        let summary = LatencySummary::of(vec![5, 1, 3, 2, 4]);
+        assert_eq!((summary.p50_ms, summary.max_ms, summary.samples), (3, 5, 5));
+    }
+
+    #[test]
+    fn verdicts_follow_the_spec_targets() {
+        let mut report = BenchReport {
+            ceiling_tps: 1000.0,
+            e2e_tps_0ms: 800.0,
+            e2e_tps_20ms: 1000.0,
+            sequential_bound_20ms: 150.0,
+            half_load_rate: 400.0,
+            p99_ms_half_load: 25,
+            peak_rss_mib: 150.0,
+            audit: AuditReport { ok: true, ..AuditReport::default() },
+            ..BenchReport::default()
+        };
+        report.judge();
+        assert!(report.all_pass, "{report:?}");
+        assert!((report.ratio_20ms_to_sequential - 1000.0 / 150.0).abs() < 1e-9);
+        report.e2e_tps_0ms = 799.0;
+        report.audit.ok = false;
+        report.judge();
+        assert!(!report.pass_ratio_0ms && !report.audit_ok && !report.all_pass);
+        assert!(report.pass_tps_20ms && report.pass_p99_half_load && report.pass_peak_rss);
+    }
+
+    #[test]
+    fn the_json_carries_the_headline_numbers_at_the_top() {
+        let mut report = BenchReport::default();
+        report.judge();
+        let json = serde_json::to_value(&report).unwrap();
+        for key in [
+            "ceiling_tps",
+            "e2e_tps_0ms",
+            "ratio_0ms",
+            "e2e_tps_20ms",
+            "p99_ms_half_load",
+            "peak_rss_mib",
+        ] {
+            assert!(json[key].is_number(), "{key} missing");
+        }
+        for key in ["pass_ratio_0ms", "pass_tps_20ms", "pass_p99_half_load", "pass_peak_rss", "audit_ok"] {
+            assert!(json[key].is_boolean(), "{key} missing");
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! `payment-worker bench`: runs the phases in order, audits, prints the table and
+//! writes the JSON report.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use rdkafka::producer::FutureProducer;
+
+use super::audit::AuditReport;
+use super::ceiling;
+use super::e2e::{Bed, Load, PhaseOutcome, WorkerKind};
+use super::report::{BenchReport, LoopReport, PhaseReport, Settings};
+use super::rss::read_memory;
+use crate::configuration::{redact_url, DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL};
+use crate::token::{RedisTokenStore, TokenPolicy, TokenStore};
+use crate::worker::{self, LocalKafka};
+
+pub const DEFAULT_BENCH_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments_bench";
+
+/// The latency of the slow-gateway phase, fixed by SPEC §8.
+const SLOW_GATEWAY_MS: u64 = 20;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// A short run (about a minute) for smoke checks; its figures are noisier.
+    #[arg(long)]
+    pub quick: bool,
+    /// The bench's own Postgres database (created and migrated when missing).
+    #[arg(id = "bench_database_url", long = "database-url", env = "BENCH_DATABASE_URL", default_value = DEFAULT_BENCH_DATABASE_URL)]
+    pub database_url: String,
+    #[arg(id = "bench_redis_url", long = "redis-url", env = "BENCH_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    pub redis_url: String,
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+    /// Commands admitted at once per partition (default: the worker's default).
+    #[arg(long, env = "MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+    /// Postgres pool size of the worker and of the ceiling (default: the worker's).
+    #[arg(long, env = "DATABASE_MAX_CONNECTIONS")]
+    pub database_max_connections: Option<u32>,
+    /// Commands on the topic before the worker process starts; its peak RSS is
+    /// measured over them [default: 100000, --quick 10000].
+    #[arg(long)]
+    pub backlog: Option<usize>,
+    /// Commands of each in-process backlog phase [default: 30000, --quick 5000].
+    #[arg(long)]
+    pub e2e_commands: Option<usize>,
+    /// Ceiling transactions, and token reserve + confirm pairs [default: 20000, --quick 3000].
+    #[arg(long)]
+    pub ceiling_transactions: Option<usize>,
+    /// Measured seconds of the half-load phase [default: 20, --quick 5].
+    #[arg(long)]
+    pub half_load_seconds: Option<u64>,
+    /// Exit non-zero when a SPEC §8 target is missed too (the audit always does).
+    #[arg(long)]
+    pub strict: bool,
+    /// Keep this run's payment rows and Redis tokens instead of deleting them.
+    #[arg(long)]
+    pub keep_data: bool,
+}
+
+fn bar(name: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{prefix:<16} {bar:32.cyan/blue} {pos:>7}/{len:<7} {per_sec:>11} {elapsed:>4} {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    ProgressBar::new(0).with_style(style.progress_chars("=> ")).with_prefix(name.to_owned())
+}
+
+fn loop_line(name: &str, report: &LoopReport, unit: &str) {
+    eprintln!(
+        "{name:<16} {:>9.0} {unit}/s ({} in {:.1}s, concurrency {}, {} failed)",
+        report.per_s, report.operations, report.elapsed_s, report.concurrency, report.failures
+    );
+}
+
+fn phase_line(report: &PhaseReport) {
+    eprintln!(
+        "{:<16} {:>9.0} payments/s ({} of {} answered, p50/p95/p99 {}/{}/{} ms{})",
+        report.name,
+        report.payments_per_s,
+        report.answered,
+        report.commands,
+        report.latency.p50_ms,
+        report.latency.p95_ms,
+        report.latency.p99_ms,
+        report
+            .worker_peak_rss_mib
+            .map_or(String::new(), |m| format!(", worker peak RSS {m:.1} MiB")),
+    );
+}
+
+async fn phase(
+    bed: &Bed,
+    name: &str,
+    latency_ms: u64,
+    load: Load,
+    kind: WorkerKind,
+    audit: &mut AuditReport,
+) -> anyhow::Result<PhaseReport> {
+    let progress = bar(name);
+    let PhaseOutcome { report, audit: phase_audit } = bed
+        .run_phase(name, latency_ms, load, kind, &progress)
+        .await
+        .with_context(|| format!("phase {name}"))?;
+    progress.finish_and_clear();
+    phase_line(&report);
+    if !phase_audit.ok {
+        eprintln!("{name:<16} AUDIT VIOLATED: {phase_audit:?}");
+    }
+    audit.add(&phase_audit);
+    Ok(report)
+}
+
+/// Deletes this run's rows and tokens, so repeated runs measure the same table.
+async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> anyhow::Result<()> {
+    sqlx::query("DELETE FROM payments WHERE starts_with(idempotency_key, $1)")
+        .bind(format!("{run_prefix}-"))
+        .execute(pool)
+        .await
+        .context("deleting the run's payment rows")?;
+    let client = redis::Client::open(redis_url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let pattern = format!("{run_prefix}:*");
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(2000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            redis::cmd("UNLINK").arg(&keys).query_async::<()>(&mut conn).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let run_prefix = format!("bench-{run_id}");
+    let pick = |given: Option<usize>, full: usize, quick: usize| given.unwrap_or(if args.quick { quick } else { full });
+    let backlog = pick(args.backlog, 100_000, 10_000);
+    let e2e_commands = pick(args.e2e_commands, 30_000, 5_000);
+    let ceiling_count = pick(args.ceiling_transactions, 20_000, 3_000);
+    let half_load_seconds = args.half_load_seconds.unwrap_or(if args.quick { 5 } else { 20 });
+    let warmup = if args.quick { 1.0 } else { 2.0 };
+    let max_in_flight = args.max_in_flight.unwrap_or(WorkerSettings::default().max_in_flight);
+    let mut database = DatabaseSettings::with_url(&args.database_url);
+    if let Some(size) = args.database_max_connections {
+        database.max_connections = size;
+    }
+    anyhow::ensure!(args.partitions > 0 && max_in_flight > 0, "partitions and max-in-flight must be positive");
+    let concurrency = args.partitions as usize * max_in_flight;
+
+    eprintln!(
+        "payment-worker bench (run {run_id}): postgres {}, redis {}",
+        redact_url(&database.url),
+        redact_url(&args.redis_url)
+    );
+    if cfg!(debug_assertions) {
+        eprintln!("warning: a debug build; use `cargo run --release -- bench` for figures worth keeping");
+    }
+    let pool = database.connect_and_migrate().await?;
+    // Earlier runs' deleted rows stay as dead tuples where autovacuum is off.
+    if let Err(error) = sqlx::query("VACUUM ANALYZE payments").execute(&pool).await {
+        tracing::warn!(%error, "VACUUM of the bench database failed");
+    }
+    let tokens: Arc<dyn TokenStore> = Arc::new(
+        RedisTokenStore::connect(&args.redis_url, run_prefix.clone(), TokenPolicy::default())
+            .await
+            .context("connecting to Redis")?,
+    );
+
+    let mut report = BenchReport {
+        run_id: run_id.clone(),
+        started_at: chrono::Utc::now().to_rfc3339(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        sequential_bound_20ms: f64::from(args.partitions) * 1000.0 / SLOW_GATEWAY_MS as f64,
+        settings: Settings {
+            quick: args.quick,
+            release_build: !cfg!(debug_assertions),
+            cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            partitions: args.partitions,
+            max_in_flight,
+            database_max_connections: database.max_connections,
+            concurrency,
+            backlog,
+            e2e_commands,
+            half_load_seconds,
+            database: redact_url(&database.url),
+            redis_prefix: run_prefix.clone(),
+        },
+        ..BenchReport::default()
+    };
+
+    let progress = bar("pg ceiling");
+    progress.set_length(ceiling_count as u64);
+    report.ceiling =
+        ceiling::postgres_ceiling(&pool, &format!("{run_prefix}-ceiling"), ceiling_count, concurrency, &progress).await?;
+    progress.finish_and_clear();
+    loop_line("pg ceiling", &report.ceiling, "tx");
+    report.ceiling_tps = report.ceiling.per_s;
+
+    let progress = bar("redis tokens");
+    progress.set_length(ceiling_count as u64);
+    report.tokens = ceiling::token_round_trips(
+        Arc::clone(&tokens),
+        &format!("{run_prefix}-tokens"),
+        ceiling_count,
+        concurrency,
+        &progress,
+    )
+    .await?;
+    progress.finish_and_clear();
+    loop_line("redis tokens", &report.tokens, "pairs");
+    report.token_round_trips_per_s = report.tokens.per_s;
+
+    let local = LocalKafka::start(3)?;
+    let producer: FutureProducer = worker::producer_config(&KafkaSettings::local(local.bootstrap_servers(), "bench"))
+        .create()
+        .context("creating the command producer")?;
+    let bed = Bed {
+        run_id: run_id.clone(),
+        local,
+        partitions: args.partitions,
+        pool: pool.clone(),
+        tokens,
+        producer,
+        worker: WorkerSettings {
+            max_in_flight,
+            ..WorkerSettings::default()
+        },
+        database_url: database.url.clone(),
+        database_max_connections: database.max_connections,
+        redis_url: args.redis_url.clone(),
+        redis_prefix: run_prefix.clone(),
+    };
+    let phases = run_phases(&bed, &mut report, e2e_commands, backlog, half_load_seconds, warmup).await;
+    let Bed { local, producer, .. } = bed;
+    // Every client must be gone before the cluster, or they log reconnect errors.
+    drop(producer);
+    tokio::task::spawn_blocking(move || drop(local)).await?;
+    phases?;
+
+    report.bench_process_peak_rss_mib = read_memory(None).map_or(0.0, |m| m.peak_mib());
+    report.judge();
+    println!("{}", report.table());
+    if let Some(path) = &args.json {
+        let json = serde_json::to_vec_pretty(&report)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("report written to {}", path.display());
+    }
+    anyhow::ensure!(
+        report.audit.ok,
+        "ledger audit FAILED: {:?} (rows and tokens of run {run_id} kept for inspection)",
+        report.audit
+    );
+    if !args.keep_data {
+        if let Err(error) = clean_up(&pool, &args.redis_url, &run_prefix).await {
+            eprintln!("warning: cleaning up run {run_id} failed: {error:#}");
+        }
+    }
+    anyhow::ensure!(!args.strict || report.all_pass, "a SPEC §8 target was missed (--strict)");
+    Ok(())
+}
+
+async fn run_phases(
+    bed: &Bed,
+    report: &mut BenchReport,
+    e2e_commands: usize,
+    backlog: usize,
+    half_load_seconds: u64,
+    warmup: f64,
+) -> anyhow::Result<()> {
+    let mut audit = AuditReport {
+        ok: true,
+        ..AuditReport::default()
+    };
+    let zero = phase(bed, "e2e-0ms", 0, Load::Backlog(e2e_commands), WorkerKind::InProcess, &mut audit).await?;
+    report.e2e_tps_0ms = zero.payments_per_s;
+    report.phases.push(zero);
+
+    let slow = phase(
+        bed,
+        "e2e-20ms",
+        SLOW_GATEWAY_MS,
+        Load::Backlog(e2e_commands),
+        WorkerKind::InProcess,
+        &mut audit,
+    )
+    .await?;
+    report.e2e_tps_20ms = slow.payments_per_s;
+    report.phases.push(slow);
+
+    let rate = (report.e2e_tps_0ms / 2.0).max(1.0);
+    let half = phase(
+        bed,
+        "half-load",
+        0,
+        Load::Paced {
+            rate,
+            seconds: half_load_seconds as f64,
+            warmup,
+        },
+        WorkerKind::InProcess,
+        &mut audit,
+    )
+    .await?;
+    report.half_load_rate = rate;
+    report.p50_ms_half_load = half.latency.p50_ms;
+    report.p95_ms_half_load = half.latency.p95_ms;
+    report.p99_ms_half_load = half.latency.p99_ms;
+    report.p99_ms_half_load_observed = half.observed_latency.p99_ms;
+    report.phases.push(half);
+
+    let process = phase(bed, "worker-process", 0, Load::Backlog(backlog), WorkerKind::Process, &mut audit).await?;
+    report.peak_rss_mib = process.worker_peak_rss_mib.unwrap_or(0.0);
+    report.worker_process_tps_0ms = process.payments_per_s;
+    report.phases.push(process);
+    report.audit = audit;
+    Ok(())
+}

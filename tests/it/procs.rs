@@ -1,0 +1,380 @@
+//! Real processes for crash tests: the `payment-worker` binary (dev-kafka,
+//! gateway-sim, run, produce, replay, audit) and a private Postgres server.
+//!
+//! No child may outlive its test: `Drop` SIGKILLs and reaps it (also while a failed
+//! assertion unwinds), and every child gets `PR_SET_PDEATHSIG = SIGKILL`, so even a
+//! test binary killed from outside takes its children along.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_payment-worker");
+
+extern "C" {
+    // glibc's prctl(2); declared here because `libc` is not a direct dependency.
+    fn prctl(option: std::ffi::c_int, ...) -> std::ffi::c_int;
+}
+
+const PR_SET_PDEATHSIG: std::ffi::c_int = 1;
+const SIGKILL: std::ffi::c_ulong = 9;
+
+/// The parent-death signal fires when the *thread* that forked exits, so children
+/// must be spawned from a thread that lives as long as the test (the test thread or a
+/// runtime worker), never from `spawn_blocking`.
+fn die_with_parent(command: &mut Command) {
+    // SAFETY: prctl is async-signal-safe and touches only the calling (child) process.
+    unsafe {
+        command.pre_exec(|| {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+type Lines = Arc<Mutex<Vec<String>>>;
+
+fn collect(stream: impl Read + Send + 'static, lines: Lines) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut buffer = Vec::new();
+        loop {
+            buffer.clear();
+            match reader.read_until(b'\n', &mut buffer) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buffer).trim_end().to_owned();
+                    lines.lock().unwrap().push(line);
+                }
+            }
+        }
+    });
+}
+
+/// One child process with its stdout and stderr lines collected in order.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    lines: Lines,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    pub fn spawn(name: impl Into<String>, mut command: Command) -> Self {
+        let name = name.into();
+        die_with_parent(&mut command);
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {name}: {e}"));
+        let lines: Lines = Arc::default();
+        collect(child.stdout.take().unwrap(), Arc::clone(&lines));
+        collect(child.stderr.take().unwrap(), Arc::clone(&lines));
+        Self { name, child, lines, exited: None }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// The last line for which `pick` returns something.
+    pub fn find_last<T>(&self, pick: impl FnMut(&String) -> Option<T>) -> Option<T> {
+        self.lines.lock().unwrap().iter().rev().find_map(pick)
+    }
+
+    pub fn tail(&self, n: usize) -> String {
+        let lines = self.lines.lock().unwrap();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// `Some(status)` once the process has ended (reaped).
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.exit_status().is_none()
+    }
+
+    /// Panics with the process's last output if it ended on its own.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.exit_status() {
+            panic!("{} exited on its own ({status}); its last output:\n{}", self.name, self.tail(60));
+        }
+    }
+
+    /// SIGKILL and reap: the process gets no chance to clean anything up.
+    pub fn sigkill(&mut self) {
+        if self.is_running() {
+            let _ = self.child.kill();
+            // Never unwrap here: this also runs in Drop while a test unwinds.
+            self.exited = self.child.wait().ok();
+        }
+    }
+
+    pub fn signal(&mut self, signal: Signal) {
+        if self.is_running() {
+            let _ = kill(Pid::from_raw(self.pid() as i32), signal);
+        }
+    }
+
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.exit_status() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} still running after {within:?}; its last output:\n{}",
+                self.name,
+                self.tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM, then waits for a successful exit.
+    pub async fn stop(&mut self, within: Duration) {
+        self.signal(Signal::SIGTERM);
+        let status = self.wait_exit(within).await;
+        assert!(status.success(), "{} ended with {status} after SIGTERM:\n{}", self.name, self.tail(60));
+    }
+
+    /// Waits for the first line for which `pick` returns something.
+    pub async fn wait_for<T>(&mut self, within: Duration, mut pick: impl FnMut(&str) -> Option<T>) -> T {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(found) = self.lines.lock().unwrap().iter().find_map(|l| pick(l)) {
+                return found;
+            }
+            if let Some(status) = self.exit_status() {
+                // The reader threads may still be behind; give them one more look.
+                std::thread::sleep(Duration::from_millis(100));
+                if let Some(found) = self.lines.lock().unwrap().iter().find_map(|l| pick(l)) {
+                    return found;
+                }
+                panic!("{} ended ({status}) before the expected line:\n{}", self.name, self.tail(60));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: expected line not seen within {within:?}:\n{}",
+                self.name,
+                self.tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("---- last output of {} ----\n{}", self.name, self.tail(40));
+        }
+        self.sigkill();
+    }
+}
+
+/// `payment-worker <args>` with a clean environment plus `env`: nothing from the
+/// test's own environment (RUST_LOG, OTEL_*, KAFKA_CONFIG_*, fault points) leaks in.
+pub fn binary(args: &[&str], env: &HashMap<String, String>) -> Command {
+    let mut command = Command::new(BINARY);
+    command.args(args).env_clear();
+    if let Ok(path) = std::env::var("PATH") {
+        command.env("PATH", path);
+    }
+    command.env("RUST_LOG", "info").env("LOG_FORMAT", "json");
+    command.envs(env);
+    command
+}
+
+/// Runs a short command (produce, replay, audit) to its end; returns its output.
+pub async fn run_to_end(name: &str, command: Command, within: Duration) -> (ExitStatus, Vec<String>) {
+    let mut proc = Proc::spawn(name, command);
+    let status = proc.wait_exit(within).await;
+    // The reader threads finish right after the pipes close.
+    std::thread::sleep(Duration::from_millis(100));
+    (status, proc.lines())
+}
+
+/// `payment-worker dev-kafka`: a mock cluster in its own process.
+pub async fn dev_kafka(partitions: i32) -> (Proc, String) {
+    let partitions = partitions.to_string();
+    let command = binary(&["dev-kafka", "--partitions", &partitions], &HashMap::new());
+    let mut proc = Proc::spawn("dev-kafka", command);
+    let bootstrap = proc
+        .wait_for(Duration::from_secs(30), |l| l.strip_prefix("dev-kafka bootstrap ").map(str::to_owned))
+        .await;
+    (proc, bootstrap)
+}
+
+/// `payment-worker gateway-sim --listen 127.0.0.1:0 <flags>`; returns its base URL.
+pub async fn gateway_sim(flags: &[&str]) -> (Proc, String) {
+    let mut args = vec!["gateway-sim", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(flags);
+    let mut proc = Proc::spawn("gateway-sim", binary(&args, &HashMap::new()));
+    let addr = proc
+        .wait_for(Duration::from_secs(30), |l| l.strip_prefix("gateway-sim listening on ").map(str::to_owned))
+        .await;
+    (proc, format!("http://{addr}"))
+}
+
+/// A group-membership event from a worker's JSON log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    Assigned(usize),
+    Revoked,
+}
+
+pub fn membership(line: &str) -> Option<Membership> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = value.get("fields")?;
+    match fields.get("message")?.as_str()? {
+        "assigned" => Some(Membership::Assigned(fields.get("partitions")?.as_u64()? as usize)),
+        m if m.starts_with("revoked") => Some(Membership::Revoked),
+        _ => None,
+    }
+}
+
+/// The worker's latest membership event, if any.
+pub fn current_membership(proc: &Proc) -> Option<Membership> {
+    proc.find_last(|l| membership(l))
+}
+
+// ---------------------------------------------------------------------------
+// A private Postgres server, so a test may restart it without disturbing the tests
+// that share the machine's Postgres.
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+fn postgres_user() -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    passwd
+        .lines()
+        .find_map(|l| {
+            let fields: Vec<&str> = l.split(':').collect();
+            (fields.first() == Some(&"postgres")).then(|| (fields[2].parse().unwrap(), fields[3].parse().unwrap()))
+        })
+        .expect("no postgres user to run a private server as")
+}
+
+fn postgres_bindir() -> PathBuf {
+    let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("no /usr/lib/postgresql: install postgresql")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|v| v.parse().ok()))
+        .collect();
+    versions.sort_unstable();
+    let version = versions.last().expect("no Postgres version installed");
+    PathBuf::from(format!("/usr/lib/postgresql/{version}/bin"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub struct PrivatePostgres {
+    dir: PathBuf,
+    pub port: u16,
+    server: Option<Proc>,
+    pub restarts: usize,
+}
+
+impl PrivatePostgres {
+    pub async fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("pw-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if is_root() {
+            // Postgres refuses to run as root.
+            let (uid, gid) = postgres_user();
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+        }
+        let data = dir.join("data");
+        let mut initdb = Self::as_postgres(&postgres_bindir().join("initdb"));
+        initdb.args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"]).arg(&data);
+        let (status, lines) = run_to_end("initdb", initdb, Duration::from_secs(120)).await;
+        assert!(status.success(), "initdb failed:\n{}", lines.join("\n"));
+        let mut pg = Self { dir, port: free_port(), server: None, restarts: 0 };
+        pg.launch().await;
+        pg
+    }
+
+    fn as_postgres(program: &Path) -> Command {
+        if is_root() {
+            let mut command = Command::new("setpriv");
+            // setpriv sets the death signal after switching users (a uid change
+            // clears one set earlier).
+            command
+                .args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--pdeathsig", "KILL", "--"])
+                .arg(program);
+            command
+        } else {
+            Command::new(program)
+        }
+    }
+
+    async fn launch(&mut self) {
+        let mut command = Self::as_postgres(&postgres_bindir().join("postgres"));
+        command
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-p", &self.port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", self.dir.display()));
+        let mut server = Proc::spawn("private-postgres", command);
+        server
+            .wait_for(Duration::from_secs(60), |l| l.contains("ready to accept connections").then_some(()))
+            .await;
+        self.server = Some(server);
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Fast shutdown (what `pg_ctl restart` does: open transactions abort, every
+    /// client is disconnected), a moment down, then up again on the same port.
+    pub async fn restart(&mut self, down_for: Duration) {
+        let mut server = self.server.take().expect("server running");
+        server.signal(Signal::SIGINT);
+        server.wait_exit(Duration::from_secs(60)).await;
+        tokio::time::sleep(down_for).await;
+        self.launch().await;
+        self.restarts += 1;
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            // Immediate shutdown takes the backends along; SIGKILL of the postmaster
+            // alone would leave them to notice by themselves.
+            server.signal(Signal::SIGQUIT);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while server.is_running() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
