@@ -49,12 +49,6 @@ pub enum Command {
     Tokens {
         #[command(subcommand)]
         command: TokensCommand,
-        #[command(flatten)]
-        database: DatabaseSettings,
-        #[command(flatten)]
-        redis: RedisSettings,
-        #[command(flatten)]
-        tokens: TokenSettings,
     },
     /// Process one command (JSON) without Kafka and print its outcome.
     Process {
@@ -103,6 +97,17 @@ pub enum Command {
     },
 }
 
+/// Where tokens live.
+#[derive(Debug, clap::Args)]
+pub struct TokenStoreArgs {
+    #[command(flatten)]
+    pub database: DatabaseSettings,
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub tokens: TokenSettings,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Mint pending tokens and print one per line (random keys unless KEYs are given).
@@ -112,9 +117,15 @@ pub enum TokensCommand {
         #[arg(long, default_value_t = 1)]
         count: usize,
         keys: Vec<String>,
+        #[command(flatten)]
+        store: TokenStoreArgs,
     },
     /// Print a token's state, owner, fence, lease left and TTL as JSON.
-    Show { key: String },
+    Show {
+        key: String,
+        #[command(flatten)]
+        store: TokenStoreArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -145,17 +156,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Tokens {
-            command,
-            database,
-            redis,
-            tokens,
-        } => {
-            let pool = database.connect_and_migrate().await?;
-            let store = startup::token_store(&tokens, &redis, &pool).await?;
+        Command::Tokens { command } => {
+            let settings = match &command {
+                TokensCommand::Issue { store, .. } | TokensCommand::Show { store, .. } => store,
+            };
+            let pool = settings.database.connect_and_migrate().await?;
+            let store = startup::token_store(&settings.tokens, &settings.redis, &pool).await?;
             let mut out = std::io::stdout().lock();
             match command {
-                TokensCommand::Issue { ttl, count, keys } => {
+                TokensCommand::Issue { ttl, count, keys, .. } => {
                     let keys: Vec<IdempotencyKey> = if keys.is_empty() {
                         (0..count)
                             .map(|_| IdempotencyKey::try_from(format!("tok-{}", uuid::Uuid::new_v4().simple())))
@@ -172,7 +181,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                         }
                     }
                 }
-                TokensCommand::Show { key } => {
+                TokensCommand::Show { key, .. } => {
                     let key = IdempotencyKey::try_from(key.as_str())?;
                     match store.show(&key).await? {
                         Some(view) => writeln!(out, "{}", serde_json::to_string(&view)?)?,

@@ -103,7 +103,8 @@ pub fn init(default_filter: &str) -> Telemetry {
         tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
-            .with_span_list(false)
+            // The command span (with trace_id and span_id) is in every line's list.
+            .with_span_list(true)
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed()

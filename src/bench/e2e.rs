@@ -215,6 +215,19 @@ impl ResultsReader {
     }
 }
 
+/// This binary. A rebuild while the bench runs replaces the file, and the link
+/// then names the old one as deleted; the new one is the same program.
+fn worker_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the payment-worker binary")?;
+    if exe.exists() {
+        return Ok(exe);
+    }
+    let text = exe.to_string_lossy();
+    let rebuilt = PathBuf::from(text.trim_end_matches(" (deleted)"));
+    anyhow::ensure!(rebuilt.exists(), "the payment-worker binary {} is gone", exe.display());
+    Ok(rebuilt)
+}
+
 /// How commands reach the topic.
 #[derive(Debug, Clone, Copy)]
 pub enum Load {
@@ -244,7 +257,10 @@ pub struct Bed {
     pub run_id: String,
     pub local: LocalKafka,
     pub partitions: i32,
+    /// The in-process workers' pool (the worker's size).
     pub pool: PgPool,
+    /// Audit queries.
+    pub admin: PgPool,
     pub tokens: Arc<dyn TokenStore>,
     pub producer: FutureProducer,
     pub worker: WorkerSettings,
@@ -293,7 +309,7 @@ impl Bed {
 
     /// `payment-worker run`, configured through its environment variables.
     fn start_process(&self, kafka: &KafkaSettings, simulator: &RunningSimulator, phase: &str) -> anyhow::Result<Running> {
-        let exe = std::env::current_exe().context("locating the payment-worker binary")?;
+        let exe = worker_binary()?;
         let log = std::env::temp_dir().join(format!("{}.worker.log", self.key_prefix(phase)));
         let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let child = std::process::Command::new(exe)
@@ -338,7 +354,9 @@ impl Bed {
             "127.0.0.1:0".parse()?,
             SimulatorConfig {
                 latency_ms: gateway_latency_ms,
-                seed: Some(7),
+                // Transaction ids come from the seed: a fixed one would repeat the
+                // ids of earlier phases and runs, which the unique index refuses.
+                seed: None,
                 ..SimulatorConfig::default()
             },
         )?
@@ -393,7 +411,7 @@ impl Bed {
         let observations = reader.finish().await?;
         waited?;
 
-        let rows = audit::rows_with_prefix(&self.pool, &format!("{key_prefix}-")).await?;
+        let rows = audit::rows_with_prefix(&self.admin, &format!("{key_prefix}-")).await?;
         let ledger = simulator.ledger();
         simulator.shutdown().await?;
         let audit = audit::reconcile(&ledger, &rows, sent.len(), observations.len());

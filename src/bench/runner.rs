@@ -117,6 +117,18 @@ async fn phase(
     Ok(report)
 }
 
+/// A pool of the worker's size with every connection already open, so neither
+/// the ceiling nor a phase pays for connecting inside its measurement.
+async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> {
+    let pool = database.connect().await?;
+    let mut held = Vec::new();
+    for _ in 0..database.max_connections {
+        held.push(pool.acquire().await.context("opening the pool's connections")?);
+    }
+    drop(held);
+    Ok(pool)
+}
+
 /// Deletes this run's rows and tokens, so repeated runs measure the same table.
 async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> anyhow::Result<()> {
     sqlx::query("DELETE FROM payments WHERE starts_with(idempotency_key, $1)")
@@ -172,9 +184,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("warning: a debug build; use `cargo run --release -- bench` for figures worth keeping");
     }
-    let pool = database.connect_and_migrate().await?;
+    // Set-up, audit and clean-up share two connections, so the measured pools have
+    // the server's connection slots to themselves.
+    let admin = DatabaseSettings {
+        max_connections: 2,
+        ..database.clone()
+    }
+    .connect_and_migrate()
+    .await?;
     // Earlier runs' deleted rows stay as dead tuples where autovacuum is off.
-    if let Err(error) = sqlx::query("VACUUM ANALYZE payments").execute(&pool).await {
+    if let Err(error) = sqlx::query("VACUUM ANALYZE payments").execute(&admin).await {
         tracing::warn!(%error, "VACUUM of the bench database failed");
     }
     let tokens: Arc<dyn TokenStore> = Arc::new(
@@ -207,8 +226,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
     let progress = bar("pg ceiling");
     progress.set_length(ceiling_count as u64);
+    let pool = warm_pool(&database).await?;
     report.ceiling =
         ceiling::postgres_ceiling(&pool, &format!("{run_prefix}-ceiling"), ceiling_count, concurrency, &progress).await?;
+    pool.close().await;
     progress.finish_and_clear();
     loop_line("pg ceiling", &report.ceiling, "tx");
     report.ceiling_tps = report.ceiling.per_s;
@@ -235,7 +256,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         run_id: run_id.clone(),
         local,
         partitions: args.partitions,
-        pool: pool.clone(),
+        pool: warm_pool(&database).await?,
+        admin: admin.clone(),
         tokens,
         producer,
         worker: WorkerSettings {
@@ -268,7 +290,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         report.audit
     );
     if !args.keep_data {
-        if let Err(error) = clean_up(&pool, &args.redis_url, &run_prefix).await {
+        if let Err(error) = clean_up(&admin, &args.redis_url, &run_prefix).await {
             eprintln!("warning: cleaning up run {run_id} failed: {error:#}");
         }
     }
@@ -325,6 +347,8 @@ async fn run_phases(
     report.p99_ms_half_load_observed = half.observed_latency.p99_ms;
     report.phases.push(half);
 
+    // The worker process brings its own pool; ours would only hold server slots.
+    bed.pool.close().await;
     let process = phase(bed, "worker-process", 0, Load::Backlog(backlog), WorkerKind::Process, &mut audit).await?;
     report.peak_rss_mib = process.worker_peak_rss_mib.unwrap_or(0.0);
     report.worker_process_tps_0ms = process.payments_per_s;

@@ -122,18 +122,17 @@ impl Partitions {
         if drained.is_empty() {
             return;
         }
-        let deadline = self.drain_deadline;
+        let deadline = tokio::time::Instant::now() + self.drain_deadline;
         self.runtime.block_on(async move {
-            let mut waits = Vec::new();
-            for entry in drained {
-                // Closing the inbox tells the task to start nothing new.
-                drop(entry.inbox);
-                waits.push((entry.abandon, entry.task));
-            }
-            let all = futures_join(waits.iter_mut().map(|(_, task)| task));
-            if tokio::time::timeout(deadline, all).await.is_err() {
-                tracing::warn!(?deadline, "drain deadline passed; abandoning in-flight commands");
-                for (abandon, task) in &mut waits {
+            // Closing the inboxes first tells every task to start nothing new.
+            let tasks: Vec<(CancellationToken, JoinHandle<()>)> = drained
+                .into_iter()
+                .map(|entry| (entry.abandon, entry.task))
+                .collect();
+            for (abandon, mut task) in tasks {
+                // Each handle is awaited to completion exactly once.
+                if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                    tracing::warn!("drain deadline passed; abandoning in-flight commands");
                     abandon.cancel();
                     let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
                 }
@@ -143,12 +142,6 @@ impl Partitions {
 
     fn ids(&self) -> Vec<(String, i32)> {
         self.lock().keys().cloned().collect()
-    }
-}
-
-async fn futures_join<'a>(tasks: impl Iterator<Item = &'a mut JoinHandle<()>>) {
-    for task in tasks {
-        let _ = task.await;
     }
 }
 

@@ -168,14 +168,16 @@ pub fn command_span(message: &OwnedMessage, group_id: &str) -> tracing::Span {
         payment.outcome = Empty,
         payment.rejection = Empty,
         trace_id = Empty,
+        span_id = Empty,
     );
     crate::telemetry::adopt_remote_parent(&span, message.headers());
     if let Some(key) = super::messages::record_key(message) {
         span.record("payment.idempotency_key", key);
     }
-    if let Some((trace_id, _)) = crate::telemetry::trace_ids(&span) {
-        // Puts the trace id on every log line of this command.
+    if let Some((trace_id, span_id)) = crate::telemetry::trace_ids(&span) {
+        // Puts the trace and span ids on every JSON log line of this command.
         span.record("trace_id", trace_id);
+        span.record("span_id", span_id);
     }
     span
 }

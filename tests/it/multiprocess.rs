@@ -68,8 +68,17 @@ impl Deployment {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        worker_env.extend(extra_env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-        let gateway = HttpGateway::new(&gateway_url, Duration::from_secs(30), Duration::from_secs(2)).unwrap();
+        worker_env.extend(
+            extra_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let gateway = HttpGateway::new(
+            &gateway_url,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+        )
+        .unwrap();
         Self {
             _kafka: kafka,
             _gateway: gateway_proc,
@@ -133,8 +142,11 @@ impl Deployment {
         let mut stable_since: Option<Instant> = None;
         loop {
             self.assert_workers_running();
-            let owned: Vec<Option<Membership>> = self.workers.iter().map(current_membership).collect();
-            let settled = owned.iter().all(|m| matches!(m, Some(Membership::Assigned(n)) if *n > 0))
+            let owned: Vec<Option<Membership>> =
+                self.workers.iter().map(current_membership).collect();
+            let settled = owned
+                .iter()
+                .all(|m| matches!(m, Some(Membership::Assigned(n)) if *n > 0))
                 && owned
                     .iter()
                     .map(|m| match m {
@@ -149,7 +161,10 @@ impl Deployment {
                 (false, _) => stable_since = None,
                 _ => {}
             }
-            assert!(Instant::now() < deadline, "the group never settled: {owned:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the group never settled: {owned:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -157,23 +172,32 @@ impl Deployment {
     async fn produce(&self, records: &[WorkloadRecord]) {
         let producer: rdkafka::producer::FutureProducer =
             worker::producer_config(&self.settings).create().unwrap();
-        worker::publish_records(&producer, &self.settings.commands_topic, PARTITIONS, records)
-            .await
-            .unwrap();
+        worker::publish_records(
+            &producer,
+            &self.settings.commands_topic,
+            PARTITIONS,
+            records,
+        )
+        .await
+        .unwrap();
     }
 
     async fn read(&self, topic: &str, from: HashMap<i32, i64>) -> Vec<OwnedMessage> {
         let settings = self.settings.clone();
         let topic = topic.to_owned();
         tokio::task::spawn_blocking(move || {
-            worker::read_partitions(&settings, &topic, |p, low| from.get(&p).copied().unwrap_or(low)).unwrap()
+            worker::read_partitions(&settings, &topic, |p, low| {
+                from.get(&p).copied().unwrap_or(low)
+            })
+            .unwrap()
         })
         .await
         .unwrap()
     }
 
     async fn commands(&self) -> Vec<OwnedMessage> {
-        self.read(&self.settings.commands_topic, HashMap::new()).await
+        self.read(&self.settings.commands_topic, HashMap::new())
+            .await
     }
 
     /// Result records from `from` (per partition of the results topic) on.
@@ -181,7 +205,9 @@ impl Deployment {
         self.read(&self.settings.results_topic, from)
             .await
             .iter()
-            .map(|m| serde_json::from_slice(m.payload().expect("result payload")).expect("result json"))
+            .map(|m| {
+                serde_json::from_slice(m.payload().expect("result payload")).expect("result json")
+            })
             .collect()
     }
 
@@ -199,7 +225,15 @@ impl Deployment {
         tokio::task::spawn_blocking(move || {
             let consumer: BaseConsumer = worker::base_config(&settings).create().unwrap();
             let out = (0..PARTITIONS)
-                .map(|p| (p, consumer.fetch_watermarks(&topic, p, Duration::from_secs(10)).unwrap().1))
+                .map(|p| {
+                    (
+                        p,
+                        consumer
+                            .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                            .unwrap()
+                            .1,
+                    )
+                })
                 .collect();
             drop(consumer);
             out
@@ -219,7 +253,9 @@ impl Deployment {
             for p in 0..PARTITIONS {
                 list.add_partition(&settings.commands_topic, p);
             }
-            let committed = consumer.committed_offsets(list, Duration::from_secs(10)).unwrap();
+            let committed = consumer
+                .committed_offsets(list, Duration::from_secs(10))
+                .unwrap();
             let out = committed
                 .elements()
                 .iter()
@@ -249,15 +285,23 @@ impl Deployment {
         within: Duration,
     ) -> Vec<ResultRecord> {
         let deadline = Instant::now() + within;
-        let high = self.high_watermarks(&self.settings.commands_topic.clone()).await;
-        assert_eq!(high.values().sum::<i64>() as usize, positions, "every command is on the topic");
+        let high = self
+            .high_watermarks(&self.settings.commands_topic.clone())
+            .await;
+        assert_eq!(
+            high.values().sum::<i64>() as usize,
+            positions,
+            "every command is on the topic"
+        );
         loop {
             self.assert_workers_running();
             let committed = self.committed().await;
             if high.iter().all(|(p, h)| committed.get(p) == Some(h)) {
                 let results = self.results_from(results_from.clone()).await;
-                let answered: HashSet<(i32, i64)> =
-                    results.iter().map(|r| (r.source.partition, r.source.offset)).collect();
+                let answered: HashSet<(i32, i64)> = results
+                    .iter()
+                    .map(|r| (r.source.partition, r.source.offset))
+                    .collect();
                 // Commit discipline says this already holds; checked, not assumed.
                 assert_eq!(
                     answered.len(),
@@ -288,7 +332,10 @@ enum Expected {
     /// Decodes into a valid command for this key and fingerprint.
     Valid { key: String, fingerprint: String },
     /// Fails validation: its key (if any) and the original bytes.
-    Invalid { key: Option<Vec<u8>>, value: Option<Vec<u8>> },
+    Invalid {
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+    },
 }
 
 type Position = (i32, i64);
@@ -323,7 +370,9 @@ fn header(message: &OwnedMessage, name: &str) -> Option<String> {
 fn by_position(results: &[ResultRecord]) -> HashMap<Position, Vec<&ResultRecord>> {
     let mut out: HashMap<Position, Vec<&ResultRecord>> = HashMap::new();
     for r in results {
-        out.entry((r.source.partition, r.source.offset)).or_default().push(r);
+        out.entry((r.source.partition, r.source.offset))
+            .or_default()
+            .push(r);
     }
     out
 }
@@ -344,16 +393,32 @@ async fn payment_rows(pool: &PgPool) -> HashMap<String, PaymentRow> {
     .unwrap();
     rows.into_iter()
         .map(|(id, key, status, transaction_id, fingerprint)| {
-            (key, PaymentRow { id, status, transaction_id, fingerprint })
+            (
+                key,
+                PaymentRow {
+                    id,
+                    status,
+                    transaction_id,
+                    fingerprint,
+                },
+            )
         })
         .collect()
 }
 
 /// Every token hash under `prefix` with its `status` field (see token/redis.rs).
-async fn token_statuses(redis: &mut redis::aio::ConnectionManager, prefix: &str) -> HashMap<String, String> {
+async fn token_statuses(
+    redis: &mut redis::aio::ConnectionManager,
+    prefix: &str,
+) -> HashMap<String, String> {
     let mut out = HashMap::new();
     for key in scan(redis, &format!("{prefix}:token:*")).await {
-        let status: Option<String> = redis::cmd("HGET").arg(&key).arg("status").query_async(redis).await.unwrap();
+        let status: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("status")
+            .query_async(redis)
+            .await
+            .unwrap();
         if let Some(status) = status {
             out.insert(key, status);
         }
@@ -387,7 +452,11 @@ async fn scan(redis: &mut redis::aio::ConnectionManager, pattern: &str) -> Vec<S
 async fn flush_prefix(redis: &mut redis::aio::ConnectionManager, prefix: &str) -> usize {
     let keys = scan(redis, &format!("{prefix}:*")).await;
     for chunk in keys.chunks(500) {
-        let _: i64 = redis::cmd("DEL").arg(chunk).query_async(redis).await.unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg(chunk)
+            .query_async(redis)
+            .await
+            .unwrap();
     }
     keys.len()
 }
@@ -406,7 +475,11 @@ struct Books<'a> {
 impl Books<'_> {
     fn check(&self) {
         // The topic holds exactly the generated workload.
-        assert_eq!(self.expected.len(), self.records.len(), "commands on the topic");
+        assert_eq!(
+            self.expected.len(),
+            self.records.len(),
+            "commands on the topic"
+        );
         let invalid: BTreeMap<&Position, &Expected> = self
             .expected
             .iter()
@@ -414,7 +487,10 @@ impl Books<'_> {
             .collect();
         assert_eq!(
             invalid.len(),
-            self.records.iter().filter(|r| r.kind == RecordKind::Invalid).count(),
+            self.records
+                .iter()
+                .filter(|r| r.kind == RecordKind::Invalid)
+                .count(),
             "every generated invalid record, and only those, fails validation"
         );
         let valid_keys: HashSet<&str> = self
@@ -431,35 +507,66 @@ impl Books<'_> {
             .filter(|r| r.kind == RecordKind::Valid)
             .map(|r| String::from_utf8(r.key.clone().unwrap()).unwrap())
             .collect();
-        assert_eq!(valid_keys, generated_keys.iter().map(String::as_str).collect(), "valid keys");
+        assert_eq!(
+            valid_keys,
+            generated_keys.iter().map(String::as_str).collect(),
+            "valid keys"
+        );
 
         // I1: the ledger holds one charge per valid key, and nothing else.
         let mut charges: HashMap<&str, Vec<&LedgerEntry>> = HashMap::new();
         for entry in self.ledger {
-            charges.entry(entry.idempotency_key.as_str()).or_default().push(entry);
+            charges
+                .entry(entry.idempotency_key.as_str())
+                .or_default()
+                .push(entry);
         }
-        let doubles: Vec<(&&str, usize)> =
-            charges.iter().filter(|(_, c)| c.len() > 1).map(|(k, c)| (k, c.len())).collect();
-        assert!(doubles.is_empty(), "keys charged more than once: {doubles:?}");
+        let doubles: Vec<(&&str, usize)> = charges
+            .iter()
+            .filter(|(_, c)| c.len() > 1)
+            .map(|(k, c)| (k, c.len()))
+            .collect();
+        assert!(
+            doubles.is_empty(),
+            "keys charged more than once: {doubles:?}"
+        );
         let charged: HashSet<&str> = charges.keys().copied().collect();
         let never_charged: Vec<_> = valid_keys.difference(&charged).take(10).collect();
-        assert!(never_charged.is_empty(), "valid keys never charged (lost commands): {never_charged:?}");
+        assert!(
+            never_charged.is_empty(),
+            "valid keys never charged (lost commands): {never_charged:?}"
+        );
         let unexpected: Vec<_> = charged.difference(&valid_keys).take(10).collect();
-        assert!(unexpected.is_empty(), "charges for keys that are no valid command: {unexpected:?}");
+        assert!(
+            unexpected.is_empty(),
+            "charges for keys that are no valid command: {unexpected:?}"
+        );
 
         // I7: ledger = books, row by row; no row left `processing`.
-        assert_eq!(self.rows.len(), self.ledger.len(), "one payment row per charge");
+        assert_eq!(
+            self.rows.len(),
+            self.ledger.len(),
+            "one payment row per charge"
+        );
         for entry in self.ledger {
-            let row = self
-                .rows
-                .get(&entry.idempotency_key)
-                .unwrap_or_else(|| panic!("charge of {} has no payment row", entry.idempotency_key));
+            let row = self.rows.get(&entry.idempotency_key).unwrap_or_else(|| {
+                panic!("charge of {} has no payment row", entry.idempotency_key)
+            });
             let status = match entry.status {
                 ChargeStatus::Approved => "succeeded",
                 ChargeStatus::Declined => "declined",
             };
-            assert_eq!(row.status, status, "row status of {}", entry.idempotency_key);
-            assert_eq!(row.transaction_id.as_deref(), Some(entry.transaction_id.as_str()), "{}", entry.idempotency_key);
+            assert_eq!(
+                row.status, status,
+                "row status of {}",
+                entry.idempotency_key
+            );
+            assert_eq!(
+                row.transaction_id.as_deref(),
+                Some(entry.transaction_id.as_str()),
+                "{}",
+                entry.idempotency_key
+            );
         }
 
         // I2: every position answered; a repeated answer is only ever `duplicate`
@@ -467,29 +574,51 @@ impl Books<'_> {
         let answers = by_position(self.results);
         let mut finals: HashMap<&str, Vec<&ResultRecord>> = HashMap::new();
         for (position, expected) in self.expected {
-            let list = answers.get(position).unwrap_or_else(|| panic!("command at {position:?} has no result"));
+            let list = answers
+                .get(position)
+                .unwrap_or_else(|| panic!("command at {position:?} has no result"));
             match expected {
                 Expected::Valid { key, fingerprint } => {
-                    let row = self.rows.get(key).unwrap_or_else(|| panic!("{key} has no payment row"));
-                    assert_eq!(&row.fingerprint, fingerprint, "the row of {key} is this command's");
+                    let row = self
+                        .rows
+                        .get(key)
+                        .unwrap_or_else(|| panic!("{key} has no payment row"));
+                    assert_eq!(
+                        &row.fingerprint, fingerprint,
+                        "the row of {key} is this command's"
+                    );
                     let mut first = 0;
                     for answer in list {
-                        assert_eq!(answer.idempotency_key.as_deref(), Some(key.as_str()), "{answer:?}");
-                        assert_eq!(answer.payment_id, Some(row.id), "answer names the payment: {answer:?}");
+                        assert_eq!(
+                            answer.idempotency_key.as_deref(),
+                            Some(key.as_str()),
+                            "{answer:?}"
+                        );
+                        assert_eq!(
+                            answer.payment_id,
+                            Some(row.id),
+                            "answer names the payment: {answer:?}"
+                        );
                         match answer.outcome.as_str() {
                             "duplicate" => {}
                             "succeeded" | "declined" => {
                                 first += 1;
                                 finals.entry(key.as_str()).or_default().push(answer);
                             }
-                            other => panic!("valid command at {position:?} answered {other}: {list:?}"),
+                            other => {
+                                panic!("valid command at {position:?} answered {other}: {list:?}")
+                            }
                         }
                     }
-                    assert!(first <= 1, "{position:?} answered as first processing twice: {list:?}");
+                    assert!(
+                        first <= 1,
+                        "{position:?} answered as first processing twice: {list:?}"
+                    );
                 }
                 Expected::Invalid { .. } => {
                     assert!(
-                        list.iter().all(|a| a.outcome == "rejected" && a.reason == list[0].reason),
+                        list.iter()
+                            .all(|a| a.outcome == "rejected" && a.reason == list[0].reason),
                         "an invalid command is rejected, the same way each time: {list:?}"
                     );
                     let reason = list[0].reason.as_deref().unwrap_or_default();
@@ -499,38 +628,66 @@ impl Books<'_> {
         }
         // A key's final answer (at most one over all its positions) matches its charge.
         for (key, list) in &finals {
-            assert_eq!(list.len(), 1, "{key} answered as first processing more than once: {list:?}");
+            assert_eq!(
+                list.len(),
+                1,
+                "{key} answered as first processing more than once: {list:?}"
+            );
             let charge = charges[key][0];
-            assert_eq!(list[0].gateway_transaction_id.as_deref(), Some(charge.transaction_id.as_str()));
+            assert_eq!(
+                list[0].gateway_transaction_id.as_deref(),
+                Some(charge.transaction_id.as_str())
+            );
         }
 
         // Every invalid record is in the DLQ, unchanged, with its reason.
         let mut lettered: HashSet<Position> = HashSet::new();
         for letter in self.dead_letters {
             let position: Position = (
-                header(letter, "x-source-partition").unwrap().parse().unwrap(),
+                header(letter, "x-source-partition")
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
                 header(letter, "x-source-offset").unwrap().parse().unwrap(),
             );
             let Some(Expected::Invalid { key, value }) = self.expected.get(&position) else {
                 panic!("dead letter for {position:?}, which is not an invalid command");
             };
             assert_eq!(header(letter, "x-error-kind").as_deref(), Some("invalid"));
-            assert!(!header(letter, "x-error-reason").unwrap_or_default().is_empty());
+            assert!(!header(letter, "x-error-reason")
+                .unwrap_or_default()
+                .is_empty());
             assert_eq!(letter.key().map(<[u8]>::to_vec), *key, "original key kept");
-            assert_eq!(letter.payload().map(<[u8]>::to_vec), *value, "original value kept");
+            assert_eq!(
+                letter.payload().map(<[u8]>::to_vec),
+                *value,
+                "original value kept"
+            );
             lettered.insert(position);
         }
         let missing: Vec<_> = invalid.keys().filter(|p| !lettered.contains(p)).collect();
-        assert!(missing.is_empty(), "invalid commands without a dead letter: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "invalid commands without a dead letter: {missing:?}"
+        );
 
         // I4: no token left `processing`.
-        let stuck: Vec<_> = self.tokens.iter().filter(|(_, s)| *s == "processing").take(10).collect();
+        let stuck: Vec<_> = self
+            .tokens
+            .iter()
+            .filter(|(_, s)| *s == "processing")
+            .take(10)
+            .collect();
         assert!(stuck.is_empty(), "tokens left processing: {stuck:?}");
     }
 }
 
 fn answered(results: &[ResultRecord]) -> usize {
-    results.iter().map(|r| (r.source.partition, r.source.offset)).collect::<HashSet<_>>().len()
+    results
+        .iter()
+        .map(|r| (r.source.partition, r.source.offset))
+        .collect::<HashSet<_>>()
+        .len()
 }
 
 // ---------------------------------------------------------------------------
@@ -547,15 +704,31 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
     let mut deployment = Deployment::start(
         &db.url,
         &redis.prefix,
-        &["--ignore-idempotency-key", "--error-rate", "0.02", "--latency-ms", "5", "--seed", "4"],
+        &[
+            "--ignore-idempotency-key",
+            "--error-rate",
+            "0.02",
+            "--latency-ms",
+            "5",
+            "--seed",
+            "4",
+        ],
         &[],
     )
     .await;
-    let spec = WorkloadSpec { count: 2000, duplicate_ratio: 0.25, invalid_ratio: 0.05, decline_ratio: 0.05, seed: 44 };
+    let spec = WorkloadSpec {
+        count: 2000,
+        duplicate_ratio: 0.25,
+        invalid_ratio: 0.05,
+        decline_ratio: 0.05,
+        seed: 44,
+    };
     let records = worker::generate(&spec, &unique("mp"));
 
     deployment.start_workers();
-    deployment.wait_for_stable_group(Duration::from_secs(90)).await;
+    deployment
+        .wait_for_stable_group(Duration::from_secs(90))
+        .await;
 
     // The workload arrives over several seconds, so the kill lands while commands
     // are still coming in and in flight.
@@ -563,9 +736,12 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
         let settings = deployment.settings.clone();
         let records = records.clone();
         tokio::spawn(async move {
-            let producer: rdkafka::producer::FutureProducer = worker::producer_config(&settings).create().unwrap();
+            let producer: rdkafka::producer::FutureProducer =
+                worker::producer_config(&settings).create().unwrap();
             for chunk in records.chunks(50) {
-                worker::publish_records(&producer, &settings.commands_topic, PARTITIONS, chunk).await.unwrap();
+                worker::publish_records(&producer, &settings.commands_topic, PARTITIONS, chunk)
+                    .await
+                    .unwrap();
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
@@ -583,7 +759,11 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     deployment.kill(victim);
-    assert!(at_kill < records.len(), "the kill came mid-run ({at_kill} of {} answered)", records.len());
+    assert!(
+        at_kill < records.len(),
+        "the kill came mid-run ({at_kill} of {} answered)",
+        records.len()
+    );
 
     // The survivors take over once the dead member's session expired; then restart.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -593,13 +773,18 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
         if done >= (at_kill + 600).min(records.len()) {
             break;
         }
-        assert!(Instant::now() < deadline, "the survivors did not go on ({done} answered)");
+        assert!(
+            Instant::now() < deadline,
+            "the survivors did not go on ({done} answered)"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     deployment.restart(victim);
     producer.await.unwrap();
 
-    let results = deployment.wait_until_settled(records.len(), HashMap::new(), Duration::from_secs(180)).await;
+    let results = deployment
+        .wait_until_settled(records.len(), HashMap::new(), Duration::from_secs(180))
+        .await;
     deployment.stop_workers().await;
 
     let commands = deployment.commands().await;
@@ -618,7 +803,10 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
         tokens: &tokens,
     }
     .check();
-    let repeated = by_position(&results).values().filter(|l| l.len() > 1).count();
+    let repeated = by_position(&results)
+        .values()
+        .filter(|l| l.len() > 1)
+        .count();
     eprintln!(
         "multiprocess: 1 SIGKILL at {at_kill} answered; {} results for {} commands ({repeated} answered again), \
          {} charges, {:?}",
@@ -631,6 +819,26 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
 }
 
 impl Deployment {
+    /// Waits until the results topic holds `count` records (repeats included).
+    async fn wait_for_results(&mut self, count: i64, within: Duration) {
+        let deadline = Instant::now() + within;
+        let topic = self.settings.results_topic.clone();
+        loop {
+            self.assert_workers_running();
+            let so_far: i64 = self.high_watermarks(&topic).await.values().sum();
+            let committed = self.committed().await;
+            eprintln!("DEBUG {:?} results {so_far} committed {committed:?}", std::time::SystemTime::now());
+            if so_far >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {so_far} of {count} results after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn assert_workers_running_except(&mut self, slot: usize) {
         for (i, worker) in self.workers.iter_mut().enumerate() {
             if i != slot {
@@ -648,9 +856,15 @@ struct ChaosSize {
 
 fn chaos_size() -> ChaosSize {
     if std::env::var("CHAOS_LARGE").is_ok_and(|v| v == "1") {
-        ChaosSize { commands: 10_000, kills: 50 }
+        ChaosSize {
+            commands: 10_000,
+            kills: 50,
+        }
     } else {
-        ChaosSize { commands: 2000, kills: 10 }
+        ChaosSize {
+            commands: 2000,
+            kills: 10,
+        }
     }
 }
 
@@ -670,13 +884,19 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let started = Instant::now();
     let seed = chaos_seed();
     let size = chaos_size();
-    eprintln!("chaos: seed {seed} (CHAOS_SEED), {} commands, {} kills", size.commands, size.kills);
+    eprintln!(
+        "chaos: seed {seed} (CHAOS_SEED), {} commands, {} kills",
+        size.commands, size.kills
+    );
     let mut rng = StdRng::seed_from_u64(seed);
 
     let mut postgres = PrivatePostgres::start().await;
     let database_url = postgres.url("pw_chaos");
     // Created here, before three workers race to create it.
-    let pool = DatabaseSettings::with_url(&database_url).connect_and_migrate().await.unwrap();
+    let pool = DatabaseSettings::with_url(&database_url)
+        .connect_and_migrate()
+        .await
+        .unwrap();
     let mut redis = TestRedis::new().await;
     let gateway_seed = seed.to_string();
     let mut deployment = Deployment::start(
@@ -707,35 +927,46 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let records = worker::generate(&spec, &unique("chaos"));
 
     deployment.start_workers();
-    deployment.wait_for_stable_group(Duration::from_secs(90)).await;
+    deployment
+        .wait_for_stable_group(Duration::from_secs(90))
+        .await;
 
-    // The events, drawn up front from the seed: which rounds lose Redis, which one
-    // restarts Postgres. Each round publishes its share of the workload, waits a
-    // random moment, kills a random worker and restarts it after another one.
+    // The events, drawn from the seed: which rounds lose Redis, which one restarts
+    // Postgres. Round i strikes at a random point of the i-th slice of the work, so
+    // every strike hits workers that are busy (a kill stalls the group for a
+    // session timeout; strikes on a fixed clock would mostly hit a stalled group).
     let mut rounds: Vec<usize> = (0..size.kills).collect();
     let mut pick = |rng: &mut StdRng| rounds.remove(rng.random_range(0..rounds.len()));
     let flush_rounds = [pick(&mut rng), pick(&mut rng)];
     let postgres_round = pick(&mut rng);
-    let chunk = records.len().div_ceil(size.kills);
+    deployment.produce(&records).await;
     let mut flushed = Vec::new();
-    for (round, share) in records.chunks(chunk).enumerate() {
-        deployment.produce(share).await;
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..2500))).await;
+    for round in 0..size.kills {
+        let slice = records.len() as f64 / (size.kills + 1) as f64;
+        let threshold = (slice * (round as f64 + rng.random_range(0.3..1.0))) as i64;
+        deployment
+            .wait_for_results(threshold, Duration::from_secs(180))
+            .await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        let mut events = Vec::new();
         if flush_rounds.contains(&round) {
-            flushed.push(flush_prefix(&mut redis.conn, &redis.prefix).await);
+            let keys = flush_prefix(&mut redis.conn, &redis.prefix).await;
+            events.push(format!("Redis lost {keys} keys"));
+            flushed.push(keys);
         }
         if round == postgres_round {
             let down_for = Duration::from_millis(rng.random_range(200..1500));
             postgres.restart(down_for).await;
+            events.push(format!("Postgres restarted ({down_for:?} down)"));
         }
         let victim = rng.random_range(0..WORKERS);
         deployment.kill(victim);
+        events.push(format!("SIGKILL slot {victim}"));
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..2000))).await;
         deployment.restart(victim);
-        let so_far = deployment.high_watermarks(&deployment.settings.results_topic.clone()).await;
         eprintln!(
-            "chaos: round {round}: killed slot {victim}; {} results so far; {:?}",
-            so_far.values().sum::<i64>(),
+            "chaos: round {round} at {threshold}+ results: {}; {:?}",
+            events.join(", "),
             started.elapsed()
         );
     }
@@ -751,7 +982,9 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     // Replay from 0: workers stopped, the group rewound by `replay`, workers again.
     deployment.stop_workers().await;
     let ledger_before = deployment.ledger().await;
-    let results_end = deployment.high_watermarks(&deployment.settings.results_topic.clone()).await;
+    let results_end = deployment
+        .high_watermarks(&deployment.settings.results_topic.clone())
+        .await;
     let replay_env: HashMap<String, String> = [
         ("KAFKA_BROKERS", deployment.settings.brokers.as_str()),
         ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
@@ -761,13 +994,24 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     .collect();
     let (status, output) = procs::run_to_end(
         "replay",
-        procs::binary(&["replay", "--to-beginning", "--group", &deployment.settings.group_id], &replay_env),
+        procs::binary(
+            &[
+                "replay",
+                "--to-beginning",
+                "--group",
+                &deployment.settings.group_id,
+            ],
+            &replay_env,
+        ),
         Duration::from_secs(120),
     )
     .await;
     assert!(status.success(), "replay failed:\n{}", output.join("\n"));
     let rewound = deployment.committed().await;
-    assert!(rewound.values().all(|o| *o == 0), "the group starts over at 0: {rewound:?}");
+    assert!(
+        rewound.values().all(|o| *o == 0),
+        "the group starts over at 0: {rewound:?}"
+    );
     deployment.start_workers();
     let replayed = deployment
         .wait_until_settled(records.len(), results_end, Duration::from_secs(180))
@@ -808,9 +1052,22 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
 
     // The operator's audit agrees.
     let mut audit_env = deployment.worker_env.clone();
-    audit_env.retain(|k, _| ["DATABASE_URL", "REDIS_URL", "REDIS_KEY_PREFIX", "GATEWAY_URL", "LEASE"].contains(&k.as_str()));
-    let (status, output) =
-        procs::run_to_end("audit", procs::binary(&["audit"], &audit_env), Duration::from_secs(120)).await;
+    audit_env.retain(|k, _| {
+        [
+            "DATABASE_URL",
+            "REDIS_URL",
+            "REDIS_KEY_PREFIX",
+            "GATEWAY_URL",
+            "LEASE",
+        ]
+        .contains(&k.as_str())
+    });
+    let (status, output) = procs::run_to_end(
+        "audit",
+        procs::binary(&["audit"], &audit_env),
+        Duration::from_secs(120),
+    )
+    .await;
     assert!(status.success(), "audit failed:\n{}", output.join("\n"));
 
     eprintln!(

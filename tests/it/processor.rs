@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use payment_worker::configuration::DatabaseSettings;
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::gateway::{
     Charge, ChargeRequest, ChargeStatus, GatewayError, GatewaySimulator, HttpGateway, LedgerEntry,
-    PaymentGateway, RunningSimulator, SimulatorConfig,
+    PaymentGateway, RunningSimulator, SimulatorConfig, SlowKey,
 };
 use payment_worker::payment::{
     CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, RejectionKind,
@@ -257,7 +258,8 @@ const IN_FLIGHT: &str = "token in flight at another worker";
 // 32 processors, one command
 
 /// One round: `stores[i]` is processor i's token store. All start together.
-async fn race_round(rig: &Rig, stores: Vec<Arc<dyn TokenStore>>, key: &str) -> Uuid {
+/// Returns the payment and how many attempts found the token in flight.
+async fn race_round(rig: &Rig, stores: Vec<Arc<dyn TokenStore>>, key: &str) -> (Uuid, usize) {
     let n = stores.len();
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let command = command(key, 2500, "pm_card_visa");
@@ -276,8 +278,10 @@ async fn race_round(rig: &Rig, stores: Vec<Arc<dyn TokenStore>>, key: &str) -> U
         .collect();
     let mut winners = Vec::new();
     let mut duplicates = Vec::new();
+    let mut in_flight = 0;
     for task in tasks {
         let (outcome, retries) = task.await.unwrap();
+        in_flight += retries.len();
         // The only acceptable detour is waiting for the owner of the token.
         assert!(
             retries.iter().all(|r| r == IN_FLIGHT),
@@ -311,7 +315,7 @@ async fn race_round(rig: &Rig, stores: Vec<Arc<dyn TokenStore>>, key: &str) -> U
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0].0, rows[0].1.as_str()), (payment_id, "succeeded"));
     assert_eq!(rows[0].2.as_deref(), Some(transaction_id.as_str()));
-    payment_id
+    (payment_id, in_flight)
 }
 
 const RACERS: usize = 32;
@@ -320,9 +324,11 @@ const ROUNDS: usize = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_processors_sharing_redis_charge_once() {
     let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
+    let mut waited = 0;
     for round in 0..ROUNDS {
         let key = format!("race-redis-{round}");
-        let payment_id = race_round(&rig, vec![rig.tokens(); RACERS], &key).await;
+        let (payment_id, in_flight) = race_round(&rig, vec![rig.tokens(); RACERS], &key).await;
+        waited += in_flight;
         let token = rig.token(&key).await.unwrap();
         assert_eq!(
             (token.state, token.payment_id),
@@ -330,25 +336,37 @@ async fn thirty_two_processors_sharing_redis_charge_once() {
         );
         assert_eq!(token.fence, 1, "nobody took the lease over");
     }
+    assert!(waited > 0, "the processors really overlapped");
     assert_eq!(rig.gateway.charges(), ROUNDS, "one POST per round");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_processors_sharing_the_postgres_token_store_charge_once() {
     let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
-    let tokens: Arc<dyn TokenStore> = Arc::new(PostgresTokenStore::new(
-        rig.db.pool.clone(),
-        TokenPolicy::default(),
-    ));
+    // A pool of its own, smaller than the racers: the statements still contend on
+    // the row, and the test leaves Postgres connections for everything else running.
+    let token_pool = DatabaseSettings {
+        max_connections: 12,
+        ..DatabaseSettings::with_url(&rig.db.url)
+    }
+    .connect()
+    .await
+    .unwrap();
+    let tokens: Arc<dyn TokenStore> =
+        Arc::new(PostgresTokenStore::new(token_pool, TokenPolicy::default()));
+    let mut waited = 0;
     for round in 0..ROUNDS {
         let key = format!("race-pg-{round}");
-        let payment_id = race_round(&rig, vec![Arc::clone(&tokens); RACERS], &key).await;
+        let (payment_id, in_flight) =
+            race_round(&rig, vec![Arc::clone(&tokens); RACERS], &key).await;
+        waited += in_flight;
         let token = tokens.show(&ikey(&key)).await.unwrap().unwrap();
         assert_eq!(
             (token.state, token.payment_id),
             (TokenState::Completed, Some(payment_id))
         );
     }
+    assert!(waited > 0, "the processors really overlapped");
     assert_eq!(rig.gateway.charges(), ROUNDS, "one POST per round");
 }
 
@@ -370,7 +388,19 @@ async fn thirty_two_holders_of_a_reservation_are_serialised_by_postgres() {
                 )) as Arc<dyn TokenStore>
             })
             .collect();
-        race_round(&rig, stores, &key).await;
+        let (payment_id, in_flight) = race_round(&rig, stores.clone(), &key).await;
+        assert_eq!(
+            in_flight, 0,
+            "nobody shares a token, so nobody waits on one"
+        );
+        // Every processor held its own reservation and settled it on the one row.
+        for store in &stores {
+            let token = store.show(&ikey(&key)).await.unwrap().unwrap();
+            assert_eq!(
+                (token.state, token.fence, token.payment_id),
+                (TokenState::Completed, 1, Some(payment_id))
+            );
+        }
     }
     assert_eq!(rig.gateway.charges(), ROUNDS, "one POST per round");
 }
@@ -480,6 +510,8 @@ fn process_flags(rig: &Rig, lookup: &str) -> Vec<String> {
         "implicit",
         "--gateway-url",
         &rig.simulator.url(),
+        "--database-max-connections",
+        "4",
         "--lease",
         "1s",
         "--gateway-lookup",
@@ -750,6 +782,141 @@ async fn a_declined_payment_is_final_and_a_replay_is_a_duplicate() {
 }
 
 // ---------------------------------------------------------------------------
+// Slow charges: the lease is renewed, and a lost lease cannot commit
+
+fn slow(key: &str, millis: u64) -> SimulatorConfig {
+    SimulatorConfig {
+        slow_keys: vec![SlowKey {
+            key: ikey(key),
+            delay: Duration::from_millis(millis),
+        }],
+        ..SimulatorConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_charge_renews_its_lease_so_a_second_worker_waits() {
+    let key = "slow-1";
+    let rig = Rig::new(slow(key, 2500), short_lease()).await;
+    let cmd = command(key, 640, "pm_card_visa");
+    let first = {
+        let (processor, cmd) = (rig.processor("a"), cmd.clone());
+        tokio::spawn(async move { processor.process(&cmd, &CommandContext::default()).await })
+    };
+    // Well past the 1 s lease the reservation started with.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let second = rig.processor("b");
+    let during = second.process(&cmd, &CommandContext::default()).await;
+    assert!(
+        matches!(&during, Outcome::Retry { reason, .. } if reason == IN_FLIGHT),
+        "{during:?}"
+    );
+
+    let first = first.await.unwrap();
+    assert!(matches!(first, Outcome::Succeeded { .. }), "{first:?}");
+    let (later, _) = until_final(&second, &cmd).await;
+    let payment_id = rig.assert_charged_once(key).await;
+    assert_eq!(later, Outcome::Duplicate { payment_id });
+    assert_eq!(rig.token(key).await.unwrap().fence, 1, "never taken over");
+}
+
+/// I5: Redis loses the token while a slow charge runs and another worker reserves
+/// it afresh. The first worker's renewal is refused, so it must not commit; the
+/// second one waits on the unique key, then records the same charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_lost_its_lease_during_the_charge_does_not_commit() {
+    let key = "fenced-1";
+    let rig = Rig::new(slow(key, 2000), short_lease()).await;
+    let cmd = command(key, 640, "pm_card_visa");
+    let first = {
+        let (processor, cmd) = (rig.processor("a"), cmd.clone());
+        tokio::spawn(async move { processor.process(&cmd, &CommandContext::default()).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.ledger_for(key).is_empty() {
+        assert!(Instant::now() < deadline, "the first charge never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rig.forget_token(key).await;
+    let second = {
+        let (processor, cmd) = (rig.processor("b"), cmd.clone());
+        tokio::spawn(async move { until_final(&processor, &cmd).await })
+    };
+
+    let first = first.await.unwrap();
+    assert_eq!(
+        first,
+        Outcome::Retry {
+            after: Duration::ZERO,
+            reason: "lease lost during the gateway call".to_owned()
+        }
+    );
+    let (second, _) = second.await.unwrap();
+    let Outcome::Succeeded {
+        payment_id,
+        transaction_id,
+    } = second
+    else {
+        panic!("{second:?}")
+    };
+    let ledger = rig.ledger_for(key);
+    assert_eq!(ledger.len(), 1, "one charge");
+    assert_eq!(ledger[0].transaction_id, transaction_id);
+    let rows = rig.rows(key).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (rows[0].0, rows[0].2.as_deref()),
+        (payment_id, Some(transaction_id.as_str()))
+    );
+    let token = rig.token(key).await.unwrap();
+    assert_eq!(
+        (token.state, token.payment_id),
+        (TokenState::Completed, Some(payment_id))
+    );
+}
+
+/// SPEC §4: a key used again with another request is `key_reused`, never booked.
+/// When the first request charged and crashed before recording, the look-up that
+/// a later reservation (fence > 1) makes returns only `{transaction_id, status}`,
+/// so the processor records that charge under the second request's amount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known bug: a charge found by look-up is not compared with the command (Charge carries no amount/currency)"]
+async fn a_reused_key_after_a_crash_after_charge_is_rejected() {
+    let rig = Rig::new(SimulatorConfig::default(), short_lease()).await;
+    let key = "reused-after-crash";
+    let first = rig
+        .processor("a")
+        .with_faults(Faults::fail_at(FaultPoint::AfterCharge))
+        .process(
+            &command(key, 100, "pm_card_visa"),
+            &CommandContext::default(),
+        )
+        .await;
+    assert!(matches!(first, Outcome::Retry { .. }), "{first:?}");
+    let (second, _) = until_final(&rig.processor("b"), &command(key, 20_000, "pm_card_visa")).await;
+    assert!(
+        matches!(
+            second,
+            Outcome::Rejected {
+                kind: RejectionKind::KeyReused,
+                ..
+            }
+        ),
+        "{second:?}"
+    );
+    let booked: Vec<(i64,)> =
+        sqlx::query_as("SELECT amount_minor FROM payments WHERE idempotency_key = $1")
+            .bind(key)
+            .fetch_all(&rig.db.pool)
+            .await
+            .unwrap();
+    assert!(
+        booked.iter().all(|(amount,)| *amount == 100),
+        "a row must never claim an amount the gateway did not charge: {booked:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Key reuse, Redis loss, issued tokens
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -953,10 +1120,13 @@ fn raw(text: &str) -> Option<Vec<u8>> {
     Some(text.as_bytes().to_vec())
 }
 
+/// Builds a record value from its Kafka key.
+type Payload = Box<dyn Fn(&str) -> Option<Vec<u8>>>;
+
 /// (Kafka key, value, the reason code it must be refused with).
 fn invalid_table() -> Vec<(String, Option<Vec<u8>>, &'static str)> {
     use serde_json::json;
-    let cases: Vec<(Box<dyn Fn(&str) -> Option<Vec<u8>>>, &'static str)> = vec![
+    let cases: Vec<(Payload, &'static str)> = vec![
         (Box::new(|_| None), "empty_payload"),
         (Box::new(|_| raw(" \n\t ")), "empty_payload"),
         (Box::new(|_| Some(vec![0xff, 0xfe, 0x00])), "not_utf8"),

@@ -72,14 +72,22 @@ impl Proc {
     pub fn spawn(name: impl Into<String>, mut command: Command) -> Self {
         let name = name.into();
         die_with_parent(&mut command);
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = command
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {name}: {e}"));
         let lines: Lines = Arc::default();
         collect(child.stdout.take().unwrap(), Arc::clone(&lines));
         collect(child.stderr.take().unwrap(), Arc::clone(&lines));
-        Self { name, child, lines, exited: None }
+        Self {
+            name,
+            child,
+            lines,
+            exited: None,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -115,7 +123,11 @@ impl Proc {
     /// Panics with the process's last output if it ended on its own.
     pub fn assert_running(&mut self) {
         if let Some(status) = self.exit_status() {
-            panic!("{} exited on its own ({status}); its last output:\n{}", self.name, self.tail(60));
+            panic!(
+                "{} exited on its own ({status}); its last output:\n{}",
+                self.name,
+                self.tail(60)
+            );
         }
     }
 
@@ -154,11 +166,20 @@ impl Proc {
     pub async fn stop(&mut self, within: Duration) {
         self.signal(Signal::SIGTERM);
         let status = self.wait_exit(within).await;
-        assert!(status.success(), "{} ended with {status} after SIGTERM:\n{}", self.name, self.tail(60));
+        assert!(
+            status.success(),
+            "{} ended with {status} after SIGTERM:\n{}",
+            self.name,
+            self.tail(60)
+        );
     }
 
     /// Waits for the first line for which `pick` returns something.
-    pub async fn wait_for<T>(&mut self, within: Duration, mut pick: impl FnMut(&str) -> Option<T>) -> T {
+    pub async fn wait_for<T>(
+        &mut self,
+        within: Duration,
+        mut pick: impl FnMut(&str) -> Option<T>,
+    ) -> T {
         let deadline = Instant::now() + within;
         loop {
             if let Some(found) = self.lines.lock().unwrap().iter().find_map(|l| pick(l)) {
@@ -170,7 +191,11 @@ impl Proc {
                 if let Some(found) = self.lines.lock().unwrap().iter().find_map(|l| pick(l)) {
                     return found;
                 }
-                panic!("{} ended ({status}) before the expected line:\n{}", self.name, self.tail(60));
+                panic!(
+                    "{} ended ({status}) before the expected line:\n{}",
+                    self.name,
+                    self.tail(60)
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -189,6 +214,12 @@ impl Drop for Proc {
             eprintln!("---- last output of {} ----\n{}", self.name, self.tail(40));
         }
         self.sigkill();
+        // For a post-mortem of a passing run too: PW_TEST_LOG_DIR keeps every log.
+        if let Ok(dir) = std::env::var("PW_TEST_LOG_DIR") {
+            let path = Path::new(&dir).join(format!("{}-{}.log", self.child.id(), self.name));
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(path, self.lines().join("\n"));
+        }
     }
 }
 
@@ -206,7 +237,11 @@ pub fn binary(args: &[&str], env: &HashMap<String, String>) -> Command {
 }
 
 /// Runs a short command (produce, replay, audit) to its end; returns its output.
-pub async fn run_to_end(name: &str, command: Command, within: Duration) -> (ExitStatus, Vec<String>) {
+pub async fn run_to_end(
+    name: &str,
+    command: Command,
+    within: Duration,
+) -> (ExitStatus, Vec<String>) {
     let mut proc = Proc::spawn(name, command);
     let status = proc.wait_exit(within).await;
     // The reader threads finish right after the pipes close.
@@ -220,7 +255,9 @@ pub async fn dev_kafka(partitions: i32) -> (Proc, String) {
     let command = binary(&["dev-kafka", "--partitions", &partitions], &HashMap::new());
     let mut proc = Proc::spawn("dev-kafka", command);
     let bootstrap = proc
-        .wait_for(Duration::from_secs(30), |l| l.strip_prefix("dev-kafka bootstrap ").map(str::to_owned))
+        .wait_for(Duration::from_secs(30), |l| {
+            l.strip_prefix("dev-kafka bootstrap ").map(str::to_owned)
+        })
         .await;
     (proc, bootstrap)
 }
@@ -231,7 +268,10 @@ pub async fn gateway_sim(flags: &[&str]) -> (Proc, String) {
     args.extend_from_slice(flags);
     let mut proc = Proc::spawn("gateway-sim", binary(&args, &HashMap::new()));
     let addr = proc
-        .wait_for(Duration::from_secs(30), |l| l.strip_prefix("gateway-sim listening on ").map(str::to_owned))
+        .wait_for(Duration::from_secs(30), |l| {
+            l.strip_prefix("gateway-sim listening on ")
+                .map(str::to_owned)
+        })
         .await;
     (proc, format!("http://{addr}"))
 }
@@ -247,7 +287,9 @@ pub fn membership(line: &str) -> Option<Membership> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
     let fields = value.get("fields")?;
     match fields.get("message")?.as_str()? {
-        "assigned" => Some(Membership::Assigned(fields.get("partitions")?.as_u64()? as usize)),
+        "assigned" => Some(Membership::Assigned(
+            fields.get("partitions")?.as_u64()? as usize
+        )),
         m if m.starts_with("revoked") => Some(Membership::Revoked),
         _ => None,
     }
@@ -263,7 +305,9 @@ pub fn current_membership(proc: &Proc) -> Option<Membership> {
 // that share the machine's Postgres.
 
 fn is_root() -> bool {
-    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
 }
 
 fn postgres_user() -> (u32, u32) {
@@ -272,7 +316,8 @@ fn postgres_user() -> (u32, u32) {
         .lines()
         .find_map(|l| {
             let fields: Vec<&str> = l.split(':').collect();
-            (fields.first() == Some(&"postgres")).then(|| (fields[2].parse().unwrap(), fields[3].parse().unwrap()))
+            (fields.first() == Some(&"postgres"))
+                .then(|| (fields[2].parse().unwrap(), fields[3].parse().unwrap()))
         })
         .expect("no postgres user to run a private server as")
 }
@@ -289,7 +334,11 @@ fn postgres_bindir() -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub struct PrivatePostgres {
@@ -310,10 +359,25 @@ impl PrivatePostgres {
         }
         let data = dir.join("data");
         let mut initdb = Self::as_postgres(&postgres_bindir().join("initdb"));
-        initdb.args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"]).arg(&data);
+        initdb
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(&data);
         let (status, lines) = run_to_end("initdb", initdb, Duration::from_secs(120)).await;
         assert!(status.success(), "initdb failed:\n{}", lines.join("\n"));
-        let mut pg = Self { dir, port: free_port(), server: None, restarts: 0 };
+        let mut pg = Self {
+            dir,
+            port: free_port(),
+            server: None,
+            restarts: 0,
+        };
         pg.launch().await;
         pg
     }
@@ -324,7 +388,14 @@ impl PrivatePostgres {
             // setpriv sets the death signal after switching users (a uid change
             // clears one set earlier).
             command
-                .args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--pdeathsig", "KILL", "--"])
+                .args([
+                    "--reuid=postgres",
+                    "--regid=postgres",
+                    "--init-groups",
+                    "--pdeathsig",
+                    "KILL",
+                    "--",
+                ])
                 .arg(program);
             command
         } else {
@@ -338,12 +409,21 @@ impl PrivatePostgres {
             .arg("-D")
             .arg(self.dir.join("data"))
             .args(["-p", &self.port.to_string()])
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=300"])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=300",
+            ])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", self.dir.display()));
         let mut server = Proc::spawn("private-postgres", command);
         server
-            .wait_for(Duration::from_secs(60), |l| l.contains("ready to accept connections").then_some(()))
+            .wait_for(Duration::from_secs(60), |l| {
+                l.contains("ready to accept connections").then_some(())
+            })
             .await;
         self.server = Some(server);
     }
