@@ -119,11 +119,15 @@ pub async fn audit(
         }
         if !rows_by_key.contains_key(key) {
             let entry = entries[0];
+            let status = match entry.status {
+                ChargeStatus::Approved => "approved",
+                ChargeStatus::Declined => "declined",
+            };
             report.charges_without_row.push(
                 key,
                 format!(
-                    "{} {} {:?} {}",
-                    entry.transaction_id, entry.amount_minor, entry.status, entry.currency
+                    "{} {status} {} {}",
+                    entry.transaction_id, entry.amount_minor, entry.currency
                 ),
             );
         }

@@ -437,3 +437,80 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
         String::from_utf8_lossy(&output.stdout)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_works_on_the_postgres_token_store_too() {
+    use payment_worker::token::PostgresTokenStore;
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let store = |lease| -> Arc<dyn TokenStore> {
+        Arc::new(PostgresTokenStore::new(
+            stack.db.pool.clone(),
+            TokenPolicy {
+                lease,
+                ..TokenPolicy::default()
+            },
+        ))
+    };
+    let short = store(SHORT_LEASE);
+    let tokens = store(Duration::from_secs(5));
+    // Committed but never confirmed, and reserved but never processed.
+    let crashed = Processor::new(
+        Arc::clone(&short),
+        Arc::clone(&stack.gateway),
+        stack.db.pool.clone(),
+        GatewayLookup::Uncertain,
+        "crashed",
+    )
+    .with_faults(Faults::fail_at(FaultPoint::AfterCommit));
+    let outcome = crashed
+        .process(
+            &command("pg-crash", 300, "pm_card_visa"),
+            &CommandContext::default(),
+        )
+        .await;
+    assert!(matches!(outcome, Outcome::Succeeded { .. }), "{outcome:?}");
+    assert!(matches!(
+        short.reserve(&key("pg-abandoned"), "gone:1").await.unwrap(),
+        Reservation::Reserved { .. }
+    ));
+    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(200)).await;
+
+    let run = |repair| {
+        let tokens = Arc::clone(&tokens);
+        let stack = &stack;
+        async move {
+            audit(
+                &stack.db.pool,
+                tokens.as_ref(),
+                stack.gateway.as_ref(),
+                &AuditOptions {
+                    repair,
+                    key_prefix: None,
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let report = run(false).await;
+    let mut stuck = report.stuck_tokens.keys();
+    stuck.sort();
+    assert_eq!(stuck, ["pg-abandoned", "pg-crash"], "{}", report.to_table());
+    let report = run(true).await;
+    assert_eq!(
+        report.token_inconsistencies_repaired,
+        2,
+        "{}",
+        report.to_table()
+    );
+    assert!(report.is_clean(), "{}", report.to_table());
+    let row_id = payment_id_of(&stack, "pg-crash").await;
+    let view = tokens.show(&key("pg-crash")).await.unwrap().unwrap();
+    assert_eq!(
+        (view.state, view.payment_id),
+        (TokenState::Completed, Some(row_id))
+    );
+    let view = tokens.show(&key("pg-abandoned")).await.unwrap().unwrap();
+    assert_eq!(view.state, TokenState::Pending);
+    assert!(run(false).await.is_clean());
+}

@@ -28,7 +28,6 @@ const PARTITIONS: i32 = 6;
 const WORKERS: usize = 3;
 /// Workers ask for this; the group's first assignment after a SIGKILL waits for it.
 const SESSION_TIMEOUT: &str = "6s";
-const LEASE: Duration = Duration::from_secs(5);
 
 /// The deployment of one test: a dev-kafka process, a gateway-sim process and the
 /// worker processes of one consumer group, all sharing one database and Redis prefix.
@@ -169,17 +168,25 @@ impl Deployment {
         }
     }
 
-    async fn produce(&self, records: &[WorkloadRecord]) {
-        let producer: rdkafka::producer::FutureProducer =
-            worker::producer_config(&self.settings).create().unwrap();
-        worker::publish_records(
-            &producer,
-            &self.settings.commands_topic,
-            PARTITIONS,
-            records,
-        )
-        .await
-        .unwrap();
+    /// Publishes `records` in the background, `per_tick` every 200 ms: the workers
+    /// are kept busy for the whole run instead of finishing a backlog in seconds.
+    fn produce_paced(
+        &self,
+        records: &[WorkloadRecord],
+        per_tick: usize,
+    ) -> tokio::task::JoinHandle<()> {
+        let settings = self.settings.clone();
+        let records = records.to_vec();
+        tokio::spawn(async move {
+            let producer: rdkafka::producer::FutureProducer =
+                worker::producer_config(&settings).create().unwrap();
+            for chunk in records.chunks(per_tick) {
+                worker::publish_records(&producer, &settings.commands_topic, PARTITIONS, chunk)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
     }
 
     async fn read(&self, topic: &str, from: HashMap<i32, i64>) -> Vec<OwnedMessage> {
@@ -682,6 +689,15 @@ impl Books<'_> {
     }
 }
 
+/// Payments decided under a reservation that was not the key's first (a takeover
+/// after a kill, a retry after a restore): evidence the faults hit work in flight.
+async fn later_reservations(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM payments WHERE fence > 1")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 fn answered(results: &[ResultRecord]) -> usize {
     results
         .iter()
@@ -732,20 +748,7 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
 
     // The workload arrives over several seconds, so the kill lands while commands
     // are still coming in and in flight.
-    let producer = {
-        let settings = deployment.settings.clone();
-        let records = records.clone();
-        tokio::spawn(async move {
-            let producer: rdkafka::producer::FutureProducer =
-                worker::producer_config(&settings).create().unwrap();
-            for chunk in records.chunks(50) {
-                worker::publish_records(&producer, &settings.commands_topic, PARTITIONS, chunk)
-                    .await
-                    .unwrap();
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-    };
+    let producer = deployment.produce_paced(&records, 50);
 
     let victim = 1;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -809,16 +812,33 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
         .count();
     eprintln!(
         "multiprocess: 1 SIGKILL at {at_kill} answered; {} results for {} commands ({repeated} answered again), \
-         {} charges, {:?}",
+         {} charges, {} payments under a later reservation; {:?}",
         results.len(),
         records.len(),
         ledger.len(),
+        later_reservations(&db.pool).await,
         started.elapsed()
     );
     flush_prefix(&mut redis.conn, &redis.prefix).await;
 }
 
 impl Deployment {
+    /// Waits until every live worker is past its start-up (connected to Postgres and
+    /// Redis): a worker that cannot reach Postgres at start exits, by design.
+    async fn wait_until_connected(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        for worker in &mut self.workers {
+            let left = deadline.saturating_duration_since(Instant::now());
+            worker
+                .wait_for(left, |l| {
+                    procs::message(l)
+                        .filter(|m| m.starts_with("connected;"))
+                        .map(|_| ())
+                })
+                .await;
+        }
+    }
+
     /// Waits until the results topic holds `count` records (repeats included).
     async fn wait_for_results(&mut self, count: i64, within: Duration) {
         let deadline = Instant::now() + within;
@@ -826,8 +846,6 @@ impl Deployment {
         loop {
             self.assert_workers_running();
             let so_far: i64 = self.high_watermarks(&topic).await.values().sum();
-            let committed = self.committed().await;
-            eprintln!("DEBUG {:?} results {so_far} committed {committed:?}", std::time::SystemTime::now());
             if so_far >= count {
                 return;
             }
@@ -911,6 +929,9 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
             "0.02",
             "--late-by-ms",
             "1500",
+            // Every charge is in flight for a while, so a kill interrupts some.
+            "--latency-ms",
+            "100",
             "--seed",
             &gateway_seed,
         ],
@@ -932,14 +953,15 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
         .await;
 
     // The events, drawn from the seed: which rounds lose Redis, which one restarts
-    // Postgres. Round i strikes at a random point of the i-th slice of the work, so
-    // every strike hits workers that are busy (a kill stalls the group for a
-    // session timeout; strikes on a fixed clock would mostly hit a stalled group).
+    // Postgres. The workload trickles in for the whole run; round i strikes at a
+    // random point of the i-th slice of the answers, so every strike hits workers
+    // that are making progress (a kill stalls the group for a session timeout;
+    // strikes on a fixed clock would mostly hit a stalled group).
     let mut rounds: Vec<usize> = (0..size.kills).collect();
     let mut pick = |rng: &mut StdRng| rounds.remove(rng.random_range(0..rounds.len()));
     let flush_rounds = [pick(&mut rng), pick(&mut rng)];
     let postgres_round = pick(&mut rng);
-    deployment.produce(&records).await;
+    let producer = deployment.produce_paced(&records, 20);
     let mut flushed = Vec::new();
     for round in 0..size.kills {
         let slice = records.len() as f64 / (size.kills + 1) as f64;
@@ -955,6 +977,9 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
             flushed.push(keys);
         }
         if round == postgres_round {
+            deployment
+                .wait_until_connected(Duration::from_secs(60))
+                .await;
             let down_for = Duration::from_millis(rng.random_range(200..1500));
             postgres.restart(down_for).await;
             events.push(format!("Postgres restarted ({down_for:?} down)"));
@@ -970,6 +995,7 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
             started.elapsed()
         );
     }
+    producer.await.unwrap();
     assert_eq!(deployment.kills, size.kills);
     assert_eq!(flushed.len(), 2, "Redis lost its data twice");
     assert_eq!(postgres.restarts, 1, "Postgres restarted once");
@@ -1032,8 +1058,8 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
         assert!(outcome_ok, "replayed {position:?} answered {answers:?}");
     }
 
-    // Leases of anything a kill interrupted have run out by now; none may be left.
-    tokio::time::sleep(LEASE).await;
+    // The replay passed over every key after the last fault and nothing runs now, so
+    // a token still `processing` (expired lease or not) would be stuck for good.
     let mut results = first_pass;
     results.extend(replayed);
     let dead_letters = deployment.dead_letters().await;
@@ -1072,10 +1098,13 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
 
     eprintln!(
         "chaos: seed {seed}: {} kills, Redis flushed twice ({flushed:?} keys), Postgres restarted once; \
-         {} commands, {} charges, {} dead letters; took {:?}",
+         {} commands, {} charges ({} POSTed more than once), {} payments under a later reservation, \
+         {} dead letters; took {:?}",
         deployment.kills,
         records.len(),
         ledger.len(),
+        ledger.iter().filter(|e| e.attempts > 1).count(),
+        later_reservations(&pool).await,
         dead_letters.len(),
         started.elapsed()
     );

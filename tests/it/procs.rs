@@ -283,6 +283,16 @@ pub enum Membership {
     Revoked,
 }
 
+/// The `message` of a JSON log line.
+pub fn message(line: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    value
+        .get("fields")?
+        .get("message")?
+        .as_str()
+        .map(str::to_owned)
+}
+
 pub fn membership(line: &str) -> Option<Membership> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
     let fields = value.get("fields")?;
@@ -378,8 +388,13 @@ impl PrivatePostgres {
             server: None,
             restarts: 0,
         };
-        pg.launch().await;
-        pg
+        for _ in 0..5 {
+            if pg.launch().await {
+                return pg;
+            }
+            pg.port = free_port();
+        }
+        panic!("private Postgres never started");
     }
 
     fn as_postgres(program: &Path) -> Command {
@@ -403,7 +418,9 @@ impl PrivatePostgres {
         }
     }
 
-    async fn launch(&mut self) {
+    /// Starts the server on `self.port`; false when it ended before it was ready
+    /// (the port was taken meanwhile).
+    async fn launch(&mut self) -> bool {
         let mut command = Self::as_postgres(&postgres_bindir().join("postgres"));
         command
             .arg("-D")
@@ -420,12 +437,26 @@ impl PrivatePostgres {
             .arg("-c")
             .arg(format!("unix_socket_directories={}", self.dir.display()));
         let mut server = Proc::spawn("private-postgres", command);
-        server
-            .wait_for(Duration::from_secs(60), |l| {
-                l.contains("ready to accept connections").then_some(())
-            })
-            .await;
-        self.server = Some(server);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if server
+                .find_last(|l| l.contains("ready to accept connections").then_some(()))
+                .is_some()
+            {
+                self.server = Some(server);
+                return true;
+            }
+            if !server.is_running() {
+                eprintln!("private Postgres did not start:\n{}", server.tail(20));
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "private Postgres not ready:\n{}",
+                server.tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     pub fn url(&self, database: &str) -> String {
@@ -439,7 +470,7 @@ impl PrivatePostgres {
         server.signal(Signal::SIGINT);
         server.wait_exit(Duration::from_secs(60)).await;
         tokio::time::sleep(down_for).await;
-        self.launch().await;
+        assert!(self.launch().await, "private Postgres did not come back");
         self.restarts += 1;
     }
 }

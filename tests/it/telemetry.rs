@@ -228,9 +228,11 @@ async fn the_binary_exports_spans_and_metrics_over_otlp() {
     let trace = TraceId::from_hex(&uuid::Uuid::new_v4().simple().to_string()).unwrap();
     produce_traced(&stack, &key, &format!("00-{trace}-00f067aa0ba902b7-01")).await;
 
+    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payment-worker"))
         .arg("run")
         .env_clear()
+        .env("HEALTH_LISTEN", health.to_string())
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("KAFKA_BROKERS", &stack.settings.brokers)
         .env("KAFKA_GROUP_ID", &stack.settings.group_id)
@@ -249,6 +251,10 @@ async fn the_binary_exports_spans_and_metrics_over_otlp() {
         .spawn()
         .unwrap();
     stack.wait_for_results(1, Duration::from_secs(60)).await;
+    for path in ["healthz", "readyz"] {
+        let response = reqwest::get(format!("http://{health}/{path}")).await.unwrap();
+        assert_eq!(response.status(), 200, "/{path}");
+    }
     let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
