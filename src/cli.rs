@@ -146,9 +146,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let processor = Arc::new(processor.build(&worker_id).await?);
             let handler = startup::handler(processor, &kafka, &worker)?;
             let health = worker::serve_health(worker.health_listen).await?;
-            // Past this line a Postgres or Redis outage no longer stops the process
-            // (it retries per command); before it, start-up fails fast.
-            tracing::info!(%worker_id, "connected; joining the consumer group");
             let shutdown = async {
                 startup::shutdown_signal().await;
                 // Orchestrators stop routing to a draining member.

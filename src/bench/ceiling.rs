@@ -15,6 +15,7 @@ use indicatif::ProgressBar;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::cpu;
 use super::report::LoopReport;
 use crate::gateway::{Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
 use crate::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition};
@@ -80,7 +81,7 @@ impl PaymentGateway for ApprovingGateway {
             status: ChargeStatus::Approved,
         })
     }
-    async fn lookup(&self, _: &IdempotencyKey) -> Result<Option<Charge>, GatewayError> {
+    async fn lookup(&self, _: &IdempotencyKey) -> Result<Option<LedgerEntry>, GatewayError> {
         Ok(None)
     }
     async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError> {
@@ -107,6 +108,7 @@ where
     let operation = Arc::new(operation);
     let next = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
+    let cpu_before = cpu::sample(None);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
@@ -127,12 +129,14 @@ where
     }
     while tasks.join_next().await.is_some() {}
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = cpu_before.cost_until(&cpu::sample(None), count, elapsed);
     LoopReport {
         operations: count,
         concurrency,
         elapsed_s: elapsed,
         per_s: count as f64 / elapsed.max(1e-9),
         failures: failures.load(Ordering::Relaxed),
+        cpu: Some(cpu),
     }
 }
 

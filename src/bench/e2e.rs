@@ -25,6 +25,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 
 use super::audit::{self, AuditReport};
+use super::cpu;
 use super::ceiling::command_json;
 use super::report::{LatencySummary, PhaseReport};
 use super::rss::read_memory;
@@ -36,6 +37,12 @@ use crate::worker::{self, LocalKafka, ResultRecord, RunningWorker};
 
 /// A phase that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(60);
+
+/// librdkafka's mock broker answers a fetch that finds no data only after the full
+/// `fetch.wait.max.ms` (default 500), even when records arrive meanwhile; a real
+/// broker answers as soon as they do. The bench's consumers wait at most this
+/// long, so idle latency measures the worker rather than the mock.
+pub const MOCK_FETCH_WAIT_MS: u32 = 5;
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -149,8 +156,7 @@ impl ResultsReader {
             .set("group.id", format!("{}-reader", kafka.group_id))
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
-            // Results arrive one by one; do not hold a fetch open waiting for more.
-            .set("fetch.wait.max.ms", "5");
+            .set("fetch.wait.max.ms", MOCK_FETCH_WAIT_MS.to_string());
         let consumer: BaseConsumer = config.create().context("creating the results reader")?;
         let mut list = TopicPartitionList::new();
         for p in 0..partitions {
@@ -268,6 +274,8 @@ pub struct Bed {
     pub database_max_connections: u32,
     pub redis_url: String,
     pub redis_prefix: String,
+    /// Write each phase's per-command timings here as CSV (profiling).
+    pub samples_dir: Option<PathBuf>,
 }
 
 enum Running {
@@ -304,7 +312,12 @@ impl Bed {
             self.key_prefix(phase),
         ));
         let handler = crate::startup::handler(processor, kafka, &self.worker)?;
-        worker::start(kafka, &self.worker, handler)
+        // The consumer only: producers would log the consumer setting as ignored.
+        let mut consumer = kafka.clone();
+        consumer
+            .extra
+            .push(("fetch.wait.max.ms".into(), MOCK_FETCH_WAIT_MS.to_string()));
+        worker::start(&consumer, &self.worker, handler)
     }
 
     /// `payment-worker run`, configured through its environment variables.
@@ -314,6 +327,8 @@ impl Bed {
         let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let child = std::process::Command::new(exe)
             .arg("run")
+            .arg("--kafka-config")
+            .arg(format!("fetch.wait.max.ms={MOCK_FETCH_WAIT_MS}"))
             .env("KAFKA_BROKERS", &kafka.brokers)
             .env("KAFKA_GROUP_ID", &kafka.group_id)
             .env("COMMANDS_TOPIC", &kafka.commands_topic)
@@ -369,6 +384,8 @@ impl Bed {
             }
         };
 
+        let cpu_before: cpu::CpuSample;
+        let processing_since: Instant;
         let (sent, running, measured_from, offered) = match load {
             Load::Backlog(count) => {
                 bar.set_length(count as u64);
@@ -377,6 +394,8 @@ impl Bed {
                 bar.set_position(0);
                 bar.reset_elapsed();
                 bar.set_message("processing");
+                cpu_before = cpu::sample(None);
+                processing_since = Instant::now();
                 (sent, start(self)?, i64::MIN, None)
             }
             Load::Paced { rate, seconds, warmup } => {
@@ -387,6 +406,8 @@ impl Bed {
                 wait_for_assignment(&running, self.partitions as usize).await?;
                 bar.set_message(format!("paced at {rate:.0}/s"));
                 let measured_from = now_ms() + (warmup * 1000.0) as i64;
+                cpu_before = cpu::sample(None);
+                processing_since = Instant::now();
                 let producing = produce_paced(&self.producer, &kafka.commands_topic, &key_prefix, count, rate);
                 tokio::pin!(producing);
                 let sent = loop {
@@ -403,13 +424,18 @@ impl Bed {
         };
         let mut running = running;
         let waited = wait_for_answers(&reader, sent.len(), bar, &mut running).await;
-        let worker_memory = match &running {
-            Running::Process { child, .. } => read_memory(Some(child.id())),
+        let child = match &running {
+            Running::Process { child, .. } => Some(child.id()),
             Running::InProcess(_) => None,
         };
+        let worker_memory = child.and_then(|pid| read_memory(Some(pid)));
+        let cpu_cost = cpu_before.cost_until(&cpu::sample(child), sent.len(), processing_since.elapsed().as_secs_f64());
         stop(running).await?;
         let observations = reader.finish().await?;
         waited?;
+        if let Some(dir) = &self.samples_dir {
+            write_samples(&dir.join(format!("{phase}.csv")), &sent, &observations)?;
+        }
 
         let rows = audit::rows_with_prefix(&self.admin, &format!("{key_prefix}-")).await?;
         let ledger = simulator.ledger();
@@ -425,8 +451,29 @@ impl Bed {
         report.gateway_latency_ms = gateway_latency_ms;
         report.offered_per_s = offered;
         report.worker_peak_rss_mib = worker_memory.map(|m| m.peak_mib());
+        report.cpu = Some(cpu_cost);
         Ok(PhaseOutcome { report, audit })
     }
+}
+
+/// One line per answered command: where it was, when it was produced, when its
+/// result was produced and when the reader saw it (Unix milliseconds).
+fn write_samples(path: &std::path::Path, sent: &HashMap<Position, i64>, observations: &[Observation]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    writeln!(out, "partition,offset,sent_ms,result_ms,seen_ms,outcome")?;
+    for o in observations {
+        let at = sent.get(&o.source).copied().unwrap_or(-1);
+        writeln!(
+            out,
+            "{},{},{at},{},{},{}",
+            o.source.0, o.source.1, o.produced_ms, o.seen_ms, o.outcome
+        )?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 fn summarize(sent: &HashMap<Position, i64>, observations: &[Observation], measured_from: i64) -> PhaseReport {

@@ -3,6 +3,7 @@
 //! a noisy machine.
 mod audit;
 mod ceiling;
+mod cpu;
 mod e2e;
 mod report;
 mod rss;

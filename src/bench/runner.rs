@@ -56,6 +56,13 @@ pub struct BenchArgs {
     /// Measured seconds of the half-load phase [default: 20, --quick 5].
     #[arg(long)]
     pub half_load_seconds: Option<u64>,
+    /// Offer this rate in the half-load phase instead of half the measured peak
+    /// (for latency-versus-load curves; the p99 target is judged at half the peak).
+    #[arg(long, value_name = "PER_SECOND")]
+    pub half_load_rate: Option<f64>,
+    /// Write every phase's per-command timings to DIR/<phase>.csv (profiling).
+    #[arg(long, value_name = "DIR")]
+    pub samples_dir: Option<PathBuf>,
     /// Exit non-zero when a SPEC §8 target is missed too (the audit always does).
     #[arg(long)]
     pub strict: bool,
@@ -268,8 +275,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         database_max_connections: database.max_connections,
         redis_url: args.redis_url.clone(),
         redis_prefix: run_prefix.clone(),
+        samples_dir: args.samples_dir.clone(),
     };
-    let phases = run_phases(&bed, &mut report, e2e_commands, backlog, half_load_seconds, warmup).await;
+    let phases = run_phases(&bed, &mut report, e2e_commands, backlog, half_load_seconds, warmup, args.half_load_rate).await;
     let Bed { local, producer, .. } = bed;
     // Every client must be gone before the cluster, or they log reconnect errors.
     drop(producer);
@@ -305,6 +313,7 @@ async fn run_phases(
     backlog: usize,
     half_load_seconds: u64,
     warmup: f64,
+    half_load_rate: Option<f64>,
 ) -> anyhow::Result<()> {
     let mut audit = AuditReport {
         ok: true,
@@ -326,7 +335,7 @@ async fn run_phases(
     report.e2e_tps_20ms = slow.payments_per_s;
     report.phases.push(slow);
 
-    let rate = (report.e2e_tps_0ms / 2.0).max(1.0);
+    let rate = half_load_rate.unwrap_or(report.e2e_tps_0ms / 2.0).max(1.0);
     let half = phase(
         bed,
         "half-load",

@@ -113,7 +113,7 @@ impl HttpGateway {
     async fn lookup_via_ledger(
         &self,
         key: &IdempotencyKey,
-    ) -> Result<Option<Charge>, GatewayError> {
+    ) -> Result<Option<LedgerEntry>, GatewayError> {
         let response = self
             .http
             .get(self.charges_url())
@@ -130,11 +130,7 @@ impl HttpGateway {
         Ok(entries
             .into_iter()
             .filter(|entry| entry.idempotency_key == key.as_str())
-            .max_by_key(|entry| entry.charged_at)
-            .map(|entry| Charge {
-                transaction_id: entry.transaction_id,
-                status: entry.status,
-            }))
+            .max_by_key(|entry| entry.charged_at))
     }
 }
 
@@ -294,7 +290,7 @@ impl PaymentGateway for HttpGateway {
             http.response.status_code = tracing::field::Empty,
         )
     )]
-    async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<Charge>, GatewayError> {
+    async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<LedgerEntry>, GatewayError> {
         if key.as_str().bytes().all(|b| b == b'.') {
             return self.lookup_via_ledger(key).await;
         }

@@ -35,7 +35,7 @@ pub struct Charge {
     pub status: ChargeStatus,
 }
 
-/// One row of `GET /charges` (SPEC §7).
+/// One row of `GET /charges` (SPEC §7), and the answer of `GET /charges/{key}`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LedgerEntry {
     pub idempotency_key: String,
@@ -46,6 +46,20 @@ pub struct LedgerEntry {
     pub charged_at: DateTime<Utc>,
     /// POST requests this entry received (the first included).
     pub attempts: u64,
+}
+
+impl LedgerEntry {
+    pub fn charge(&self) -> Charge {
+        Charge {
+            transaction_id: self.transaction_id.clone(),
+            status: self.status,
+        }
+    }
+
+    /// Whether this charge was made for `request`'s amount and currency.
+    pub fn matches(&self, request: &ChargeRequest) -> bool {
+        self.amount_minor == request.amount_minor && self.currency == request.currency
+    }
 }
 
 /// How a gateway call failed. The processor branches on the variant.
@@ -82,8 +96,9 @@ pub trait PaymentGateway: Send + Sync + 'static {
         request: &ChargeRequest,
     ) -> Result<Charge, GatewayError>;
 
-    /// `GET /charges/{key}`: the charge made under `key`, if any.
-    async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<Charge>, GatewayError>;
+    /// `GET /charges/{key}`: the charge made under `key`, if any, with the amount and
+    /// currency it was made for, so the caller can tell a reused key.
+    async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<LedgerEntry>, GatewayError>;
 
     /// `GET /charges`: the whole ledger (audit, tests).
     async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError>;

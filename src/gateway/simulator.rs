@@ -271,13 +271,13 @@ impl Shared {
         Decision::Answer { charge, late }
     }
 
-    fn lookup(&self, key: &str) -> Option<Charge> {
+    fn lookup(&self, key: &str) -> Option<LedgerEntry> {
         let ledger = self.lock();
         ledger
             .latest
             .get(key)
             .and_then(|&index| ledger.entries.get(index))
-            .map(|entry| charge_of(&entry.public))
+            .map(|entry| entry.public.clone())
     }
 
     fn snapshot(&self, key: Option<&str>) -> Vec<LedgerEntry> {

@@ -15,7 +15,7 @@ use super::outcome::{Outcome, RejectionKind};
 use super::persistence::{self, PaymentRecord, PaymentStatus, RowContext, SourcePosition};
 use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
-use crate::gateway::{Charge, ChargeStatus, GatewayError, PaymentGateway};
+use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
 use crate::retry::is_transient_sqlx;
 use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
 
@@ -228,7 +228,9 @@ impl Processor {
             Err(error) => return retry(format!("payment look-up failed: {error}")),
         }
         let charge = match self.gateway.lookup(key).await {
-            Ok(Some(charge)) => charge,
+            // The key's charge was made for another request: never book it as this one.
+            Ok(Some(found)) if !found.matches(&command.charge_request()) => return key_reused(),
+            Ok(Some(found)) => found.charge(),
             Ok(None) => {
                 return Outcome::Rejected {
                     kind: RejectionKind::TokenMissing,
@@ -453,7 +455,7 @@ impl Processor {
         let look_first = self.lookup == GatewayLookup::Always || claim.fence > 1;
         if look_first {
             match self.gateway.lookup(key).await {
-                Ok(Some(charge)) => return Ok(charge),
+                Ok(Some(found)) => return charge_for(found, command),
                 Ok(None) => {}
                 Err(error) => {
                     return Err(Settlement::Restore(retry(format!(
@@ -464,7 +466,7 @@ impl Processor {
         }
         match self.gateway.charge(key, &command.charge_request()).await {
             Ok(charge) => Ok(charge),
-            Err(GatewayError::Timeout) => self.resolve_unknown(key).await,
+            Err(GatewayError::Timeout) => self.resolve_unknown(command).await,
             Err(GatewayError::Rejected { status: 422, .. }) => Err(Settlement::Restore(key_reused())),
             Err(GatewayError::Rejected { status, reason }) => {
                 Err(Settlement::Restore(Outcome::Rejected {
@@ -479,7 +481,8 @@ impl Processor {
     }
 
     /// A timeout is an UNKNOWN outcome: ask the gateway before deciding anything.
-    async fn resolve_unknown(&self, key: &IdempotencyKey) -> Result<Charge, Settlement> {
+    async fn resolve_unknown(&self, command: &PaymentCommand) -> Result<Charge, Settlement> {
+        let key = &command.idempotency_key;
         let lookup = || async { self.gateway.lookup(key).await };
         let found = lookup
             .retry(
@@ -491,7 +494,7 @@ impl Processor {
             .when(GatewayError::is_retryable)
             .await;
         match found {
-            Ok(Some(charge)) => Ok(charge),
+            Ok(Some(found)) => charge_for(found, command),
             Ok(None) => Err(Settlement::Restore(retry(
                 "gateway timed out and holds no charge for the key",
             ))),
@@ -524,6 +527,16 @@ impl Processor {
                 },
             }
         }
+    }
+}
+
+/// A charge found by key counts for `command` only when it was made for the same
+/// amount and currency; otherwise the key was reused and nothing may be booked.
+fn charge_for(found: LedgerEntry, command: &PaymentCommand) -> Result<Charge, Settlement> {
+    if found.matches(&command.charge_request()) {
+        Ok(found.charge())
+    } else {
+        Err(Settlement::Restore(key_reused()))
     }
 }
 

@@ -823,22 +823,6 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
 }
 
 impl Deployment {
-    /// Waits until every live worker is past its start-up (connected to Postgres and
-    /// Redis): a worker that cannot reach Postgres at start exits, by design.
-    async fn wait_until_connected(&mut self, within: Duration) {
-        let deadline = Instant::now() + within;
-        for worker in &mut self.workers {
-            let left = deadline.saturating_duration_since(Instant::now());
-            worker
-                .wait_for(left, |l| {
-                    procs::message(l)
-                        .filter(|m| m.starts_with("connected;"))
-                        .map(|_| ())
-                })
-                .await;
-        }
-    }
-
     /// Waits until the results topic holds `count` records (repeats included).
     async fn wait_for_results(&mut self, count: i64, within: Duration) {
         let deadline = Instant::now() + within;
@@ -953,23 +937,33 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
         .await;
 
     // The events, drawn from the seed: which rounds lose Redis, which one restarts
-    // Postgres. The workload trickles in for the whole run; round i strikes at a
-    // random point of the i-th slice of the answers, so every strike hits workers
-    // that are making progress (a kill stalls the group for a session timeout;
-    // strikes on a fixed clock would mostly hit a stalled group).
+    // Postgres. Each round waits for the whole group to work again (after a kill it
+    // stalls until the dead member's session expired), publishes its share of the
+    // workload, and strikes at a random point while that share is being processed,
+    // so every strike interrupts commands in flight.
     let mut rounds: Vec<usize> = (0..size.kills).collect();
     let mut pick = |rng: &mut StdRng| rounds.remove(rng.random_range(0..rounds.len()));
     let flush_rounds = [pick(&mut rng), pick(&mut rng)];
     let postgres_round = pick(&mut rng);
-    let producer = deployment.produce_paced(&records, 20);
+    let results_topic = deployment.settings.results_topic.clone();
     let mut flushed = Vec::new();
-    for round in 0..size.kills {
-        let slice = records.len() as f64 / (size.kills + 1) as f64;
-        let threshold = (slice * (round as f64 + rng.random_range(0.3..1.0))) as i64;
+    for (round, share) in records
+        .chunks(records.len().div_ceil(size.kills))
+        .enumerate()
+    {
         deployment
-            .wait_for_results(threshold, Duration::from_secs(180))
+            .wait_for_stable_group(Duration::from_secs(90))
             .await;
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        let before: i64 = deployment
+            .high_watermarks(&results_topic)
+            .await
+            .values()
+            .sum();
+        let strike_at = before + (share.len() as f64 * rng.random_range(0.1..0.7)) as i64;
+        deployment.produce_paced(share, 50).await.unwrap();
+        deployment
+            .wait_for_results(strike_at, Duration::from_secs(180))
+            .await;
         let mut events = Vec::new();
         if flush_rounds.contains(&round) {
             let keys = flush_prefix(&mut redis.conn, &redis.prefix).await;
@@ -977,9 +971,6 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
             flushed.push(keys);
         }
         if round == postgres_round {
-            deployment
-                .wait_until_connected(Duration::from_secs(60))
-                .await;
             let down_for = Duration::from_millis(rng.random_range(200..1500));
             postgres.restart(down_for).await;
             events.push(format!("Postgres restarted ({down_for:?} down)"));
@@ -990,12 +981,11 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..2000))).await;
         deployment.restart(victim);
         eprintln!(
-            "chaos: round {round} at {threshold}+ results: {}; {:?}",
+            "chaos: round {round} at {strike_at} results: {}; {:?}",
             events.join(", "),
             started.elapsed()
         );
     }
-    producer.await.unwrap();
     assert_eq!(deployment.kills, size.kills);
     assert_eq!(flushed.len(), 2, "Redis lost its data twice");
     assert_eq!(postgres.restarts, 1, "Postgres restarted once");

@@ -1,0 +1,162 @@
+//! Where the CPU went during a phase, from `/proc`: Postgres backends, Redis, the
+//! bench process (local Kafka, simulator, reader and any in-process worker), a
+//! worker child process, and everything else on the machine. Divided by the
+//! payments of the phase it says what one payment costs each party, which is what
+//! bounds the ratios on a machine where all of them share the cores.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Linux reports process times in clock ticks of `USER_HZ`, 100 on every
+/// mainstream architecture (the kernel ABI fixes it, whatever `CONFIG_HZ` is).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+#[derive(Debug, Clone, Default)]
+pub struct CpuSample {
+    /// Busy and idle time of the whole machine, in ticks (all CPUs together).
+    busy: u64,
+    idle: u64,
+    /// Ticks per party, for processes alive at the time of the sample.
+    parties: BTreeMap<&'static str, u64>,
+}
+
+/// CPU milliseconds per payment (or per transaction), by party.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CpuCost {
+    pub operations: usize,
+    pub wall_s: f64,
+    /// Share of the machine's CPU time that was idle during the phase.
+    pub machine_idle_share: f64,
+    pub ms_per_operation: BTreeMap<String, f64>,
+}
+
+fn process_ticks(stat: &str) -> Option<(String, u64)> {
+    // `pid (comm) state ppid …`: comm may hold spaces and parentheses, so split at
+    // the last ')'.
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_owned();
+    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    // After the comm: state is field 3, utime 14 and stime 15 (1-based, man proc).
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((comm, utime + stime))
+}
+
+fn machine_ticks(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let values: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let idle = values.get(3)? + values.get(4).unwrap_or(&0);
+    let busy: u64 = values.iter().take(8).sum::<u64>() - idle;
+    Some((busy, idle))
+}
+
+/// Samples the machine and the parties; `worker` is a worker child process.
+pub fn sample(worker: Option<u32>) -> CpuSample {
+    let mut out = CpuSample::default();
+    if let Some((busy, idle)) = std::fs::read_to_string("/proc/stat").ok().as_deref().and_then(machine_ticks) {
+        out.busy = busy;
+        out.idle = idle;
+    }
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return out };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Some((comm, ticks)) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .as_deref()
+            .and_then(process_ticks)
+        else {
+            continue;
+        };
+        let party = if pid == me {
+            "bench_process"
+        } else if Some(pid) == worker {
+            "worker_process"
+        } else if comm == "postgres" {
+            "postgres"
+        } else if comm.starts_with("redis-server") {
+            "redis"
+        } else {
+            continue;
+        };
+        *out.parties.entry(party).or_default() += ticks;
+    }
+    out
+}
+
+impl CpuSample {
+    /// What happened between `self` and `later`, per operation. Processes that
+    /// ended in between are lost to their party and show up under `other`.
+    pub fn cost_until(&self, later: &CpuSample, operations: usize, wall_s: f64) -> CpuCost {
+        let per_op = |ticks: u64| ticks as f64 * 1000.0 / TICKS_PER_SECOND / operations.max(1) as f64;
+        let mut ms_per_operation = BTreeMap::new();
+        let mut accounted = 0u64;
+        for (party, after) in &later.parties {
+            let before = self.parties.get(party).copied().unwrap_or(0);
+            let spent = after.saturating_sub(before);
+            accounted += spent;
+            ms_per_operation.insert((*party).to_owned(), per_op(spent));
+        }
+        let busy = later.busy.saturating_sub(self.busy);
+        let idle = later.idle.saturating_sub(self.idle);
+        ms_per_operation.insert("other".to_owned(), per_op(busy.saturating_sub(accounted)));
+        ms_per_operation.insert("total".to_owned(), per_op(busy));
+        CpuCost {
+            operations,
+            wall_s,
+            machine_idle_share: if busy + idle > 0 { idle as f64 / (busy + idle) as f64 } else { 0.0 },
+            ms_per_operation,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_process_line_whose_name_has_spaces_and_parentheses() {
+        let stat = "4242 (tokio (rt) 1) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 1000 0 0";
+        assert_eq!(process_ticks(stat), Some(("tokio (rt) 1".to_owned(), 300)));
+    }
+
+    #[test]
+    fn reads_busy_and_idle_time_of_the_machine() {
+        let stat = "cpu  100 5 50 800 20 1 2 3 0 0\ncpu0 50 2 25 400 10 0 1 1 0 0\n";
+        assert_eq!(machine_ticks(stat), Some((161, 820)));
+    }
+
+    #[test]
+    fn costs_are_per_operation_and_the_rest_is_other() {
+        let before = CpuSample {
+            busy: 1000,
+            idle: 1000,
+            parties: BTreeMap::from([("postgres", 100), ("bench_process", 50)]),
+        };
+        let after = CpuSample {
+            busy: 1300,
+            idle: 1100,
+            parties: BTreeMap::from([("postgres", 250), ("bench_process", 150)]),
+        };
+        let cost = before.cost_until(&after, 1000, 2.0);
+        // 150 ticks = 1500 ms over 1000 operations.
+        assert_eq!(cost.ms_per_operation["postgres"], 1.5);
+        assert_eq!(cost.ms_per_operation["bench_process"], 1.0);
+        assert_eq!(cost.ms_per_operation["other"], 0.5);
+        assert_eq!(cost.ms_per_operation["total"], 3.0);
+        assert!((cost.machine_idle_share - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn this_machine_can_be_sampled() {
+        let first = sample(None);
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(30) {}
+        let second = sample(None);
+        assert!(second.busy >= first.busy);
+        assert!(second.parties.contains_key("bench_process"));
+    }
+}
