@@ -11,6 +11,21 @@ use rdkafka::util::Timeout;
 use super::messages::{dead_letter_headers, ResultRecord};
 use crate::configuration::KafkaSettings;
 use crate::payment::RejectionKind;
+use rdkafka::error::KafkaError;
+use rdkafka::message::Header;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// Header on a dead letter whose value could not be kept.
+pub const PAYLOAD_DROPPED: &str = "x-payload-dropped";
+/// The dropped value's size in bytes.
+pub const ORIGINAL_SIZE: &str = "x-original-size";
+
+fn is_too_large(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
+    )
+}
 use tracing::Instrument;
 
 fn produce_span(topic: &str) -> tracing::Span {
@@ -50,14 +65,15 @@ impl Publisher {
     /// Sends one record and waits for the broker's acknowledgement. librdkafka retries
     /// within `message.timeout.ms`; past that we retry forever, because the offset of
     /// this command must not move until the record is durable (SPEC I3). A revoke or
-    /// shutdown ends the wait by cancelling the task.
+    /// shutdown ends the wait by cancelling the task. Only a record that can never be
+    /// accepted (too large) comes back as an error.
     pub async fn send(
         &self,
         topic: &str,
         key: Option<&[u8]>,
         payload: Option<&[u8]>,
         headers: Option<OwnedHeaders>,
-    ) {
+    ) -> Result<(), KafkaError> {
         let attempt = || async {
             let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
             if let Some(key) = key {
@@ -75,7 +91,7 @@ impl Publisher {
                 .map(|_| ())
                 .map_err(|(error, _)| error)
         };
-        let _ = attempt
+        attempt
             .retry(
                 ExponentialBuilder::default()
                     .with_min_delay(Duration::from_millis(100))
@@ -83,10 +99,11 @@ impl Publisher {
                     .without_max_times()
                     .with_jitter(),
             )
+            .when(|error| !is_too_large(error))
             .notify(|error, after| {
                 tracing::warn!(%error, topic, ?after, "produce failed; retrying");
             })
-            .await;
+            .await
     }
 
     pub async fn publish_result(&self, key: Option<&[u8]>, result: &ResultRecord) {
@@ -94,9 +111,18 @@ impl Publisher {
         let payload = serde_json::to_vec(result).unwrap_or_default();
         let span = produce_span(&self.results_topic);
         let headers = span.in_scope(|| crate::telemetry::with_trace_headers(OwnedHeaders::new()));
-        self.send(&self.results_topic, key, Some(&payload), Some(headers))
-            .instrument(span)
-            .await;
+        // A result is small; a key too large for the broker leaves it unkeyed.
+        if let Err(error) = self
+            .send(&self.results_topic, key, Some(&payload), Some(headers.clone()))
+            .instrument(span.clone())
+            .await
+        {
+            tracing::warn!(%error, "result too large with its key; sending it unkeyed");
+            let _ = self
+                .send(&self.results_topic, None, Some(&payload), Some(headers))
+                .instrument(span)
+                .await;
+        }
     }
 
     /// The original key, value and headers, plus the dead-letter headers.
@@ -108,8 +134,29 @@ impl Publisher {
         attempts: u32,
     ) {
         let headers = dead_letter_headers(original, kind, reason, attempts);
-        self.send(&self.dlq_topic, original.key(), original.payload(), Some(headers))
-            .instrument(produce_span(&self.dlq_topic))
+        let span = produce_span(&self.dlq_topic);
+        let sent = self
+            .send(&self.dlq_topic, original.key(), original.payload(), Some(headers.clone()))
+            .instrument(span.clone())
             .await;
+        if let Err(error) = sent {
+            // The original is larger than this producer may send: keep the record
+            // visible without its value rather than stall the partition forever.
+            tracing::warn!(%error, "dead letter too large; dropping its value");
+            let size = original.payload().map_or(0, <[u8]>::len).to_string();
+            let headers = headers
+                .insert(Header {
+                    key: PAYLOAD_DROPPED,
+                    value: Some("message_too_large"),
+                })
+                .insert(Header {
+                    key: ORIGINAL_SIZE,
+                    value: Some(size.as_str()),
+                });
+            let _ = self
+                .send(&self.dlq_topic, original.key(), None, Some(headers))
+                .instrument(span)
+                .await;
+        }
     }
 }

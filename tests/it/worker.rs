@@ -298,3 +298,44 @@ async fn one_key_is_processed_in_order_within_a_partition() {
     assert_eq!(dead.len(), 1);
     assert_eq!(header(&dead[0], "x-error-kind").as_deref(), Some("key_reused"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_too_large_to_dead_letter_whole_is_dead_lettered_without_its_value() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    // Our producer may send 4 MiB; the worker keeps librdkafka's 1 MB default.
+    let mut config = worker::producer_config(&stack.settings);
+    config.set("message.max.bytes", "4194304");
+    let producer: FutureProducer = config.create().unwrap();
+    let huge = vec![b'x'; 1536 * 1024];
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic).key("huge-1").payload(&huge),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let after = serde_json::json!({"idempotency_key": "after-huge", "account_id": "a", "amount_minor": 5,
+        "currency": "EUR", "payment_method": "pm_card_visa"})
+    .to_string();
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic).key("after-huge").payload(&after),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let worker = stack.start_worker("big", &quick_worker_settings());
+    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    stack.wait_for_commits(Duration::from_secs(30)).await;
+    stop_all(vec![worker]).await;
+    assert_eq!(results.iter().filter(|r| r.outcome == "succeeded").count(), 1);
+    let dead = stack.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(header(&dead[0], "x-error-kind").as_deref(), Some("invalid"));
+    assert_eq!(header(&dead[0], "x-payload-dropped").as_deref(), Some("message_too_large"));
+    assert_eq!(header(&dead[0], "x-original-size"), Some((1536 * 1024).to_string()));
+    assert_eq!(header(&dead[0], "x-source-offset").as_deref(), Some("0"));
+    assert_eq!(dead[0].key(), Some(&b"huge-1"[..]), "the original key is kept");
+    assert_eq!(dead[0].payload(), None);
+}
