@@ -19,7 +19,7 @@ use indicatif::ProgressBar;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
@@ -344,7 +344,7 @@ impl Bed {
             .env("TOKEN_MODE", "implicit")
             .env("GATEWAY_URL", simulator.url())
             .env("WORKER_ID", self.key_prefix(phase))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "info")
             .env_remove("HEALTH_LISTEN")
             .env_remove("PAYMENT_WORKER_FAULT")
             .stdin(Stdio::null())
@@ -353,6 +353,27 @@ impl Bed {
             .spawn()
             .context("starting the worker process")?;
         Ok(Running::Process { child, log })
+    }
+
+    /// The local Kafka keeps 5 MiB per partition and drops the oldest records
+    /// beyond that; a backlog it truncated would be measured as lost commands.
+    async fn check_retained(&self, topic: &str) -> anyhow::Result<()> {
+        let producer = self.producer.clone();
+        let (topic, partitions) = (topic.to_owned(), self.partitions);
+        tokio::task::spawn_blocking(move || {
+            for partition in 0..partitions {
+                let (low, high) = producer
+                    .client()
+                    .fetch_watermarks(&topic, partition, Duration::from_secs(10))?;
+                anyhow::ensure!(
+                    low == 0,
+                    "the local Kafka dropped offsets 0..{low} of {high} in partition {partition} \
+                     (it keeps 5 MiB per partition): use more --partitions or a smaller backlog"
+                );
+            }
+            Ok(())
+        })
+        .await?
     }
 
     pub async fn run_phase(
@@ -391,6 +412,7 @@ impl Bed {
                 bar.set_length(count as u64);
                 bar.set_message("producing the backlog");
                 let sent = produce_backlog(&self.producer, &kafka.commands_topic, &key_prefix, count, bar).await?;
+                self.check_retained(&kafka.commands_topic).await?;
                 bar.set_position(0);
                 bar.reset_elapsed();
                 bar.set_message("processing");
@@ -424,15 +446,19 @@ impl Bed {
         };
         let mut running = running;
         let waited = wait_for_answers(&reader, sent.len(), bar, &mut running).await;
-        let child = match &running {
-            Running::Process { child, .. } => Some(child.id()),
-            Running::InProcess(_) => None,
+        let (child, log) = match &running {
+            Running::Process { child, log } => (Some(child.id()), Some(log.clone())),
+            Running::InProcess(_) => (None, None),
         };
         let worker_memory = child.and_then(|pid| read_memory(Some(pid)));
         let cpu_cost = cpu_before.cost_until(&cpu::sample(child), sent.len(), processing_since.elapsed().as_secs_f64());
         stop(running).await?;
         let observations = reader.finish().await?;
         waited?;
+        // Kept when anything failed: the worker's own account of it.
+        if let Some(log) = log {
+            let _ = std::fs::remove_file(log);
+        }
         if let Some(dir) = &self.samples_dir {
             write_samples(&dir.join(format!("{phase}.csv")), &sent, &observations)?;
         }
@@ -570,7 +596,6 @@ async fn stop(running: Running) -> anyhow::Result<()> {
             loop {
                 if let Some(status) = child.try_wait()? {
                     anyhow::ensure!(status.success(), "the worker process failed ({status}); see {}", log.display());
-                    let _ = std::fs::remove_file(&log);
                     return Ok(());
                 }
                 if Instant::now() > deadline {

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::handler::{command_span, lane_of, Handler};
 use super::offsets::OffsetTracker;
 
-/// Records of one key wait behind the one running; a record without a key runs alone.
+/// Records of one key wait behind the one running; keyless records share one lane.
 type Lane = Option<Vec<u8>>;
 
 /// A command task's end: `settled` when its outcome is final and acknowledged.

@@ -121,7 +121,12 @@ impl TestDb {
         ensure_services();
         let name = unique("pw_test");
         let url = format!("postgres://postgres@{PG_ADDR}/{name}");
-        let pool = DatabaseSettings::with_url(&url)
+        // Small pools: tests run in parallel against one server.
+        let settings = DatabaseSettings {
+            max_connections: 12,
+            ..DatabaseSettings::with_url(&url)
+        };
+        let pool = settings
             .connect_and_migrate()
             .await
             .expect("test database");

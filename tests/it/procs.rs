@@ -231,7 +231,9 @@ pub fn binary(args: &[&str], env: &HashMap<String, String>) -> Command {
     if let Ok(path) = std::env::var("PATH") {
         command.env("PATH", path);
     }
-    command.env("RUST_LOG", "info").env("LOG_FORMAT", "json");
+    // PW_TEST_WORKER_LOG (e.g. `info,payment_worker=debug`) for a post-mortem.
+    let filter = std::env::var("PW_TEST_WORKER_LOG").unwrap_or_else(|_| "info".into());
+    command.env("RUST_LOG", filter).env("LOG_FORMAT", "json");
     command.envs(env);
     command
 }
