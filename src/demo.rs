@@ -43,8 +43,10 @@ pub struct DemoArgs {
 /// Outcome counts per pass, filled by a reader of the results topic.
 #[derive(Default)]
 struct Tally {
+    /// Commands answered; a rebalance may answer one twice, counted once.
     results: usize,
     by_outcome: BTreeMap<String, usize>,
+    answered: std::collections::HashSet<(i32, i64)>,
 }
 
 fn start_results_reader(
@@ -66,9 +68,14 @@ fn start_results_reader(
                     .payload()
                     .and_then(|p| serde_json::from_slice::<ResultRecord>(p).ok());
                 let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
-                tally.results += 1;
-                let label = parsed.map_or_else(|| "unreadable".to_owned(), |r| r.outcome);
-                *tally.by_outcome.entry(label).or_default() += 1;
+                let Some(result) = parsed else {
+                    *tally.by_outcome.entry("unreadable".to_owned()).or_default() += 1;
+                    continue;
+                };
+                if tally.answered.insert((result.source.partition, result.source.offset)) {
+                    tally.results += 1;
+                    *tally.by_outcome.entry(result.outcome).or_default() += 1;
+                }
             }
         }
         drop(consumer);

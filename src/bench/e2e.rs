@@ -276,6 +276,8 @@ pub struct Bed {
     pub redis_prefix: String,
     /// Write each phase's per-command timings here as CSV (profiling).
     pub samples_dir: Option<PathBuf>,
+    /// `RUST_LOG` of the worker process.
+    pub worker_log_filter: String,
 }
 
 enum Running {
@@ -344,7 +346,7 @@ impl Bed {
             .env("TOKEN_MODE", "implicit")
             .env("GATEWAY_URL", simulator.url())
             .env("WORKER_ID", self.key_prefix(phase))
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", &self.worker_log_filter)
             .env_remove("HEALTH_LISTEN")
             .env_remove("PAYMENT_WORKER_FAULT")
             .stdin(Stdio::null())

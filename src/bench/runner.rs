@@ -60,6 +60,9 @@ pub struct BenchArgs {
     /// (for latency-versus-load curves; the p99 target is judged at half the peak).
     #[arg(long, value_name = "PER_SECOND")]
     pub half_load_rate: Option<f64>,
+    /// `RUST_LOG` of the worker process (`run` defaults to info as well).
+    #[arg(long, value_name = "FILTER", default_value = "info")]
+    pub worker_log_filter: String,
     /// Write every phase's per-command timings to DIR/<phase>.csv (profiling).
     #[arg(long, value_name = "DIR")]
     pub samples_dir: Option<PathBuf>,
@@ -279,6 +282,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         redis_url: args.redis_url.clone(),
         redis_prefix: run_prefix.clone(),
         samples_dir: args.samples_dir.clone(),
+        worker_log_filter: args.worker_log_filter.clone(),
     };
     let phases = run_phases(&bed, &mut report, e2e_commands, backlog, half_load_seconds, warmup, args.half_load_rate).await;
     let Bed { local, producer, .. } = bed;
