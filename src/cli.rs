@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::configuration::{
-    parse_duration, DatabaseSettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
+    parse_duration, DatabaseSettings, KafkaSettings, StoreSettings, WorkerSettings,
 };
 use crate::gateway::SimulatorConfig;
 use crate::payment::{CommandContext, PaymentCommand};
@@ -97,17 +97,6 @@ pub enum Command {
     },
 }
 
-/// Where tokens live.
-#[derive(Debug, clap::Args)]
-pub struct TokenStoreArgs {
-    #[command(flatten)]
-    pub database: DatabaseSettings,
-    #[command(flatten)]
-    pub redis: RedisSettings,
-    #[command(flatten)]
-    pub tokens: TokenSettings,
-}
-
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Mint pending tokens and print one per line (random keys unless KEYs are given).
@@ -118,13 +107,13 @@ pub enum TokensCommand {
         count: usize,
         keys: Vec<String>,
         #[command(flatten)]
-        store: TokenStoreArgs,
+        store: StoreSettings,
     },
     /// Print a token's state, owner, fence, lease left and TTL as JSON.
     Show {
         key: String,
         #[command(flatten)]
-        store: TokenStoreArgs,
+        store: StoreSettings,
     },
 }
 
@@ -163,8 +152,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = match &command {
                 TokensCommand::Issue { store, .. } | TokensCommand::Show { store, .. } => store,
             };
-            let pool = settings.database.connect_and_migrate().await?;
-            let store = startup::token_store(&settings.tokens, &settings.redis, &pool).await?;
+            let (_pool, store) = settings.open().await?;
             let mut out = std::io::stdout().lock();
             match command {
                 TokensCommand::Issue { ttl, count, keys, .. } => {

@@ -170,6 +170,17 @@ impl TokenSettings {
     }
 }
 
+/// Where payments and tokens live: what every command that touches them needs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreSettings {
+    #[command(flatten)]
+    pub database: DatabaseSettings,
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub tokens: TokenSettings,
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewaySettings {
     #[arg(id = "gateway_url", long = "gateway-url", env = "GATEWAY_URL", default_value = "http://127.0.0.1:8080")]

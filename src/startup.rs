@@ -6,8 +6,8 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use crate::configuration::{
-    DatabaseSettings, GatewaySettings, KafkaSettings, RedisSettings, TokenSettings,
-    TokenStoreKind, WorkerSettings,
+    GatewaySettings, KafkaSettings, RedisSettings, StoreSettings, TokenSettings, TokenStoreKind,
+    WorkerSettings,
 };
 use crate::gateway::{HttpGateway, PaymentGateway};
 use crate::payment::Processor;
@@ -45,23 +45,27 @@ pub fn gateway(settings: &GatewaySettings) -> anyhow::Result<Arc<dyn PaymentGate
     )?))
 }
 
+impl StoreSettings {
+    /// The migrated payments database and the configured token store.
+    pub async fn open(&self) -> anyhow::Result<(PgPool, Arc<dyn TokenStore>)> {
+        let pool = self.database.connect_and_migrate().await?;
+        let tokens = token_store(&self.tokens, &self.redis, &pool).await?;
+        Ok((pool, tokens))
+    }
+}
+
 /// Everything one command needs besides Kafka.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProcessorSettings {
     #[command(flatten)]
-    pub database: DatabaseSettings,
-    #[command(flatten)]
-    pub redis: RedisSettings,
-    #[command(flatten)]
-    pub tokens: TokenSettings,
+    pub stores: StoreSettings,
     #[command(flatten)]
     pub gateway: GatewaySettings,
 }
 
 impl ProcessorSettings {
     pub async fn build(&self, worker_id: &str) -> anyhow::Result<Processor> {
-        let pool = self.database.connect_and_migrate().await?;
-        let tokens = token_store(&self.tokens, &self.redis, &pool).await?;
+        let (pool, tokens) = self.stores.open().await?;
         let gateway = gateway(&self.gateway)?;
         Ok(Processor::new(tokens, gateway, pool, self.gateway.lookup, worker_id))
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::configuration::{DatabaseSettings, RedisSettings, TokenSettings};
+use crate::configuration::StoreSettings;
 use crate::gateway::HttpGateway;
 
 use super::checks::{audit, AuditOptions};
@@ -10,11 +10,7 @@ use super::checks::{audit, AuditOptions};
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuditArgs {
     #[command(flatten)]
-    pub database: DatabaseSettings,
-    #[command(flatten)]
-    pub redis: RedisSettings,
-    #[command(flatten)]
-    pub tokens: TokenSettings,
+    pub stores: StoreSettings,
     /// The gateway whose ledger (`GET /charges`) is reconciled.
     #[arg(
         id = "gateway_url",
@@ -37,8 +33,7 @@ pub struct AuditArgs {
 
 /// Prints the report; fails (non-zero exit) when any SPEC §2 invariant is violated.
 pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
-    let pool = args.database.connect_and_migrate().await?;
-    let tokens = crate::startup::token_store(&args.tokens, &args.redis, &pool).await?;
+    let (pool, tokens) = args.stores.open().await?;
     let gateway = HttpGateway::new(
         &args.gateway_url,
         Duration::from_secs(10),

@@ -53,8 +53,30 @@ fn machine_ticks(stat: &str) -> Option<(u64, u64)> {
     Some((busy, idle))
 }
 
-/// Samples the machine and the parties; `worker` is a worker child process.
-pub fn sample(worker: Option<u32>) -> CpuSample {
+/// Which Postgres process this is, from its title (`postgres: USER DB HOST(PORT)
+/// STATE` for a backend, `postgres: walwriter` and so on for the server's own).
+fn postgres_party(cmdline: &str, database: &str) -> Option<&'static str> {
+    let title = cmdline.replace('\0', " ");
+    let mut words = title.split_whitespace();
+    if words.next() != Some("postgres:") {
+        // The postmaster itself.
+        return Some("postgres_server");
+    }
+    let rest: Vec<&str> = words.collect();
+    if rest.get(1) == Some(&database) {
+        Some("postgres")
+    } else if rest.iter().any(|w| w.contains('(')) {
+        // Another database's backend: somebody else's load.
+        None
+    } else {
+        // WAL writer, checkpointer, background writer, …: they serve every database.
+        Some("postgres_server")
+    }
+}
+
+/// Samples the machine and the parties; `worker` is a worker child process and
+/// `database` the bench's database (other databases' backends count as other).
+pub fn sample(worker: Option<u32>, database: &str) -> CpuSample {
     let mut out = CpuSample::default();
     if let Some((busy, idle)) = std::fs::read_to_string("/proc/stat").ok().as_deref().and_then(machine_ticks) {
         out.busy = busy;
@@ -76,7 +98,11 @@ pub fn sample(worker: Option<u32>) -> CpuSample {
         } else if Some(pid) == worker {
             "worker_process"
         } else if comm == "postgres" {
-            "postgres"
+            let cmdline = std::fs::read_to_string(entry.path().join("cmdline")).unwrap_or_default();
+            match postgres_party(&cmdline, database) {
+                Some(party) => party,
+                None => continue,
+            }
         } else if comm.starts_with("redis-server") {
             "redis"
         } else {
@@ -151,11 +177,24 @@ mod tests {
     }
 
     #[test]
+    fn postgres_processes_are_told_apart_by_their_title() {
+        let ours = "postgres: postgres payments_bench 127.0.0.1(51234) idle\0\0";
+        assert_eq!(postgres_party(ours, "payments_bench"), Some("postgres"));
+        let theirs = "postgres: postgres pw_test_1 127.0.0.1(51236) INSERT";
+        assert_eq!(postgres_party(theirs, "payments_bench"), None);
+        assert_eq!(postgres_party("postgres: walwriter ", "payments_bench"), Some("postgres_server"));
+        assert_eq!(
+            postgres_party("/usr/lib/postgresql/15/bin/postgres\0-D\0/var/lib", "payments_bench"),
+            Some("postgres_server")
+        );
+    }
+
+    #[test]
     fn this_machine_can_be_sampled() {
-        let first = sample(None);
+        let first = sample(None, "payments_bench");
         let spin = std::time::Instant::now();
         while spin.elapsed() < std::time::Duration::from_millis(30) {}
-        let second = sample(None);
+        let second = sample(None, "payments_bench");
         assert!(second.busy >= first.busy);
         assert!(second.parties.contains_key("bench_process"));
     }

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::kafka::{base_config, consumer_config, producer_config};
 use super::messages::{decode, without_dead_letter_headers, ERROR_KIND};
 use super::workload::{generate, WorkloadRecord, WorkloadSpec};
-use crate::configuration::{DatabaseSettings, KafkaSettings, RedisSettings, TokenSettings};
+use crate::configuration::{KafkaSettings, StoreSettings};
 use crate::payment::Outcome;
 
 /// An outcome as `process` prints it.
@@ -193,11 +193,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub dry_run: bool,
     #[command(flatten)]
-    pub database: DatabaseSettings,
-    #[command(flatten)]
-    pub redis: RedisSettings,
-    #[command(flatten)]
-    pub tokens: TokenSettings,
+    pub stores: StoreSettings,
 }
 
 /// Start offsets for a replay: per partition, the target clamped to the low watermark.
@@ -281,10 +277,9 @@ pub struct DryRunVerdict {
 }
 
 async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
-    let pool = args.database.connect_and_migrate().await?;
-    let store = crate::startup::token_store(&args.tokens, &args.redis, &pool).await?;
+    let (pool, store) = args.stores.open().await?;
     let to_offset = if args.to_beginning { None } else { args.to_offset };
-    let verdicts = dry_run_verdicts(kafka, to_offset, &pool, store.as_ref(), args.tokens.mode).await?;
+    let verdicts = dry_run_verdicts(kafka, to_offset, &pool, store.as_ref(), args.stores.tokens.mode).await?;
     let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
     for v in &verdicts {
         *counts.entry(v.verdict).or_default() += 1;

@@ -32,6 +32,7 @@ const SESSION_TIMEOUT: &str = "6s";
 /// The deployment of one test: a dev-kafka process, a gateway-sim process and the
 /// worker processes of one consumer group, all sharing one database and Redis prefix.
 struct Deployment {
+    partitions: i32,
     _kafka: Proc,
     _gateway: Proc,
     settings: KafkaSettings,
@@ -44,12 +45,13 @@ struct Deployment {
 
 impl Deployment {
     async fn start(
+        partitions: i32,
         database_url: &str,
         redis_prefix: &str,
         gateway_flags: &[&str],
         extra_env: &[(&str, &str)],
     ) -> Self {
-        let (kafka, bootstrap) = procs::dev_kafka(PARTITIONS).await;
+        let (kafka, bootstrap) = procs::dev_kafka(partitions).await;
         let (gateway_proc, gateway_url) = procs::gateway_sim(gateway_flags).await;
         let settings = KafkaSettings::local(bootstrap.clone(), unique("group"));
         let mut worker_env: HashMap<String, String> = [
@@ -79,6 +81,7 @@ impl Deployment {
         )
         .unwrap();
         Self {
+            partitions,
             _kafka: kafka,
             _gateway: gateway_proc,
             settings,
@@ -96,6 +99,11 @@ impl Deployment {
         let mut env = self.worker_env.clone();
         env.insert("WORKER_ID".into(), name.clone());
         Proc::spawn(name, procs::binary(&["run"], &env))
+    }
+
+    fn add_worker(&mut self) {
+        let worker = self.spawn_worker();
+        self.workers.push(worker);
     }
 
     fn start_workers(&mut self) {
@@ -153,7 +161,7 @@ impl Deployment {
                         _ => 0,
                     })
                     .sum::<usize>()
-                    == PARTITIONS as usize;
+                    == self.partitions as usize;
             match (settled, stable_since) {
                 (true, Some(since)) if since.elapsed() > Duration::from_millis(1500) => return,
                 (true, None) => stable_since = Some(Instant::now()),
@@ -177,11 +185,12 @@ impl Deployment {
     ) -> tokio::task::JoinHandle<()> {
         let settings = self.settings.clone();
         let records = records.to_vec();
+        let partitions = self.partitions;
         tokio::spawn(async move {
             let producer: rdkafka::producer::FutureProducer =
                 worker::producer_config(&settings).create().unwrap();
             for chunk in records.chunks(per_tick) {
-                worker::publish_records(&producer, &settings.commands_topic, PARTITIONS, chunk)
+                worker::publish_records(&producer, &settings.commands_topic, partitions, chunk)
                     .await
                     .unwrap();
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -229,9 +238,10 @@ impl Deployment {
     async fn high_watermarks(&self, topic: &str) -> HashMap<i32, i64> {
         let settings = self.settings.clone();
         let topic = topic.to_owned();
+        let partitions = self.partitions;
         tokio::task::spawn_blocking(move || {
             let consumer: BaseConsumer = worker::base_config(&settings).create().unwrap();
-            let out = (0..PARTITIONS)
+            let out = (0..partitions)
                 .map(|p| {
                     (
                         p,
@@ -252,12 +262,13 @@ impl Deployment {
     /// The group's committed offsets on the commands topic (-1: none).
     async fn committed(&self) -> HashMap<i32, i64> {
         let settings = self.settings.clone();
+        let partitions = self.partitions;
         tokio::task::spawn_blocking(move || {
             let mut config = worker::base_config(&settings);
             config.set("group.id", &settings.group_id);
             let consumer: BaseConsumer = config.create().unwrap();
             let mut list = TopicPartitionList::new();
-            for p in 0..PARTITIONS {
+            for p in 0..partitions {
                 list.add_partition(&settings.commands_topic, p);
             }
             let committed = consumer
@@ -718,6 +729,7 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
     let db = TestDb::new().await;
     let mut redis = TestRedis::new().await;
     let mut deployment = Deployment::start(
+        PARTITIONS,
         &db.url,
         &redis.prefix,
         &[
@@ -902,6 +914,7 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let mut redis = TestRedis::new().await;
     let gateway_seed = seed.to_string();
     let mut deployment = Deployment::start(
+        PARTITIONS,
         &database_url,
         &redis.prefix,
         &[
@@ -1100,4 +1113,61 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     );
     pool.close().await;
     flush_prefix(&mut redis.conn, &redis.prefix).await;
+}
+
+/// A worker pauses a partition when more records arrive than it admits (back
+/// pressure). librdkafka keeps that pause across a rebalance, so a partition revoked
+/// while paused and assigned again later must be resumed, or it stalls for good:
+/// nothing processed, its offset never committed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_paused_for_back_pressure_is_consumed_again_after_a_rebalance() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    // One command at a time, 100 ms each: 60 commands keep the partition paused.
+    let mut deployment = Deployment::start(
+        1,
+        &db.url,
+        &redis.prefix,
+        &["--latency-ms", "100"],
+        &[("MAX_IN_FLIGHT", "1")],
+    )
+    .await;
+    let spec = WorkloadSpec {
+        count: 60,
+        duplicate_ratio: 0.0,
+        invalid_ratio: 0.0,
+        decline_ratio: 0.0,
+        seed: 3,
+    };
+    let records = worker::generate(&spec, &unique("pause"));
+    deployment.add_worker();
+    deployment
+        .wait_for_stable_group(Duration::from_secs(60))
+        .await;
+    deployment.produce_paced(&records, 60).await.unwrap();
+    deployment
+        .wait_for_results(5, Duration::from_secs(60))
+        .await;
+
+    // A second member joins (every partition is revoked, the paused one included)
+    // and leaves again, so the first member owns the partition once more.
+    deployment.add_worker();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while current_membership(&deployment.workers[1]).is_none() {
+        deployment.assert_workers_running();
+        assert!(Instant::now() < deadline, "the second member never joined");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut second = deployment.workers.pop().unwrap();
+    second.stop(Duration::from_secs(30)).await;
+
+    deployment
+        .wait_until_settled(records.len(), HashMap::new(), Duration::from_secs(90))
+        .await;
+    deployment.stop_workers().await;
+    assert_eq!(
+        deployment.ledger().await.len(),
+        records.len(),
+        "every command charged"
+    );
 }
