@@ -56,13 +56,20 @@ pub async fn rows_with_prefix(pool: &PgPool, key_prefix: &str) -> anyhow::Result
 }
 
 /// Reconciles one phase: its simulator's ledger against the rows of its keys.
-pub fn reconcile(ledger: &[LedgerEntry], rows: &[Row], commands: usize, answered: usize) -> AuditReport {
+pub fn reconcile(
+    ledger: &[LedgerEntry],
+    rows: &[Row],
+    commands: usize,
+    answered: usize,
+) -> AuditReport {
     let mut per_key: HashMap<&str, usize> = HashMap::new();
     for entry in ledger {
         *per_key.entry(entry.idempotency_key.as_str()).or_default() += 1;
     }
-    let by_key: HashMap<&str, (&str, Option<&str>)> =
-        rows.iter().map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref()))).collect();
+    let by_key: HashMap<&str, (&str, Option<&str>)> = rows
+        .iter()
+        .map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref())))
+        .collect();
     let charged: HashSet<(&str, &str)> = ledger
         .iter()
         .map(|e| (e.idempotency_key.as_str(), e.transaction_id.as_str()))
@@ -122,13 +129,23 @@ mod tests {
 
     #[test]
     fn balanced_books_pass() {
-        let report = reconcile(&[entry("a", "t1"), entry("b", "t2")], &[row("a", "t1"), row("b", "t2")], 2, 2);
+        let report = reconcile(
+            &[entry("a", "t1"), entry("b", "t2")],
+            &[row("a", "t1"), row("b", "t2")],
+            2,
+            2,
+        );
         assert!(report.ok, "{report:?}");
     }
 
     #[test]
     fn a_second_charge_for_a_key_fails() {
-        let report = reconcile(&[entry("a", "t1"), entry("a", "t9")], &[row("a", "t1")], 1, 1);
+        let report = reconcile(
+            &[entry("a", "t1"), entry("a", "t9")],
+            &[row("a", "t1")],
+            1,
+            1,
+        );
         assert_eq!(report.double_charged_keys, 1);
         assert_eq!(report.charges_without_row, 1, "t9 has no row");
         assert!(!report.ok);
@@ -147,7 +164,10 @@ mod tests {
     #[test]
     fn a_row_with_another_transaction_id_fails() {
         let report = reconcile(&[entry("a", "t1")], &[row("a", "t2")], 1, 1);
-        assert_eq!((report.charges_without_row, report.rows_without_charge), (1, 1));
+        assert_eq!(
+            (report.charges_without_row, report.rows_without_charge),
+            (1, 1)
+        );
         assert!(!report.ok);
     }
 }

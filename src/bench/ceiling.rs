@@ -17,11 +17,15 @@ use uuid::Uuid;
 
 use super::cpu;
 use super::report::LoopReport;
-use crate::gateway::{Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
-use crate::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition};
+use crate::gateway::{
+    Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway,
+};
+use crate::payment::{
+    CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition,
+};
 use crate::token::{
-    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenPolicy, TokenStore,
-    TokenView, Transition,
+    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenPolicy,
+    TokenStore, TokenView, Transition,
 };
 
 /// Every reservation is granted and every owner check passes: no round trip.
@@ -44,7 +48,12 @@ impl TokenStore for GrantingTokens {
     async fn consume(&self, _: &IdempotencyKey) -> Result<bool, TokenError> {
         Err(unused("consume"))
     }
-    async fn lock(&self, _: &IdempotencyKey, _: &str, _: Duration) -> Result<LockOutcome, TokenError> {
+    async fn lock(
+        &self,
+        _: &IdempotencyKey,
+        _: &str,
+        _: Duration,
+    ) -> Result<LockOutcome, TokenError> {
         Err(unused("lock"))
     }
     async fn release(&self, _: &IdempotencyKey, _: &str) -> Result<bool, TokenError> {
@@ -53,7 +62,13 @@ impl TokenStore for GrantingTokens {
     async fn reserve(&self, _: &IdempotencyKey, _: &str) -> Result<Reservation, TokenError> {
         Ok(Reservation::Reserved { fence: 1 })
     }
-    async fn confirm(&self, _: &IdempotencyKey, _: &Claim, _: Uuid, _: &str) -> Result<Transition, TokenError> {
+    async fn confirm(
+        &self,
+        _: &IdempotencyKey,
+        _: &Claim,
+        _: Uuid,
+        _: &str,
+    ) -> Result<Transition, TokenError> {
         Ok(Transition::Applied)
     }
     async fn restore(&self, _: &IdempotencyKey, _: &Claim) -> Result<Transition, TokenError> {
@@ -100,7 +115,13 @@ pub fn command_json(key: &str, n: usize) -> String {
 
 /// Runs `operation(i)` for i in 0..count on `concurrency` tasks; returns how long
 /// all took and how many returned false.
-async fn run_loop<F, Fut>(count: usize, concurrency: usize, bar: &ProgressBar, operation: F) -> LoopReport
+async fn run_loop<F, Fut>(
+    count: usize,
+    concurrency: usize,
+    database: &str,
+    bar: &ProgressBar,
+    operation: F,
+) -> LoopReport
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -108,12 +129,16 @@ where
     let operation = Arc::new(operation);
     let next = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
-    let cpu_before = cpu::sample(None);
+    let cpu_before = cpu::sample(None, database);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency.max(1) {
-        let (operation, next, failures, bar) =
-            (Arc::clone(&operation), Arc::clone(&next), Arc::clone(&failures), bar.clone());
+        let (operation, next, failures, bar) = (
+            Arc::clone(&operation),
+            Arc::clone(&next),
+            Arc::clone(&failures),
+            bar.clone(),
+        );
         tasks.spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -129,7 +154,7 @@ where
     }
     while tasks.join_next().await.is_some() {}
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu = cpu_before.cost_until(&cpu::sample(None), count, elapsed);
+    let cpu = cpu_before.cost_until(&cpu::sample(None, database), count, elapsed);
     LoopReport {
         operations: count,
         concurrency,
@@ -147,13 +172,15 @@ pub async fn postgres_ceiling(
     key_prefix: &str,
     count: usize,
     concurrency: usize,
+    database: &str,
     bar: &ProgressBar,
 ) -> anyhow::Result<LoopReport> {
     // Built before the clock starts: decoding is the worker's cost, not Postgres's.
     let commands: Vec<PaymentCommand> = (0..count)
         .map(|n| {
             let key = format!("{key_prefix}-{n:07}");
-            PaymentCommand::parse(command_json(&key, n).as_bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", e.code()))
+            PaymentCommand::parse(command_json(&key, n).as_bytes())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", e.code()))
         })
         .collect::<anyhow::Result<_>>()?;
     let commands = Arc::new(commands);
@@ -167,8 +194,12 @@ pub async fn postgres_ceiling(
         "bench-ceiling",
     ));
     let topic: Arc<str> = Arc::from(format!("{key_prefix}.ceiling"));
-    Ok(run_loop(count, concurrency, bar, move |n| {
-        let (processor, commands, topic) = (Arc::clone(&processor), Arc::clone(&commands), Arc::clone(&topic));
+    Ok(run_loop(count, concurrency, database, bar, move |n| {
+        let (processor, commands, topic) = (
+            Arc::clone(&processor),
+            Arc::clone(&commands),
+            Arc::clone(&topic),
+        );
         async move {
             // The worker stores the source position on every row; so does the ceiling.
             let source = SourcePosition {
@@ -196,6 +227,7 @@ pub async fn token_round_trips(
     key_prefix: &str,
     count: usize,
     concurrency: usize,
+    database: &str,
     bar: &ProgressBar,
 ) -> anyhow::Result<LoopReport> {
     let keys: Vec<IdempotencyKey> = (0..count)
@@ -203,8 +235,12 @@ pub async fn token_round_trips(
         .collect::<Result<_, _>>()?;
     let keys = Arc::new(keys);
     let fingerprint: Arc<str> = Arc::from("0".repeat(64));
-    Ok(run_loop(count, concurrency, bar, move |n| {
-        let (tokens, keys, fingerprint) = (Arc::clone(&tokens), Arc::clone(&keys), Arc::clone(&fingerprint));
+    Ok(run_loop(count, concurrency, database, bar, move |n| {
+        let (tokens, keys, fingerprint) = (
+            Arc::clone(&tokens),
+            Arc::clone(&keys),
+            Arc::clone(&fingerprint),
+        );
         async move {
             let key = &keys[n];
             let owner = format!("bench:{}", Uuid::new_v4().simple());
@@ -217,7 +253,9 @@ pub async fn token_round_trips(
             };
             let claim = Claim { owner, fence };
             matches!(
-                tokens.confirm(key, &claim, Uuid::now_v7(), &fingerprint).await,
+                tokens
+                    .confirm(key, &claim, Uuid::now_v7(), &fingerprint)
+                    .await,
                 Ok(Transition::Applied)
             )
         }

@@ -46,7 +46,11 @@ fn process_ticks(stat: &str) -> Option<(String, u64)> {
 
 fn machine_ticks(stat: &str) -> Option<(u64, u64)> {
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
-    let values: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let values: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
     // user nice system idle iowait irq softirq steal (guest time is inside user).
     let idle = values.get(3)? + values.get(4).unwrap_or(&0);
     let busy: u64 = values.iter().take(8).sum::<u64>() - idle;
@@ -62,15 +66,20 @@ fn postgres_party(cmdline: &str, database: &str) -> Option<&'static str> {
         // The postmaster itself.
         return Some("postgres_server");
     }
-    let rest: Vec<&str> = words.collect();
-    if rest.get(1) == Some(&database) {
-        Some("postgres")
-    } else if rest.iter().any(|w| w.contains('(')) {
+    let mut rest: Vec<&str> = words.collect();
+    // `cluster_name`, when set, comes first: `postgres: 15/main: walwriter`.
+    if rest.first().is_some_and(|w| w.ends_with(':')) {
+        rest.remove(0);
+    }
+    let is_backend = rest
+        .get(2)
+        .is_some_and(|host| host.ends_with(')') || *host == "[local]");
+    match (is_backend, rest.get(1)) {
+        (true, Some(db)) if *db == database => Some("postgres"),
         // Another database's backend: somebody else's load.
-        None
-    } else {
+        (true, _) => None,
         // WAL writer, checkpointer, background writer, …: they serve every database.
-        Some("postgres_server")
+        (false, _) => Some("postgres_server"),
     }
 }
 
@@ -78,14 +87,26 @@ fn postgres_party(cmdline: &str, database: &str) -> Option<&'static str> {
 /// `database` the bench's database (other databases' backends count as other).
 pub fn sample(worker: Option<u32>, database: &str) -> CpuSample {
     let mut out = CpuSample::default();
-    if let Some((busy, idle)) = std::fs::read_to_string("/proc/stat").ok().as_deref().and_then(machine_ticks) {
+    if let Some((busy, idle)) = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .as_deref()
+        .and_then(machine_ticks)
+    {
         out.busy = busy;
         out.idle = idle;
     }
     let me = std::process::id();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return out };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
         let Some((comm, ticks)) = std::fs::read_to_string(entry.path().join("stat"))
             .ok()
             .as_deref()
@@ -117,7 +138,8 @@ impl CpuSample {
     /// What happened between `self` and `later`, per operation. Processes that
     /// ended in between are lost to their party and show up under `other`.
     pub fn cost_until(&self, later: &CpuSample, operations: usize, wall_s: f64) -> CpuCost {
-        let per_op = |ticks: u64| ticks as f64 * 1000.0 / TICKS_PER_SECOND / operations.max(1) as f64;
+        let per_op =
+            |ticks: u64| ticks as f64 * 1000.0 / TICKS_PER_SECOND / operations.max(1) as f64;
         let mut ms_per_operation = BTreeMap::new();
         let mut accounted = 0u64;
         for (party, after) in &later.parties {
@@ -133,7 +155,11 @@ impl CpuSample {
         CpuCost {
             operations,
             wall_s,
-            machine_idle_share: if busy + idle > 0 { idle as f64 / (busy + idle) as f64 } else { 0.0 },
+            machine_idle_share: if busy + idle > 0 {
+                idle as f64 / (busy + idle) as f64
+            } else {
+                0.0
+            },
             ms_per_operation,
         }
     }
@@ -145,7 +171,8 @@ mod tests {
 
     #[test]
     fn reads_a_process_line_whose_name_has_spaces_and_parentheses() {
-        let stat = "4242 (tokio (rt) 1) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 1000 0 0";
+        let stat =
+            "4242 (tokio (rt) 1) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 1000 0 0";
         assert_eq!(process_ticks(stat), Some(("tokio (rt) 1".to_owned(), 300)));
     }
 
@@ -182,9 +209,26 @@ mod tests {
         assert_eq!(postgres_party(ours, "payments_bench"), Some("postgres"));
         let theirs = "postgres: postgres pw_test_1 127.0.0.1(51236) INSERT";
         assert_eq!(postgres_party(theirs, "payments_bench"), None);
-        assert_eq!(postgres_party("postgres: walwriter ", "payments_bench"), Some("postgres_server"));
         assert_eq!(
-            postgres_party("/usr/lib/postgresql/15/bin/postgres\0-D\0/var/lib", "payments_bench"),
+            postgres_party("postgres: walwriter ", "payments_bench"),
+            Some("postgres_server")
+        );
+        let clustered = "postgres: 15/main: postgres payments_bench 127.0.0.1(42310) idle\0\0";
+        assert_eq!(
+            postgres_party(clustered, "payments_bench"),
+            Some("postgres")
+        );
+        let local = "postgres: 15/main: postgres payments_bench [local] COMMIT";
+        assert_eq!(postgres_party(local, "payments_bench"), Some("postgres"));
+        assert_eq!(
+            postgres_party("postgres: 15/main: checkpointer ", "payments_bench"),
+            Some("postgres_server")
+        );
+        assert_eq!(
+            postgres_party(
+                "/usr/lib/postgresql/15/bin/postgres\0-D\0/var/lib",
+                "payments_bench"
+            ),
             Some("postgres_server")
         );
     }

@@ -25,12 +25,14 @@ use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 
 use super::audit::{self, AuditReport};
-use super::cpu;
 use super::ceiling::command_json;
+use super::cpu;
 use super::report::{LatencySummary, PhaseReport};
 use super::rss::read_memory;
 use crate::configuration::{KafkaSettings, WorkerSettings};
-use crate::gateway::{GatewaySimulator, HttpGateway, PaymentGateway, RunningSimulator, SimulatorConfig};
+use crate::gateway::{
+    GatewaySimulator, HttpGateway, PaymentGateway, RunningSimulator, SimulatorConfig,
+};
 use crate::payment::{GatewayLookup, Processor};
 use crate::token::TokenStore;
 use crate::worker::{self, LocalKafka, ResultRecord, RunningWorker};
@@ -54,10 +56,18 @@ pub fn now_ms() -> i64 {
 type Position = (i32, i64);
 
 /// Hands one command to librdkafka, stamped with the current time.
-async fn send_command(producer: &FutureProducer, topic: &str, key: &str, value: &str) -> anyhow::Result<(DeliveryFuture, i64)> {
+async fn send_command(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    value: &str,
+) -> anyhow::Result<(DeliveryFuture, i64)> {
     loop {
         let at = now_ms();
-        let record: FutureRecord<'_, str, str> = FutureRecord::to(topic).key(key).payload(value).timestamp(at);
+        let record: FutureRecord<'_, str, str> = FutureRecord::to(topic)
+            .key(key)
+            .payload(value)
+            .timestamp(at);
         match producer.send_result(record) {
             Ok(delivery) => return Ok((delivery, at)),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
@@ -174,7 +184,9 @@ impl ResultsReader {
                     let mut seen: HashSet<Position> = HashSet::new();
                     let mut out = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
-                        let Some(polled) = consumer.poll(Duration::from_millis(50)) else { continue };
+                        let Some(polled) = consumer.poll(Duration::from_millis(50)) else {
+                            continue;
+                        };
                         let message = match polled {
                             Ok(message) => message,
                             Err(error) => {
@@ -205,7 +217,11 @@ impl ResultsReader {
                     Ok(out)
                 })?
         };
-        Ok(Self { stop, answered, thread })
+        Ok(Self {
+            stop,
+            answered,
+            thread,
+        })
     }
 
     fn answered(&self) -> usize {
@@ -230,7 +246,11 @@ fn worker_binary() -> anyhow::Result<PathBuf> {
     }
     let text = exe.to_string_lossy();
     let rebuilt = PathBuf::from(text.trim_end_matches(" (deleted)"));
-    anyhow::ensure!(rebuilt.exists(), "the payment-worker binary {} is gone", exe.display());
+    anyhow::ensure!(
+        rebuilt.exists(),
+        "the payment-worker binary {} is gone",
+        exe.display()
+    );
     Ok(rebuilt)
 }
 
@@ -241,7 +261,11 @@ pub enum Load {
     Backlog(usize),
     /// Produced at `rate`/s once the worker owns its partitions; commands produced
     /// during the first `warmup` seconds are not measured.
-    Paced { rate: f64, seconds: f64, warmup: f64 },
+    Paced {
+        rate: f64,
+        seconds: f64,
+        warmup: f64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,6 +295,8 @@ pub struct Bed {
     pub producer: FutureProducer,
     pub worker: WorkerSettings,
     pub database_url: String,
+    /// Its database name, to tell our Postgres backends from other databases'.
+    pub database_name: String,
     pub database_max_connections: u32,
     pub redis_url: String,
     pub redis_prefix: String,
@@ -300,7 +326,12 @@ impl Bed {
         Ok(kafka)
     }
 
-    fn start_in_process(&self, kafka: &KafkaSettings, simulator: &RunningSimulator, phase: &str) -> anyhow::Result<RunningWorker> {
+    fn start_in_process(
+        &self,
+        kafka: &KafkaSettings,
+        simulator: &RunningSimulator,
+        phase: &str,
+    ) -> anyhow::Result<RunningWorker> {
         let gateway: Arc<dyn PaymentGateway> = Arc::new(HttpGateway::new(
             &simulator.url(),
             Duration::from_secs(5),
@@ -323,10 +354,16 @@ impl Bed {
     }
 
     /// `payment-worker run`, configured through its environment variables.
-    fn start_process(&self, kafka: &KafkaSettings, simulator: &RunningSimulator, phase: &str) -> anyhow::Result<Running> {
+    fn start_process(
+        &self,
+        kafka: &KafkaSettings,
+        simulator: &RunningSimulator,
+        phase: &str,
+    ) -> anyhow::Result<Running> {
         let exe = worker_binary()?;
         let log = std::env::temp_dir().join(format!("{}.worker.log", self.key_prefix(phase)));
-        let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let log_file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let child = std::process::Command::new(exe)
             .arg("run")
             .arg("--kafka-config")
@@ -336,9 +373,15 @@ impl Bed {
             .env("COMMANDS_TOPIC", &kafka.commands_topic)
             .env("RESULTS_TOPIC", &kafka.results_topic)
             .env("DLQ_TOPIC", &kafka.dlq_topic)
-            .env("KAFKA_SESSION_TIMEOUT", format!("{}ms", kafka.session_timeout.as_millis()))
+            .env(
+                "KAFKA_SESSION_TIMEOUT",
+                format!("{}ms", kafka.session_timeout.as_millis()),
+            )
             .env("DATABASE_URL", &self.database_url)
-            .env("DATABASE_MAX_CONNECTIONS", self.database_max_connections.to_string())
+            .env(
+                "DATABASE_MAX_CONNECTIONS",
+                self.database_max_connections.to_string(),
+            )
             .env("MAX_IN_FLIGHT", self.worker.max_in_flight.to_string())
             .env("REDIS_URL", &self.redis_url)
             .env("REDIS_KEY_PREFIX", &self.redis_prefix)
@@ -364,9 +407,11 @@ impl Bed {
         let (topic, partitions) = (topic.to_owned(), self.partitions);
         tokio::task::spawn_blocking(move || {
             for partition in 0..partitions {
-                let (low, high) = producer
-                    .client()
-                    .fetch_watermarks(&topic, partition, Duration::from_secs(10))?;
+                let (low, high) = producer.client().fetch_watermarks(
+                    &topic,
+                    partition,
+                    Duration::from_secs(10),
+                )?;
                 anyhow::ensure!(
                     low == 0,
                     "the local Kafka dropped offsets 0..{low} of {high} in partition {partition} \
@@ -402,7 +447,9 @@ impl Bed {
         let reader = ResultsReader::start(&kafka, self.partitions)?;
         let start = |this: &Self| -> anyhow::Result<Running> {
             match kind {
-                WorkerKind::InProcess => Ok(Running::InProcess(this.start_in_process(&kafka, &simulator, phase)?)),
+                WorkerKind::InProcess => Ok(Running::InProcess(
+                    this.start_in_process(&kafka, &simulator, phase)?,
+                )),
                 WorkerKind::Process => this.start_process(&kafka, &simulator, phase),
             }
         };
@@ -413,16 +460,27 @@ impl Bed {
             Load::Backlog(count) => {
                 bar.set_length(count as u64);
                 bar.set_message("producing the backlog");
-                let sent = produce_backlog(&self.producer, &kafka.commands_topic, &key_prefix, count, bar).await?;
+                let sent = produce_backlog(
+                    &self.producer,
+                    &kafka.commands_topic,
+                    &key_prefix,
+                    count,
+                    bar,
+                )
+                .await?;
                 self.check_retained(&kafka.commands_topic).await?;
                 bar.set_position(0);
                 bar.reset_elapsed();
                 bar.set_message("processing");
-                cpu_before = cpu::sample(None);
+                cpu_before = cpu::sample(None, &self.database_name);
                 processing_since = Instant::now();
                 (sent, start(self)?, i64::MIN, None)
             }
-            Load::Paced { rate, seconds, warmup } => {
+            Load::Paced {
+                rate,
+                seconds,
+                warmup,
+            } => {
                 let count = (rate * (seconds + warmup)).round().max(1.0) as usize;
                 bar.set_length(count as u64);
                 let mut running = start(self)?;
@@ -430,9 +488,15 @@ impl Bed {
                 wait_for_assignment(&running, self.partitions as usize).await?;
                 bar.set_message(format!("paced at {rate:.0}/s"));
                 let measured_from = now_ms() + (warmup * 1000.0) as i64;
-                cpu_before = cpu::sample(None);
+                cpu_before = cpu::sample(None, &self.database_name);
                 processing_since = Instant::now();
-                let producing = produce_paced(&self.producer, &kafka.commands_topic, &key_prefix, count, rate);
+                let producing = produce_paced(
+                    &self.producer,
+                    &kafka.commands_topic,
+                    &key_prefix,
+                    count,
+                    rate,
+                );
                 tokio::pin!(producing);
                 let sent = loop {
                     tokio::select! {
@@ -453,7 +517,11 @@ impl Bed {
             Running::InProcess(_) => (None, None),
         };
         let worker_memory = child.and_then(|pid| read_memory(Some(pid)));
-        let cpu_cost = cpu_before.cost_until(&cpu::sample(child), sent.len(), processing_since.elapsed().as_secs_f64());
+        let cpu_cost = cpu_before.cost_until(
+            &cpu::sample(child, &self.database_name),
+            sent.len(),
+            processing_since.elapsed().as_secs_f64(),
+        );
         stop(running).await?;
         let observations = reader.finish().await?;
         waited?;
@@ -486,7 +554,11 @@ impl Bed {
 
 /// One line per answered command: where it was, when it was produced, when its
 /// result was produced and when the reader saw it (Unix milliseconds).
-fn write_samples(path: &std::path::Path, sent: &HashMap<Position, i64>, observations: &[Observation]) -> anyhow::Result<()> {
+fn write_samples(
+    path: &std::path::Path,
+    sent: &HashMap<Position, i64>,
+    observations: &[Observation],
+) -> anyhow::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
@@ -504,7 +576,11 @@ fn write_samples(path: &std::path::Path, sent: &HashMap<Position, i64>, observat
     Ok(())
 }
 
-fn summarize(sent: &HashMap<Position, i64>, observations: &[Observation], measured_from: i64) -> PhaseReport {
+fn summarize(
+    sent: &HashMap<Position, i64>,
+    observations: &[Observation],
+    measured_from: i64,
+) -> PhaseReport {
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     let mut latency = Vec::with_capacity(observations.len());
     let mut observed = Vec::with_capacity(observations.len());
@@ -519,15 +595,27 @@ fn summarize(sent: &HashMap<Position, i64>, observations: &[Observation], measur
             None => *outcomes.entry("unknown_source".into()).or_default() += 1,
         }
     }
-    let first = observations.iter().map(|o| o.produced_ms).min().unwrap_or(0);
-    let last = observations.iter().map(|o| o.produced_ms).max().unwrap_or(0);
+    let first = observations
+        .iter()
+        .map(|o| o.produced_ms)
+        .min()
+        .unwrap_or(0);
+    let last = observations
+        .iter()
+        .map(|o| o.produced_ms)
+        .max()
+        .unwrap_or(0);
     let span_s = (last - first) as f64 / 1000.0;
     let answered = observations.len();
     PhaseReport {
         commands: sent.len(),
         answered,
         outcomes,
-        payments_per_s: if span_s > 0.0 { (answered.saturating_sub(1)) as f64 / span_s } else { 0.0 },
+        payments_per_s: if span_s > 0.0 {
+            (answered.saturating_sub(1)) as f64 / span_s
+        } else {
+            0.0
+        },
         first_to_last_result_s: span_s,
         latency: LatencySummary::of(latency),
         observed_latency: LatencySummary::of(observed),
@@ -538,7 +626,10 @@ fn summarize(sent: &HashMap<Position, i64>, observations: &[Observation], measur
 fn check_alive(running: &mut Running) -> anyhow::Result<()> {
     if let Running::Process { child, log } = running {
         if let Some(status) = child.try_wait()? {
-            anyhow::bail!("the worker process exited early ({status}); see {}", log.display());
+            anyhow::bail!(
+                "the worker process exited early ({status}); see {}",
+                log.display()
+            );
         }
     }
     Ok(())
@@ -559,12 +650,20 @@ async fn wait_for_assignment(running: &Running, partitions: usize) -> anyhow::Re
         } else {
             stable_since = None;
         }
-        anyhow::ensure!(Instant::now() < deadline, "the worker never owned all {partitions} partitions");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the worker never owned all {partitions} partitions"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-async fn wait_for_answers(reader: &ResultsReader, target: usize, bar: &ProgressBar, running: &mut Running) -> anyhow::Result<()> {
+async fn wait_for_answers(
+    reader: &ResultsReader,
+    target: usize,
+    bar: &ProgressBar,
+    running: &mut Running,
+) -> anyhow::Result<()> {
     let mut last = 0usize;
     let mut last_progress = Instant::now();
     loop {
@@ -597,17 +696,23 @@ async fn stop(running: Running) -> anyhow::Result<()> {
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
                 if let Some(status) = child.try_wait()? {
-                    anyhow::ensure!(status.success(), "the worker process failed ({status}); see {}", log.display());
+                    anyhow::ensure!(
+                        status.success(),
+                        "the worker process failed ({status}); see {}",
+                        log.display()
+                    );
                     return Ok(());
                 }
                 if Instant::now() > deadline {
                     child.kill()?;
                     child.wait()?;
-                    anyhow::bail!("the worker process did not stop after SIGTERM; see {}", log.display());
+                    anyhow::bail!(
+                        "the worker process did not stop after SIGTERM; see {}",
+                        log.display()
+                    );
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
 }
-

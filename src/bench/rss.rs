@@ -29,7 +29,13 @@ fn parse_status(status: &str) -> Option<Memory> {
         status
             .lines()
             .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
     };
     Some(Memory {
         peak_kib: field("VmHWM:")?,
@@ -45,7 +51,13 @@ mod tests {
     fn reads_peak_and_current_from_a_status_file() {
         let status = "Name:\tpayment-worker\nVmPeak:\t  900000 kB\nVmHWM:\t   81920 kB\nVmRSS:\t   40960 kB\n";
         let memory = parse_status(status).unwrap();
-        assert_eq!(memory, Memory { peak_kib: 81920, current_kib: 40960 });
+        assert_eq!(
+            memory,
+            Memory {
+                peak_kib: 81920,
+                current_kib: 40960
+            }
+        );
         assert_eq!(memory.peak_mib(), 80.0);
     }
 

@@ -13,7 +13,9 @@ use super::ceiling;
 use super::e2e::{Bed, Load, PhaseOutcome, WorkerKind};
 use super::report::{BenchReport, LoopReport, PhaseReport, Settings};
 use super::rss::read_memory;
-use crate::configuration::{redact_url, DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL};
+use crate::configuration::{
+    redact_url, DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL,
+};
 use crate::token::{RedisTokenStore, TokenPolicy, TokenStore};
 use crate::worker::{self, LocalKafka};
 
@@ -79,7 +81,9 @@ fn bar(name: &str) -> ProgressBar {
         "{prefix:<16} {bar:32.cyan/blue} {pos:>7}/{len:<7} {per_sec:>11} {elapsed:>4} {msg}",
     )
     .unwrap_or_else(|_| ProgressStyle::default_bar());
-    ProgressBar::new(0).with_style(style.progress_chars("=> ")).with_prefix(name.to_owned())
+    ProgressBar::new(0)
+        .with_style(style.progress_chars("=> "))
+        .with_prefix(name.to_owned())
 }
 
 fn loop_line(name: &str, report: &LoopReport, unit: &str) {
@@ -114,7 +118,10 @@ async fn phase(
     audit: &mut AuditReport,
 ) -> anyhow::Result<PhaseReport> {
     let progress = bar(name);
-    let PhaseOutcome { report, audit: phase_audit } = bed
+    let PhaseOutcome {
+        report,
+        audit: phase_audit,
+    } = bed
         .run_phase(name, latency_ms, load, kind, &progress)
         .await
         .with_context(|| format!("phase {name}"))?;
@@ -127,13 +134,25 @@ async fn phase(
     Ok(report)
 }
 
+/// The 1-minute load average, 0 where `/proc/loadavg` is missing.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
 /// A pool of the worker's size with every connection already open, so neither
 /// the ceiling nor a phase pays for connecting inside its measurement.
 async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> {
     let pool = database.connect().await?;
     let mut held = Vec::new();
     for _ in 0..database.max_connections {
-        held.push(pool.acquire().await.context("opening the pool's connections")?);
+        held.push(
+            pool.acquire()
+                .await
+                .context("opening the pool's connections")?,
+        );
     }
     drop(held);
     Ok(pool)
@@ -160,7 +179,10 @@ async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> any
             .query_async(&mut conn)
             .await?;
         if !keys.is_empty() {
-            redis::cmd("UNLINK").arg(&keys).query_async::<()>(&mut conn).await?;
+            redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<()>(&mut conn)
+                .await?;
         }
         if next == 0 {
             return Ok(());
@@ -172,19 +194,32 @@ async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> any
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let run_prefix = format!("bench-{run_id}");
-    let pick = |given: Option<usize>, full: usize, quick: usize| given.unwrap_or(if args.quick { quick } else { full });
+    let pick = |given: Option<usize>, full: usize, quick: usize| {
+        given.unwrap_or(if args.quick { quick } else { full })
+    };
     let backlog = pick(args.backlog, 100_000, 10_000);
     let e2e_commands = pick(args.e2e_commands, 30_000, 5_000);
     let ceiling_count = pick(args.ceiling_transactions, 20_000, 3_000);
-    let half_load_seconds = args.half_load_seconds.unwrap_or(if args.quick { 5 } else { 20 });
+    let half_load_seconds = args
+        .half_load_seconds
+        .unwrap_or(if args.quick { 5 } else { 20 });
     let warmup = if args.quick { 1.0 } else { 2.0 };
-    let max_in_flight = args.max_in_flight.unwrap_or(WorkerSettings::default().max_in_flight);
+    let max_in_flight = args
+        .max_in_flight
+        .unwrap_or(WorkerSettings::default().max_in_flight);
     let mut database = DatabaseSettings::with_url(&args.database_url);
     if let Some(size) = args.database_max_connections {
         database.max_connections = size;
     }
-    anyhow::ensure!(args.partitions > 0 && max_in_flight > 0, "partitions and max-in-flight must be positive");
+    anyhow::ensure!(
+        args.partitions > 0 && max_in_flight > 0,
+        "partitions and max-in-flight must be positive"
+    );
     let concurrency = args.partitions as usize * max_in_flight;
+    let database_name = url::Url::parse(&database.url)
+        .ok()
+        .map(|u| u.path().trim_start_matches('/').to_owned())
+        .unwrap_or_default();
 
     eprintln!(
         "payment-worker bench (run {run_id}): postgres {}, redis {}",
@@ -192,7 +227,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         redact_url(&args.redis_url)
     );
     if cfg!(debug_assertions) {
-        eprintln!("warning: a debug build; use `cargo run --release -- bench` for figures worth keeping");
+        eprintln!(
+            "warning: a debug build; use `cargo run --release -- bench` for figures worth keeping"
+        );
     }
     // Set-up, audit and clean-up share two connections, so the measured pools have
     // the server's connection slots to themselves.
@@ -220,6 +257,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         settings: Settings {
             quick: args.quick,
             release_build: !cfg!(debug_assertions),
+            load_average_start: load_average(),
+            load_average_end: 0.0,
             cpus: std::thread::available_parallelism().map_or(1, usize::from),
             partitions: args.partitions,
             max_in_flight,
@@ -237,12 +276,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let progress = bar("pg ceiling");
     progress.set_length(ceiling_count as u64);
     let pool = warm_pool(&database).await?;
-    report.ceiling =
-        ceiling::postgres_ceiling(&pool, &format!("{run_prefix}-ceiling"), ceiling_count, concurrency, &progress).await?;
+    report.ceiling = ceiling::postgres_ceiling(
+        &pool,
+        &format!("{run_prefix}-ceiling"),
+        ceiling_count,
+        concurrency,
+        &database_name,
+        &progress,
+    )
+    .await?;
     pool.close().await;
     progress.finish_and_clear();
     loop_line("pg ceiling", &report.ceiling, "tx");
-    report.ceiling_tps = report.ceiling.per_s;
 
     let progress = bar("redis tokens");
     progress.set_length(ceiling_count as u64);
@@ -251,6 +296,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         &format!("{run_prefix}-tokens"),
         ceiling_count,
         concurrency,
+        &database_name,
         &progress,
     )
     .await?;
@@ -259,12 +305,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     report.token_round_trips_per_s = report.tokens.per_s;
 
     let local = LocalKafka::start(3)?;
-    let producer: FutureProducer = worker::producer_config(&KafkaSettings::local(local.bootstrap_servers(), "bench"))
-        // The local Kafka keeps 5 MiB per partition: compressed, a backlog of
-        // 100,000 commands fits in 3 partitions (about 2.5 MiB each).
-        .set("compression.type", "lz4")
-        .create()
-        .context("creating the command producer")?;
+    let producer: FutureProducer =
+        worker::producer_config(&KafkaSettings::local(local.bootstrap_servers(), "bench"))
+            // The local Kafka keeps 5 MiB per partition: compressed, a backlog of
+            // 100,000 commands fits in 3 partitions (about 2.5 MiB each).
+            .set("compression.type", "lz4")
+            .create()
+            .context("creating the command producer")?;
     let bed = Bed {
         run_id: run_id.clone(),
         local,
@@ -278,20 +325,33 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             ..WorkerSettings::default()
         },
         database_url: database.url.clone(),
+        database_name: database_name.clone(),
         database_max_connections: database.max_connections,
         redis_url: args.redis_url.clone(),
         redis_prefix: run_prefix.clone(),
         samples_dir: args.samples_dir.clone(),
         worker_log_filter: args.worker_log_filter.clone(),
     };
-    let phases = run_phases(&bed, &mut report, e2e_commands, backlog, half_load_seconds, warmup, args.half_load_rate).await;
-    let Bed { local, producer, .. } = bed;
+    let plan = Plan {
+        ceiling_count,
+        concurrency,
+        e2e_commands,
+        backlog,
+        half_load_seconds,
+        warmup,
+        half_load_rate: args.half_load_rate,
+    };
+    let phases = run_phases(&bed, &mut report, &plan).await;
+    let Bed {
+        local, producer, ..
+    } = bed;
     // Every client must be gone before the cluster, or they log reconnect errors.
     drop(producer);
     tokio::task::spawn_blocking(move || drop(local)).await?;
     phases?;
 
     report.bench_process_peak_rss_mib = read_memory(None).map_or(0.0, |m| m.peak_mib());
+    report.settings.load_average_end = load_average();
     report.judge();
     println!("{}", report.table());
     if let Some(path) = &args.json {
@@ -309,26 +369,69 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             eprintln!("warning: cleaning up run {run_id} failed: {error:#}");
         }
     }
-    anyhow::ensure!(!args.strict || report.all_pass, "a SPEC §8 target was missed (--strict)");
+    anyhow::ensure!(
+        !args.strict || report.all_pass,
+        "a SPEC §8 target was missed (--strict)"
+    );
     Ok(())
 }
 
-async fn run_phases(
-    bed: &Bed,
-    report: &mut BenchReport,
+/// The ceiling again, between the 0 ms phase and the next, on the workers' pool.
+async fn ceiling_after(bed: &Bed, count: usize, concurrency: usize) -> anyhow::Result<LoopReport> {
+    let progress = bar("pg ceiling 2");
+    progress.set_length(count as u64);
+    let report = ceiling::postgres_ceiling(
+        &bed.pool,
+        &format!("bench-{}-ceilingafter", bed.run_id),
+        count,
+        concurrency,
+        &bed.database_name,
+        &progress,
+    )
+    .await?;
+    progress.finish_and_clear();
+    loop_line("pg ceiling 2", &report, "tx");
+    Ok(report)
+}
+
+/// How much of everything the phases do.
+#[derive(Clone, Copy)]
+struct Plan {
+    ceiling_count: usize,
+    concurrency: usize,
     e2e_commands: usize,
     backlog: usize,
     half_load_seconds: u64,
     warmup: f64,
     half_load_rate: Option<f64>,
-) -> anyhow::Result<()> {
+}
+
+async fn run_phases(bed: &Bed, report: &mut BenchReport, plan: &Plan) -> anyhow::Result<()> {
+    let Plan {
+        ceiling_count,
+        concurrency,
+        e2e_commands,
+        backlog,
+        half_load_seconds,
+        warmup,
+        half_load_rate,
+    } = *plan;
     let mut audit = AuditReport {
         ok: true,
         ..AuditReport::default()
     };
-    let zero = phase(bed, "e2e-0ms", 0, Load::Backlog(e2e_commands), WorkerKind::InProcess, &mut audit).await?;
+    let zero = phase(
+        bed,
+        "e2e-0ms",
+        0,
+        Load::Backlog(e2e_commands),
+        WorkerKind::InProcess,
+        &mut audit,
+    )
+    .await?;
     report.e2e_tps_0ms = zero.payments_per_s;
     report.phases.push(zero);
+    report.ceiling_after = ceiling_after(bed, ceiling_count, concurrency).await?;
 
     let slow = phase(
         bed,
@@ -365,7 +468,15 @@ async fn run_phases(
 
     // The worker process brings its own pool; ours would only hold server slots.
     bed.pool.close().await;
-    let process = phase(bed, "worker-process", 0, Load::Backlog(backlog), WorkerKind::Process, &mut audit).await?;
+    let process = phase(
+        bed,
+        "worker-process",
+        0,
+        Load::Backlog(backlog),
+        WorkerKind::Process,
+        &mut audit,
+    )
+    .await?;
     report.peak_rss_mib = process.worker_peak_rss_mib.unwrap_or(0.0);
     report.worker_process_tps_0ms = process.payments_per_s;
     report.phases.push(process);

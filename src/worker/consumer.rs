@@ -199,8 +199,17 @@ impl ConsumerContext for MemberContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(list) = rebalance {
+            // librdkafka keeps a partition's pause across a revoke and a later
+            // re-assignment, while the overflow that would have resumed it was dropped
+            // with the revoke: without this a partition paused for back pressure when
+            // it was revoked comes back paused and is never consumed again.
+            if list.count() > 0 {
+                if let Err(error) = consumer.resume(list) {
+                    tracing::warn!(%error, "resuming the assigned partitions failed");
+                }
+            }
             tracing::info!(partitions = list.count(), "assigned");
             self.assigned.store(list.count(), Ordering::SeqCst);
         }

@@ -48,7 +48,22 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let draining = CancellationToken::new();
         let mut admitted = 0usize;
         let mut inbox_open = true;
+        // A revoke drops the inbox's sender, but `recv` still hands out what was
+        // buffered (up to the inbox's capacity): the closure itself is the signal to
+        // start nothing new, checked on every wake-up and at least every 50 ms.
+        let mut closure_check = tokio::time::interval(std::time::Duration::from_millis(50));
+        closure_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if inbox_open && self.inbox.is_closed() {
+                // Revoked or shutting down: finish what runs, start nothing new.
+                // Queued records stay pending, so their offsets are not committed.
+                inbox_open = false;
+                waiting.clear();
+                draining.cancel();
+                if running.is_empty() {
+                    break;
+                }
+            }
             tokio::select! {
                 biased;
                 _ = self.abandon.cancelled() => {
@@ -67,18 +82,16 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     }
                     let next = waiting.get_mut(&lane).and_then(VecDeque::pop_front);
                     match next {
-                        Some(message) if inbox_open => self.start(&mut running, message, lane, &draining),
+                        Some(message) if inbox_open && !self.inbox.is_closed() => {
+                            self.start(&mut running, message, lane, &draining)
+                        }
                         _ => { waiting.remove(&lane); }
                     }
                 }
                 received = self.inbox.recv(), if inbox_open && admitted < self.max_in_flight => {
-                    let Some(message) = received else {
-                        // Revoked or shutting down: finish what runs, start nothing new.
-                        // Queued records stay pending, so their offsets are not committed.
-                        inbox_open = false;
-                        waiting.clear();
-                        draining.cancel();
-                        if running.is_empty() { break }
+                    // Closed: the check at the top of the loop stops admitting; this
+                    // record stays pending like the rest of the queue.
+                    let Some(message) = received.filter(|_| !self.inbox.is_closed()) else {
                         continue;
                     };
                     admitted += 1;
@@ -91,6 +104,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                         self.start(&mut running, message, lane, &draining);
                     }
                 }
+                _ = closure_check.tick(), if inbox_open => {}
             }
             if !inbox_open && running.is_empty() {
                 break;

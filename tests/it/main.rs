@@ -1,5 +1,6 @@
 //! One integration-test binary (one link step); each module is a capability.
 mod helpers;
+mod bench;
 mod token_contract;
 mod token_postgres;
 mod token_redis;

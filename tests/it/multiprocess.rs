@@ -1115,38 +1115,54 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     flush_prefix(&mut redis.conn, &redis.prefix).await;
 }
 
-/// A worker pauses a partition when more records arrive than it admits (back
+/// A worker pauses a partition when more records arrive than it can hold (back
 /// pressure). librdkafka keeps that pause across a rebalance, so a partition revoked
-/// while paused and assigned again later must be resumed, or it stalls for good:
-/// nothing processed, its offset never committed again.
+/// while paused and assigned again must be resumed, or it stalls for good: nothing
+/// processed, its offset never committed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_paused_for_back_pressure_is_consumed_again_after_a_rebalance() {
     let db = TestDb::new().await;
-    let redis = TestRedis::new().await;
-    // One command at a time, 100 ms each: 60 commands keep the partition paused.
-    let mut deployment = Deployment::start(
-        1,
-        &db.url,
-        &redis.prefix,
-        &["--latency-ms", "100"],
-        &[("MAX_IN_FLIGHT", "1")],
-    )
-    .await;
+    let mut redis = TestRedis::new().await;
     let spec = WorkloadSpec {
-        count: 60,
+        count: 1100,
         duplicate_ratio: 0.0,
         invalid_ratio: 0.0,
         decline_ratio: 0.0,
         seed: 3,
     };
     let records = worker::generate(&spec, &unique("pause"));
+    // The first command's charge is held for 20 s and one command runs at a time, so
+    // the rest pile up beyond what the worker holds and the partition is paused.
+    let held = format!(
+        "{}=20000",
+        String::from_utf8(records[0].key.clone().unwrap()).unwrap()
+    );
+    let mut deployment = Deployment::start(
+        1,
+        &db.url,
+        &redis.prefix,
+        &["--slow-key", &held],
+        &[
+            ("MAX_IN_FLIGHT", "1"),
+            ("GATEWAY_TIMEOUT", "60s"),
+            // librdkafka's own log line is the only outside sign of a pause.
+            ("KAFKA_CONFIG_DEBUG", "topic"),
+            ("RUST_LOG", "info,librdkafka=debug"),
+        ],
+    )
+    .await;
     deployment.add_worker();
     deployment
         .wait_for_stable_group(Duration::from_secs(60))
         .await;
-    deployment.produce_paced(&records, 60).await.unwrap();
     deployment
-        .wait_for_results(5, Duration::from_secs(60))
+        .produce_paced(&records, records.len())
+        .await
+        .unwrap();
+    deployment.workers[0]
+        .wait_for(Duration::from_secs(60), |l| {
+            l.contains("Application pausing").then_some(())
+        })
         .await;
 
     // A second member joins (every partition is revoked, the paused one included)
@@ -1162,7 +1178,7 @@ async fn a_partition_paused_for_back_pressure_is_consumed_again_after_a_rebalanc
     second.stop(Duration::from_secs(30)).await;
 
     deployment
-        .wait_until_settled(records.len(), HashMap::new(), Duration::from_secs(90))
+        .wait_until_settled(records.len(), HashMap::new(), Duration::from_secs(120))
         .await;
     deployment.stop_workers().await;
     assert_eq!(
@@ -1170,4 +1186,5 @@ async fn a_partition_paused_for_back_pressure_is_consumed_again_after_a_rebalanc
         records.len(),
         "every command charged"
     );
+    flush_prefix(&mut redis.conn, &redis.prefix).await;
 }
