@@ -3,9 +3,9 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = payment_worker::cli::Cli::parse();
-    // The demo prints its own report; its workers' info logs would bury it.
+    // Demo and bench print their own reports; their workers' info logs would bury them.
     let default_filter = match cli.command {
-        payment_worker::cli::Command::Demo(_) => "error",
+        payment_worker::cli::Command::Demo(_) | payment_worker::cli::Command::Bench(_) => "error",
         _ => "info",
     };
     let telemetry = payment_worker::telemetry::init(default_filter);

@@ -410,8 +410,14 @@ mod tests {
 
     #[test]
     fn verdicts_follow_the_spec_targets() {
+        let ceiling = |per_s| LoopReport {
+            operations: 1000,
+            per_s,
+            ..LoopReport::default()
+        };
         let mut report = BenchReport {
-            ceiling_tps: 1000.0,
+            ceiling: ceiling(900.0),
+            ceiling_after: ceiling(1100.0),
             e2e_tps_0ms: 800.0,
             e2e_tps_20ms: 1000.0,
             sequential_bound_20ms: 150.0,
@@ -426,7 +432,15 @@ mod tests {
         };
         report.judge();
         assert!(report.all_pass, "{report:?}");
+        assert_eq!(report.ceiling_tps, 1000.0, "the mean of before and after");
         assert!((report.ratio_20ms_to_sequential - 1000.0 / 150.0).abs() < 1e-9);
+        report.half_load_rate = 300.0;
+        report.judge();
+        assert!(
+            !report.pass_p99_half_load,
+            "a p99 below half the peak rate proves nothing"
+        );
+        report.half_load_rate = 400.0;
         report.e2e_tps_0ms = 799.0;
         report.audit.ok = false;
         report.judge();
