@@ -391,7 +391,8 @@ pub fn read_partitions(
 pub struct RedriveArgs {
     #[command(flatten)]
     pub kafka: KafkaSettings,
-    /// Only records with this `x-error-kind`.
+    /// Only records with this `x-error-kind`. Progress is one offset per partition,
+    /// so records of other kinds are passed over for good.
     #[arg(long)]
     pub kind: Option<String>,
     /// Redrive at most this many records.

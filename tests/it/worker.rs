@@ -339,3 +339,51 @@ async fn a_record_too_large_to_dead_letter_whole_is_dead_lettered_without_its_va
     assert_eq!(dead[0].key(), Some(&b"huge-1"[..]), "the original key is kept");
     assert_eq!(dead[0].payload(), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_are_redriven_once_with_their_original_key_value_and_headers() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let producer: FutureProducer = worker::producer_config(&stack.settings).create().unwrap();
+    let bad = br#"{"idempotency_key":"redrive-1","amount_minor":5}"#.to_vec();
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("redrive-1")
+                .payload(&bad)
+                .headers(OwnedHeaders::new().insert(Header { key: "tenant", value: Some("acme") })),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let worker = stack.start_worker("d", &quick_worker_settings());
+    stack.wait_for_results(1, Duration::from_secs(30)).await;
+    stop_all(vec![worker]).await;
+    assert_eq!(stack.dead_letters().await.len(), 1);
+
+    let redrive = || worker::RedriveArgs { kafka: stack.settings.clone(), kind: None, max: None };
+    worker::redrive(redrive()).await.unwrap();
+    let settings = stack.settings.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        worker::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(commands.len(), 2, "the dead letter is back on the commands topic");
+    let again = &commands[1];
+    assert_eq!(again.key(), Some(&b"redrive-1"[..]));
+    assert_eq!(again.payload(), Some(&bad[..]));
+    assert_eq!(header(again, "tenant").as_deref(), Some("acme"), "original headers kept");
+    assert_eq!(header(again, "x-error-kind"), None, "dead-letter headers removed");
+
+    // Progress is remembered: a second redrive sends nothing.
+    worker::redrive(redrive()).await.unwrap();
+    let settings = stack.settings.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        worker::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(commands.len(), 2);
+}
