@@ -20,7 +20,11 @@ use crate::token::{IdempotencyKey, IssueOutcome};
 use crate::worker::{self, LocalKafka};
 
 #[derive(Debug, Parser)]
-#[command(name = "payment-worker", version, about = "Charges each payment command exactly once")]
+#[command(
+    name = "payment-worker",
+    version,
+    about = "Charges each payment command exactly once"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -155,20 +159,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let (_pool, store) = settings.open().await?;
             let mut out = std::io::stdout().lock();
             match command {
-                TokensCommand::Issue { ttl, count, keys, .. } => {
+                TokensCommand::Issue {
+                    ttl, count, keys, ..
+                } => {
                     let keys: Vec<IdempotencyKey> = if keys.is_empty() {
                         (0..count)
-                            .map(|_| IdempotencyKey::try_from(format!("tok-{}", uuid::Uuid::new_v4().simple())))
+                            .map(|_| {
+                                IdempotencyKey::try_from(format!(
+                                    "tok-{}",
+                                    uuid::Uuid::new_v4().simple()
+                                ))
+                            })
                             .collect::<Result<_, _>>()?
                     } else {
                         keys.into_iter()
-                            .map(|k| IdempotencyKey::try_from(k.as_str()).with_context(|| format!("key {k:?}")))
+                            .map(|k| {
+                                IdempotencyKey::try_from(k.as_str())
+                                    .with_context(|| format!("key {k:?}"))
+                            })
                             .collect::<anyhow::Result<_>>()?
                     };
                     for key in keys {
                         match store.issue(&key, ttl).await? {
                             IssueOutcome::Created => writeln!(out, "{key}")?,
-                            IssueOutcome::AlreadyExists => eprintln!("{key}: already exists, left as it is"),
+                            IssueOutcome::AlreadyExists => {
+                                eprintln!("{key}: already exists, left as it is")
+                            }
                         }
                     }
                 }
@@ -192,9 +208,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let command = PaymentCommand::parse(json.as_bytes())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", e.code()))?;
-            let processor = processor.build(&WorkerSettings::default().worker_id()).await?;
-            let outcome = processor.process(&command, &CommandContext::default()).await;
-            println!("{}", serde_json::to_string(&crate::worker::OutcomeView::from(&outcome))?);
+            let processor = processor
+                .build(&WorkerSettings::default().worker_id())
+                .await?;
+            let outcome = processor
+                .process(&command, &CommandContext::default())
+                .await;
+            println!(
+                "{}",
+                serde_json::to_string(&crate::worker::OutcomeView::from(&outcome))?
+            );
             Ok(())
         }
         Command::Produce(args) => worker::produce(args).await,
@@ -219,7 +242,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 bootstrap.replace("127.0.0.1", &listen)
             };
             if let Some(path) = bootstrap_file {
-                std::fs::write(&path, &advertised).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, &advertised)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             println!("dev-kafka bootstrap {advertised}");
             std::io::stdout().flush()?;
@@ -228,7 +252,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => crate::bench::run(args).await,
-        Command::GatewaySim { listen, config } => crate::gateway::run_simulator(listen, config).await,
+        Command::GatewaySim { listen, config } => {
+            crate::gateway::run_simulator(listen, config).await
+        }
     }
 }
 

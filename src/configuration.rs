@@ -37,7 +37,11 @@ pub struct DatabaseSettings {
     #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub url: String,
     /// Pool size. Each in-flight payment holds one connection for its transaction.
-    #[arg(long = "database-max-connections", env = "DATABASE_MAX_CONNECTIONS", default_value_t = 48)]
+    #[arg(
+        long = "database-max-connections",
+        env = "DATABASE_MAX_CONNECTIONS",
+        default_value_t = 48
+    )]
     pub max_connections: u32,
 }
 
@@ -70,10 +74,7 @@ impl DatabaseSettings {
     /// Creates the database named in the URL if it does not exist yet.
     pub async fn ensure_database(&self) -> anyhow::Result<()> {
         let options = self.options()?;
-        let name = options
-            .get_database()
-            .unwrap_or("postgres")
-            .to_owned();
+        let name = options.get_database().unwrap_or("postgres").to_owned();
         let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
             .await
             .with_context(|| format!("cannot reach Postgres at {}", redact_url(&self.url)))?;
@@ -123,7 +124,12 @@ pub struct RedisSettings {
     #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL)]
     pub url: String,
     /// Key prefix; each key is `<prefix>:token:{<idempotency key>}` (hash-tagged for Redis Cluster).
-    #[arg(id = "redis_key_prefix", long = "redis-key-prefix", env = "REDIS_KEY_PREFIX", default_value = "pw")]
+    #[arg(
+        id = "redis_key_prefix",
+        long = "redis-key-prefix",
+        env = "REDIS_KEY_PREFIX",
+        default_value = "pw"
+    )]
     pub key_prefix: String,
 }
 
@@ -144,9 +150,19 @@ pub enum TokenStoreKind {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenSettings {
-    #[arg(long = "token-store", env = "TOKEN_STORE", value_enum, default_value = "redis")]
+    #[arg(
+        long = "token-store",
+        env = "TOKEN_STORE",
+        value_enum,
+        default_value = "redis"
+    )]
     pub store: TokenStoreKind,
-    #[arg(long = "token-mode", env = "TOKEN_MODE", value_enum, default_value = "implicit")]
+    #[arg(
+        long = "token-mode",
+        env = "TOKEN_MODE",
+        value_enum,
+        default_value = "implicit"
+    )]
     pub mode: TokenMode,
     /// How long a reservation stays exclusive without being extended.
     #[arg(long = "lease", env = "LEASE", default_value = "30s", value_parser = parse_duration)]
@@ -183,14 +199,24 @@ pub struct StoreSettings {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewaySettings {
-    #[arg(id = "gateway_url", long = "gateway-url", env = "GATEWAY_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        id = "gateway_url",
+        long = "gateway-url",
+        env = "GATEWAY_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
     pub url: String,
     /// A charge without an answer after this long has an UNKNOWN outcome.
     #[arg(id = "gateway_timeout", long = "gateway-timeout", env = "GATEWAY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
     #[arg(long = "gateway-connect-timeout", env = "GATEWAY_CONNECT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
-    #[arg(long = "gateway-lookup", env = "GATEWAY_LOOKUP", value_enum, default_value = "uncertain")]
+    #[arg(
+        long = "gateway-lookup",
+        env = "GATEWAY_LOOKUP",
+        value_enum,
+        default_value = "uncertain"
+    )]
     pub lookup: crate::payment::GatewayLookup,
 }
 
@@ -198,11 +224,23 @@ pub struct GatewaySettings {
 pub struct KafkaSettings {
     #[arg(long = "kafka-brokers", env = "KAFKA_BROKERS", default_value = DEFAULT_BROKERS)]
     pub brokers: String,
-    #[arg(long = "kafka-group-id", env = "KAFKA_GROUP_ID", default_value = "payment-worker")]
+    #[arg(
+        long = "kafka-group-id",
+        env = "KAFKA_GROUP_ID",
+        default_value = "payment-worker"
+    )]
     pub group_id: String,
-    #[arg(long = "commands-topic", env = "COMMANDS_TOPIC", default_value = "payments.commands")]
+    #[arg(
+        long = "commands-topic",
+        env = "COMMANDS_TOPIC",
+        default_value = "payments.commands"
+    )]
     pub commands_topic: String,
-    #[arg(long = "results-topic", env = "RESULTS_TOPIC", default_value = "payments.results")]
+    #[arg(
+        long = "results-topic",
+        env = "RESULTS_TOPIC",
+        default_value = "payments.results"
+    )]
     pub results_topic: String,
     #[arg(long = "dlq-topic", env = "DLQ_TOPIC", default_value = "payments.dlq")]
     pub dlq_topic: String,
@@ -224,9 +262,16 @@ fn parse_key_value(value: &str) -> Result<(String, String), String> {
 
 fn is_secret_setting(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    ["password", "secret", "jaas", "token", "key.pem", "credentials"]
-        .iter()
-        .any(|s| key.contains(s))
+    [
+        "password",
+        "secret",
+        "jaas",
+        "token",
+        "key.pem",
+        "credentials",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
 }
 
 impl KafkaSettings {
@@ -261,7 +306,11 @@ impl std::fmt::Debug for KafkaSettings {
             .passthrough()
             .into_iter()
             .map(|(k, v)| {
-                let shown = if is_secret_setting(&k) { "***" } else { "<set>" };
+                let shown = if is_secret_setting(&k) {
+                    "***"
+                } else {
+                    "<set>"
+                };
                 let _ = v;
                 (k, shown)
             })

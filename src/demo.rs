@@ -16,7 +16,9 @@ use rdkafka::producer::FutureProducer;
 use crate::configuration::{
     DatabaseSettings, GatewaySettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
 };
-use crate::gateway::{ChargeStatus, GatewaySimulator, HttpGateway, PaymentGateway, SimulatorConfig};
+use crate::gateway::{
+    ChargeStatus, GatewaySimulator, HttpGateway, PaymentGateway, SimulatorConfig,
+};
 use crate::payment::{GatewayLookup, Processor};
 use crate::retry::RetryPolicy;
 use crate::startup;
@@ -56,7 +58,10 @@ fn start_results_reader(
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     let mut config = worker::base_config(kafka);
     config
-        .set("group.id", format!("demo-results-{}", uuid::Uuid::new_v4().simple()))
+        .set(
+            "group.id",
+            format!("demo-results-{}", uuid::Uuid::new_v4().simple()),
+        )
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false");
     let consumer: BaseConsumer = config.create()?;
@@ -72,7 +77,10 @@ fn start_results_reader(
                     *tally.by_outcome.entry("unreadable".to_owned()).or_default() += 1;
                     continue;
                 };
-                if tally.answered.insert((result.source.partition, result.source.offset)) {
+                if tally
+                    .answered
+                    .insert((result.source.partition, result.source.offset))
+                {
                     tally.results += 1;
                     *tally.by_outcome.entry(result.outcome).or_default() += 1;
                 }
@@ -82,18 +90,28 @@ fn start_results_reader(
     }))
 }
 
-async fn wait_for_results(tally: &Mutex<Tally>, target: usize, label: &str) -> anyhow::Result<Duration> {
+async fn wait_for_results(
+    tally: &Mutex<Tally>,
+    target: usize,
+    label: &str,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(600);
     loop {
         let done = tally.lock().unwrap_or_else(|p| p.into_inner()).results;
-        eprint!("\r  {label}: {done}/{target} results ({:.1}s)   ", started.elapsed().as_secs_f64());
+        eprint!(
+            "\r  {label}: {done}/{target} results ({:.1}s)   ",
+            started.elapsed().as_secs_f64()
+        );
         let _ = std::io::stderr().flush();
         if done >= target {
             eprintln!();
             return Ok(started.elapsed());
         }
-        anyhow::ensure!(Instant::now() < deadline, "{label} did not finish within 10 minutes");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{label} did not finish within 10 minutes"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -129,8 +147,14 @@ async fn stop_group(workers: Vec<worker::RunningWorker>) -> anyhow::Result<()> {
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     println!("payment-worker demo (run {run_id})");
-    println!("  postgres: {}", crate::configuration::redact_url(&args.database.url));
-    println!("  redis:    {}", crate::configuration::redact_url(&args.redis.url));
+    println!(
+        "  postgres: {}",
+        crate::configuration::redact_url(&args.database.url)
+    );
+    println!(
+        "  redis:    {}",
+        crate::configuration::redact_url(&args.redis.url)
+    );
     let pool = args.database.connect_and_migrate().await?;
 
     let local = LocalKafka::start(3)?;
@@ -139,7 +163,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     kafka.results_topic = format!("demo-{run_id}.results");
     kafka.dlq_topic = format!("demo-{run_id}.dlq");
     local.create_payment_topics(&kafka, args.partitions)?;
-    println!("  kafka:    local mock cluster at {} ({} partitions)", kafka.brokers, args.partitions);
+    println!(
+        "  kafka:    local mock cluster at {} ({} partitions)",
+        kafka.brokers, args.partitions
+    );
 
     let simulator = GatewaySimulator::bind(
         "127.0.0.1:0".parse()?,
@@ -215,7 +242,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..WorkerSettings::default()
     };
 
-    println!("\npass 1: {} workers in group {}", args.workers, kafka.group_id);
+    println!(
+        "\npass 1: {} workers in group {}",
+        args.workers, kafka.group_id
+    );
     let group = start_group(args.workers, &kafka, &worker_settings, &processors)?;
     let first = wait_for_results(&tally, records.len(), "pass 1").await?;
     let pass1 = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
@@ -234,7 +264,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let _ = tokio::task::spawn_blocking(move || reader.join()).await;
 
     // The books: the gateway ledger against the payments table, for this run's keys.
-    let ledger_client = HttpGateway::new(&gateway_url, Duration::from_secs(10), Duration::from_secs(1))?;
+    let ledger_client = HttpGateway::new(
+        &gateway_url,
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    )?;
     let ledger: Vec<_> = ledger_client
         .ledger()
         .await?
@@ -243,7 +277,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     let mut charges_per_key: HashMap<&str, usize> = HashMap::new();
     for entry in &ledger {
-        *charges_per_key.entry(entry.idempotency_key.as_str()).or_default() += 1;
+        *charges_per_key
+            .entry(entry.idempotency_key.as_str())
+            .or_default() += 1;
     }
     let double_charged = charges_per_key.values().filter(|n| **n > 1).count();
     let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
@@ -267,14 +303,34 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             _ => mismatches += 1,
         }
     }
-    let rows_without_charge = rows.len().saturating_sub(ledger.len() - mismatches.min(ledger.len()));
+    let rows_without_charge = rows
+        .len()
+        .saturating_sub(ledger.len() - mismatches.min(ledger.len()));
 
     println!("\n=== report ===");
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(0.001);
-    println!("pass 1: {} results in {:.1}s ({:.0} commands/s): {:?}", pass1.results, first.as_secs_f64(), rate(pass1.results, first), pass1.by_outcome);
-    println!("pass 2 (replay): {} results in {:.1}s ({:.0} commands/s): {:?}", pass2.results, second.as_secs_f64(), rate(pass2.results, second), pass2.by_outcome);
-    let new_in_replay = pass2.by_outcome.get("succeeded").unwrap_or(&0) + pass2.by_outcome.get("declined").unwrap_or(&0);
-    println!("ledger audit: {} charges for {} keys, {} payment rows", ledger.len(), charges_per_key.len(), rows.len());
+    println!(
+        "pass 1: {} results in {:.1}s ({:.0} commands/s): {:?}",
+        pass1.results,
+        first.as_secs_f64(),
+        rate(pass1.results, first),
+        pass1.by_outcome
+    );
+    println!(
+        "pass 2 (replay): {} results in {:.1}s ({:.0} commands/s): {:?}",
+        pass2.results,
+        second.as_secs_f64(),
+        rate(pass2.results, second),
+        pass2.by_outcome
+    );
+    let new_in_replay = pass2.by_outcome.get("succeeded").unwrap_or(&0)
+        + pass2.by_outcome.get("declined").unwrap_or(&0);
+    println!(
+        "ledger audit: {} charges for {} keys, {} payment rows",
+        ledger.len(),
+        charges_per_key.len(),
+        rows.len()
+    );
     println!("  double charges:               {double_charged}");
     println!("  charges without matching row: {mismatches}");
     println!("  rows without a charge:        {rows_without_charge}");

@@ -44,13 +44,15 @@ pub fn is_transient_sqlx(error: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => matches!(
-            db.code().as_deref(),
-            // serialization_failure, deadlock_detected, lock_not_available,
-            // admin/crash shutdown, cannot_connect_now, too_many_connections,
-            // query_canceled (statement timeout), connection exceptions (08xxx).
-            Some("40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "53300" | "57014")
-        ) || db.code().is_some_and(|c| c.starts_with("08")),
+        sqlx::Error::Database(db) => {
+            matches!(
+                db.code().as_deref(),
+                // serialization_failure, deadlock_detected, lock_not_available,
+                // admin/crash shutdown, cannot_connect_now, too_many_connections,
+                // query_canceled (statement timeout), connection exceptions (08xxx).
+                Some("40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "53300" | "57014")
+            ) || db.code().is_some_and(|c| c.starts_with("08"))
+        }
         _ => false,
     }
 }

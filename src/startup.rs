@@ -19,7 +19,10 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Applies `migrations/`. Safe to run concurrently from several processes.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    MIGRATOR.run(pool).await.context("applying migrations failed")
+    MIGRATOR
+        .run(pool)
+        .await
+        .context("applying migrations failed")
 }
 
 pub async fn token_store(
@@ -33,7 +36,9 @@ pub async fn token_store(
                 .await
                 .context("connecting to Redis")?,
         ),
-        TokenStoreKind::Postgres => Arc::new(PostgresTokenStore::new(pool.clone(), settings.policy())),
+        TokenStoreKind::Postgres => {
+            Arc::new(PostgresTokenStore::new(pool.clone(), settings.policy()))
+        }
     })
 }
 
@@ -67,7 +72,13 @@ impl ProcessorSettings {
     pub async fn build(&self, worker_id: &str) -> anyhow::Result<Processor> {
         let (pool, tokens) = self.stores.open().await?;
         let gateway = gateway(&self.gateway)?;
-        Ok(Processor::new(tokens, gateway, pool, self.gateway.lookup, worker_id))
+        Ok(Processor::new(
+            tokens,
+            gateway,
+            pool,
+            self.gateway.lookup,
+            worker_id,
+        ))
     }
 }
 
@@ -80,7 +91,11 @@ pub fn handler(
         budget: worker.retry_budget,
         ..RetryPolicy::default()
     };
-    Ok(Arc::new(Handler::new(processor, Publisher::new(kafka)?, retry)))
+    Ok(Arc::new(Handler::new(
+        processor,
+        Publisher::new(kafka)?,
+        retry,
+    )))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -88,14 +103,15 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; Ctrl-C only");
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for SIGTERM; Ctrl-C only");
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

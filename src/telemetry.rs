@@ -97,7 +97,8 @@ pub fn init(default_filter: &str) -> Telemetry {
     if let Some(provider) = &meter_provider {
         opentelemetry::global::set_meter_provider(provider.clone());
     }
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let logs = if json {
         tracing_subscriber::fmt::layer()
@@ -118,10 +119,15 @@ pub fn init(default_filter: &str) -> Telemetry {
     let traces = tracer_provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer(SERVICE_NAME))
-            .with_filter(EnvFilter::new("info,payment_worker=debug,h2=off,tonic=off,hyper=off,reqwest=off"))
+            .with_filter(EnvFilter::new(
+                "info,payment_worker=debug,h2=off,tonic=off,hyper=off,reqwest=off",
+            ))
     });
     // Already initialised (a test installed its own): keep that one.
-    let _ = tracing_subscriber::registry().with(logs).with(traces).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
     Telemetry {
         tracer_provider,
         meter_provider,
@@ -204,14 +210,20 @@ pub fn metrics() -> &'static Metrics {
 pub fn record_atomic_failure(operation: &'static str, reason: &'static str) {
     metrics().atomic_operation_failures.add(
         1,
-        &[KeyValue::new("operation", operation), KeyValue::new("reason", reason)],
+        &[
+            KeyValue::new("operation", operation),
+            KeyValue::new("reason", reason),
+        ],
     );
 }
 
 pub fn record_token_inconsistency(expected: &'static str, actual: &'static str) {
     metrics().token_inconsistencies.add(
         1,
-        &[KeyValue::new("expected", expected), KeyValue::new("actual", actual)],
+        &[
+            KeyValue::new("expected", expected),
+            KeyValue::new("actual", actual),
+        ],
     );
 }
 
@@ -244,7 +256,9 @@ impl<H: Headers> Extractor for KafkaHeaderExtractor<'_, H> {
 /// fails a payment.
 pub fn adopt_remote_parent<H: Headers>(span: &tracing::Span, headers: Option<&H>) {
     let Some(headers) = headers else { return };
-    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&KafkaHeaderExtractor(headers)));
+    let parent = opentelemetry::global::get_text_map_propagator(|p| {
+        p.extract(&KafkaHeaderExtractor(headers))
+    });
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
     }
@@ -282,17 +296,27 @@ pub fn with_trace_headers(mut headers: OwnedHeaders) -> OwnedHeaders {
 pub fn trace_ids(span: &tracing::Span) -> Option<(String, String)> {
     let context = span.context();
     let span_context = context.span().span_context().clone();
-    span_context
-        .is_valid()
-        .then(|| (span_context.trace_id().to_string(), span_context.span_id().to_string()))
+    span_context.is_valid().then(|| {
+        (
+            span_context.trace_id().to_string(),
+            span_context.span_id().to_string(),
+        )
+    })
 }
 
 /// Links `span` to a span of another trace (a replayed duplicate to the run that
 /// charged). Ignores ids that do not parse.
 pub fn link_to(span: &tracing::Span, trace_id: &str, span_id: &str) {
-    let (Ok(trace_id), Ok(span_id)) = (TraceId::from_hex(trace_id), SpanId::from_hex(span_id)) else {
+    let (Ok(trace_id), Ok(span_id)) = (TraceId::from_hex(trace_id), SpanId::from_hex(span_id))
+    else {
         return;
     };
-    let remote = SpanContext::new(trace_id, span_id, TraceFlags::SAMPLED, true, TraceState::default());
+    let remote = SpanContext::new(
+        trace_id,
+        span_id,
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
     span.add_link(remote);
 }

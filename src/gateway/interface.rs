@@ -82,7 +82,10 @@ pub enum GatewayError {
 impl GatewayError {
     /// Retrying the same request with the same idempotency key is safe and may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Timeout | Self::Unavailable(_) | Self::Protocol(_))
+        matches!(
+            self,
+            Self::Timeout | Self::Unavailable(_) | Self::Protocol(_)
+        )
     }
 }
 

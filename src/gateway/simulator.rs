@@ -395,7 +395,10 @@ async fn post_charge(
         Err(rejection) => return rejection.into_response(),
     };
     if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
-        let mut seen = shared.traceparents.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = shared
+            .traceparents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         seen.entry(key.as_str().to_owned())
             .or_insert_with(|| traceparent.to_owned());
     }
@@ -597,7 +600,11 @@ impl RunningSimulator {
 
     /// The `traceparent` header of the first charge request for `key`, if it had one.
     pub fn traceparent_of(&self, key: &str) -> Option<String> {
-        let seen = self.shared.traceparents.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = self
+            .shared
+            .traceparents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         seen.get(key).cloned()
     }
 

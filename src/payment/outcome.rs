@@ -39,11 +39,19 @@ pub enum Outcome {
         transaction_id: String,
     },
     /// Already handled: `payment_id` is the original payment.
-    Duplicate { payment_id: Uuid },
-    Rejected { kind: RejectionKind, reason: String },
+    Duplicate {
+        payment_id: Uuid,
+    },
+    Rejected {
+        kind: RejectionKind,
+        reason: String,
+    },
     /// A transient failure; the token was restored (or left to its lease when the
     /// outcome is unknown). Try again no sooner than `after`.
-    Retry { after: Duration, reason: String },
+    Retry {
+        after: Duration,
+        reason: String,
+    },
 }
 
 impl Outcome {

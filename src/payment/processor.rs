@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::Retryable;
+use sqlx::PgPool;
 use tracing::field::Empty;
 use tracing::Instrument;
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::outcome::{Outcome, RejectionKind};
@@ -147,7 +147,9 @@ impl Processor {
         if crate::telemetry::trace_ids(&span).is_none() {
             return;
         }
-        let Ok(mut conn) = self.pool.acquire().await else { return };
+        let Ok(mut conn) = self.pool.acquire().await else {
+            return;
+        };
         if let Ok(Some((trace_id, span_id))) = persistence::trace_of(&mut conn, payment_id).await {
             crate::telemetry::link_to(&span, &trace_id, &span_id);
         }
@@ -159,7 +161,12 @@ impl Processor {
         // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
         let owner = format!("{}:{}", self.worker_id, Uuid::new_v4().simple());
         let span = token_span("reserve");
-        let reservation = match self.tokens.reserve(key, &owner).instrument(span.clone()).await {
+        let reservation = match self
+            .tokens
+            .reserve(key, &owner)
+            .instrument(span.clone())
+            .await
+        {
             Ok(reservation) => reservation,
             Err(error) => {
                 token_failure("reserve", &error);
@@ -173,7 +180,8 @@ impl Processor {
         match reservation {
             Reservation::Reserved { fence } => {
                 let claim = Claim { owner, fence };
-                self.run_reserved(command, &fingerprint, context, &claim).await
+                self.run_reserved(command, &fingerprint, context, &claim)
+                    .await
             }
             Reservation::InFlight { lease_left } => Outcome::Retry {
                 after: lease_left,
@@ -185,7 +193,10 @@ impl Processor {
             } => match stored {
                 Some(stored) if stored == fingerprint.as_str() => Outcome::Duplicate { payment_id },
                 Some(_) => key_reused(),
-                None => self.decide_from_postgres(key, &fingerprint, payment_id).await,
+                None => {
+                    self.decide_from_postgres(key, &fingerprint, payment_id)
+                        .await
+                }
             },
             Reservation::Missing => self.recover_missing(command, &fingerprint, context).await,
         }
@@ -209,7 +220,10 @@ impl Processor {
         }
     }
 
-    async fn find_existing(&self, key: &IdempotencyKey) -> Result<Option<PaymentRecord>, sqlx::Error> {
+    async fn find_existing(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<PaymentRecord>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         persistence::find_payment(&mut conn, key.as_str()).await
     }
@@ -324,7 +338,12 @@ impl Processor {
                 outcome
             }
             Settlement::Restore(outcome) => {
-                match self.tokens.restore(key, claim).instrument(token_span("restore")).await {
+                match self
+                    .tokens
+                    .restore(key, claim)
+                    .instrument(token_span("restore"))
+                    .await
+                {
                     Ok(Transition::Applied) => {
                         tracing::debug!(idempotency_key = %key, "token processing -> pending")
                     }
@@ -361,7 +380,12 @@ impl Processor {
             }
             Settlement::Restore(retry(format!("{what} failed: {error}")))
         };
-        let mut tx = match self.pool.begin().instrument(persistence::statement_span("BEGIN")).await {
+        let mut tx = match self
+            .pool
+            .begin()
+            .instrument(persistence::statement_span("BEGIN"))
+            .await
+        {
             Ok(tx) => tx,
             Err(error) => return before_charge("begin", error),
         };
@@ -378,7 +402,8 @@ impl Processor {
             span_id: ids.as_ref().map(|(_, s)| s.as_str()),
             fence: claim.fence,
         };
-        let payment_id = match persistence::insert(&mut tx, command, fingerprint, &row, None).await {
+        let payment_id = match persistence::insert(&mut tx, command, fingerprint, &row, None).await
+        {
             Ok(Some(id)) => id,
             // Another holder committed this key while we waited on the unique index.
             Ok(None) => {
@@ -395,7 +420,9 @@ impl Processor {
             return Settlement::Restore(retry(fault.to_string()));
         }
 
-        let (charge, lease_kept) = self.with_lease(key, claim, self.obtain_charge(command, claim)).await;
+        let (charge, lease_kept) = self
+            .with_lease(key, claim, self.obtain_charge(command, claim))
+            .await;
         let charge = match charge {
             Ok(charge) => charge,
             Err(settlement) => return settlement,
@@ -409,19 +436,32 @@ impl Processor {
             return Settlement::LeaveToLease(retry("lease lost during the gateway call"));
         }
         if let Err(error) = persistence::record_charge(&mut tx, payment_id, &charge).await {
-            return Settlement::LeaveToLease(retry(format!("recording the charge failed: {error}")));
+            return Settlement::LeaveToLease(retry(format!(
+                "recording the charge failed: {error}"
+            )));
         }
         // Fencing (I5): only the current owner may commit.
-        match self.tokens.extend(key, claim).instrument(token_span("extend")).await {
+        match self
+            .tokens
+            .extend(key, claim)
+            .instrument(token_span("extend"))
+            .await
+        {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
                 return Settlement::LeaveToLease(retry("lease lost before commit"))
             }
             Err(error) => {
-                return Settlement::LeaveToLease(retry(format!("lease check before commit failed: {error}")))
+                return Settlement::LeaveToLease(retry(format!(
+                    "lease check before commit failed: {error}"
+                )))
             }
         }
-        if let Err(error) = tx.commit().instrument(persistence::statement_span("COMMIT")).await {
+        if let Err(error) = tx
+            .commit()
+            .instrument(persistence::statement_span("COMMIT"))
+            .await
+        {
             // A failed COMMIT may still have committed: only the next owner can tell.
             return Settlement::LeaveToLease(retry(format!("commit failed: {error}")));
         }
@@ -467,7 +507,9 @@ impl Processor {
         match self.gateway.charge(key, &command.charge_request()).await {
             Ok(charge) => Ok(charge),
             Err(GatewayError::Timeout) => self.resolve_unknown(command).await,
-            Err(GatewayError::Rejected { status: 422, .. }) => Err(Settlement::Restore(key_reused())),
+            Err(GatewayError::Rejected { status: 422, .. }) => {
+                Err(Settlement::Restore(key_reused()))
+            }
             Err(GatewayError::Rejected { status, reason }) => {
                 Err(Settlement::Restore(Outcome::Rejected {
                     kind: RejectionKind::Invalid,
@@ -561,6 +603,10 @@ fn verdict_label(reservation: &Reservation) -> &'static str {
 }
 
 fn token_failure(operation: &'static str, error: &crate::token::TokenError) {
-    let reason = if error.is_retryable() { "unavailable" } else { "corrupt" };
+    let reason = if error.is_retryable() {
+        "unavailable"
+    } else {
+        "corrupt"
+    };
     crate::telemetry::record_atomic_failure(operation, reason);
 }

@@ -98,7 +98,10 @@ mod tests {
             (long_ok.as_str(), Ok(())),
             ("", Err(InvalidKey::Empty)),
             (too_long.as_str(), Err(InvalidKey::TooLong(129))),
-            ("has space", Err(InvalidKey::IllegalCharacter { position: 3 })),
+            (
+                "has space",
+                Err(InvalidKey::IllegalCharacter { position: 3 }),
+            ),
             ("{tag}", Err(InvalidKey::IllegalCharacter { position: 0 })),
             ("a*", Err(InvalidKey::IllegalCharacter { position: 1 })),
             ("a/b", Err(InvalidKey::IllegalCharacter { position: 1 })),

@@ -7,8 +7,7 @@ pub use key::{IdempotencyKey, InvalidKey};
 pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
 
-
 pub use store::{
-    Claim, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode, TokenPolicy,
-    TokenState, TokenStore, TokenView, Transition,
+    Claim, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode, TokenPolicy, TokenState,
+    TokenStore, TokenView, Transition,
 };

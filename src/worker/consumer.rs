@@ -176,7 +176,10 @@ impl ClientContext for MemberContext {
                 if *partition >= 0 && stats.consumer_lag >= 0 {
                     lag.record(
                         stats.consumer_lag,
-                        &[opentelemetry::KeyValue::new("partition", i64::from(*partition))],
+                        &[opentelemetry::KeyValue::new(
+                            "partition",
+                            i64::from(*partition),
+                        )],
                     );
                 }
             }

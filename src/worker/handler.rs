@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 use backon::Retryable;
 use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
-use tracing::field::Empty;
 use tokio_util::sync::CancellationToken;
+use tracing::field::Empty;
 
 use super::messages::{decode, record_key, source_of, ResultRecord};
 use super::publisher::Publisher;
-use crate::payment::{CommandContext, Outcome, PaymentCommand, Processor, RejectionKind, SourcePosition};
+use crate::payment::{
+    CommandContext, Outcome, PaymentCommand, Processor, RejectionKind, SourcePosition,
+};
 use crate::retry::RetryPolicy;
 
 pub struct Handler {
@@ -44,13 +46,19 @@ impl Handler {
     /// Returns once the outcome is final and every record about it is acknowledged,
     /// or `None` when `draining` stopped the retries first: then nothing was
     /// published and the command's offset must stay uncommitted.
-    pub async fn handle(&self, message: &OwnedMessage, draining: &CancellationToken) -> Option<Outcome> {
+    pub async fn handle(
+        &self,
+        message: &OwnedMessage,
+        draining: &CancellationToken,
+    ) -> Option<Outcome> {
         let started = Instant::now();
         let source = source_of(message);
         let (outcome, key, attempts) = match decode(message) {
             Ok(command) => {
                 let key = command.idempotency_key.as_str().to_owned();
-                let (outcome, attempts) = self.process_with_retries(&command, &source, draining).await?;
+                let (outcome, attempts) = self
+                    .process_with_retries(&command, &source, draining)
+                    .await?;
                 (outcome, Some(key), attempts)
             }
             Err(reason) => (
@@ -67,7 +75,9 @@ impl Handler {
         if let Outcome::Rejected { kind, reason } = &outcome {
             span.record("payment.rejection", kind.as_str());
             tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
-            self.publisher.dead_letter(message, *kind, reason, attempts).await;
+            self.publisher
+                .dead_letter(message, *kind, reason, attempts)
+                .await;
             crate::telemetry::metrics()
                 .dead_letters
                 .add(1, &[KeyValue::new("kind", kind.as_str())]);
@@ -77,7 +87,9 @@ impl Handler {
         let labels = [KeyValue::new("outcome", outcome.label())];
         let metrics = crate::telemetry::metrics();
         metrics.commands.add(1, &labels);
-        metrics.processing_duration.record(started.elapsed().as_secs_f64(), &labels);
+        metrics
+            .processing_duration
+            .record(started.elapsed().as_secs_f64(), &labels);
         Some(outcome)
     }
 
@@ -141,7 +153,10 @@ impl Handler {
             Err(last) => Some((
                 Outcome::Rejected {
                     kind: RejectionKind::RetriesExhausted,
-                    reason: format!("retries_exhausted after {attempts} attempts: {}", last.reason),
+                    reason: format!(
+                        "retries_exhausted after {attempts} attempts: {}",
+                        last.reason
+                    ),
                 },
                 attempts,
             )),

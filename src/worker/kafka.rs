@@ -32,7 +32,10 @@ pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
         .set("session.timeout.ms", session_ms.to_string())
-        .set("heartbeat.interval.ms", (session_ms / 4).max(250).to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (session_ms / 4).max(250).to_string(),
+        )
         .set("max.poll.interval.ms", "300000")
         // Bounded prefetch keeps memory flat with a deep backlog.
         .set("queued.max.messages.kbytes", "16384");
@@ -99,7 +102,11 @@ impl LocalKafka {
     }
 
     /// Creates the three topics of a payment-worker deployment.
-    pub fn create_payment_topics(&self, settings: &KafkaSettings, partitions: i32) -> anyhow::Result<()> {
+    pub fn create_payment_topics(
+        &self,
+        settings: &KafkaSettings,
+        partitions: i32,
+    ) -> anyhow::Result<()> {
         self.create_topic(&settings.commands_topic, partitions)?;
         self.create_topic(&settings.results_topic, partitions)?;
         self.create_topic(&settings.dlq_topic, partitions)

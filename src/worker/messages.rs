@@ -49,9 +49,10 @@ impl ResultRecord {
     pub fn new(key: Option<String>, outcome: &Outcome, source: SourcePosition) -> Self {
         let (transaction, reason) = match outcome {
             Outcome::Succeeded { transaction_id, .. } => (Some(transaction_id.clone()), None),
-            Outcome::Declined { transaction_id, .. } => {
-                (Some(transaction_id.clone()), Some("declined by gateway".to_owned()))
-            }
+            Outcome::Declined { transaction_id, .. } => (
+                Some(transaction_id.clone()),
+                Some("declined by gateway".to_owned()),
+            ),
             Outcome::Duplicate { .. } => (None, None),
             Outcome::Rejected { kind, reason } => {
                 (None, Some(format!("{}: {reason}", kind.as_str())))
@@ -84,7 +85,14 @@ pub fn dead_letter_headers(
     reason: &str,
     attempts: u32,
 ) -> OwnedHeaders {
-    let ours = [ERROR_KIND, ERROR_REASON, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, ATTEMPTS];
+    let ours = [
+        ERROR_KIND,
+        ERROR_REASON,
+        SOURCE_TOPIC,
+        SOURCE_PARTITION,
+        SOURCE_OFFSET,
+        ATTEMPTS,
+    ];
     let mut headers = OwnedHeaders::new();
     if let Some(original) = message.headers() {
         for header in original.iter().filter(|h| !ours.contains(&h.key)) {
@@ -116,7 +124,14 @@ pub fn dead_letter_headers(
 /// Headers of a dead-lettered record with the dead-letter headers removed (redrive).
 pub fn without_dead_letter_headers(message: &OwnedMessage) -> Option<OwnedHeaders> {
     let original = message.headers()?;
-    let ours = [ERROR_KIND, ERROR_REASON, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET, ATTEMPTS];
+    let ours = [
+        ERROR_KIND,
+        ERROR_REASON,
+        SOURCE_TOPIC,
+        SOURCE_PARTITION,
+        SOURCE_OFFSET,
+        ATTEMPTS,
+    ];
     let mut headers = OwnedHeaders::new();
     for header in original.iter().filter(|h| !ours.contains(&h.key)) {
         headers = headers.insert(Header {

@@ -17,7 +17,8 @@ mod tools;
 mod workload;
 
 pub use tools::{
-    dry_run_verdicts, partition_count, produce, publish_records, read_partitions, redrive, replay, rewind_group,
-    serve_health, DryRunVerdict, HealthServer, OutcomeView, ProduceArgs, RedriveArgs, ReplayArgs,
+    dry_run_verdicts, partition_count, produce, publish_records, read_partitions, redrive, replay,
+    rewind_group, serve_health, DryRunVerdict, HealthServer, OutcomeView, ProduceArgs, RedriveArgs,
+    ReplayArgs,
 };
 pub use workload::{generate, RecordKind, WorkloadRecord, WorkloadSpec};

@@ -13,7 +13,10 @@ pub struct OffsetTracker {
 impl OffsetTracker {
     pub fn admit(&mut self, offset: i64) {
         self.pending.insert(offset);
-        self.next_after_seen = Some(self.next_after_seen.map_or(offset + 1, |n| n.max(offset + 1)));
+        self.next_after_seen = Some(
+            self.next_after_seen
+                .map_or(offset + 1, |n| n.max(offset + 1)),
+        );
     }
 
     pub fn complete(&mut self, offset: i64) {

@@ -141,7 +141,9 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
     }
 
     fn store(&self, offsets: &mut OffsetTracker) {
-        let Some(next) = offsets.advance() else { return };
+        let Some(next) = offsets.advance() else {
+            return;
+        };
         // librdkafka commits stored offsets within `auto.commit.interval.ms`, and
         // synchronously on revoke and shutdown.
         let _span = tracing::info_span!(

@@ -113,7 +113,12 @@ impl Publisher {
         let headers = span.in_scope(|| crate::telemetry::with_trace_headers(OwnedHeaders::new()));
         // A result is small; a key too large for the broker leaves it unkeyed.
         if let Err(error) = self
-            .send(&self.results_topic, key, Some(&payload), Some(headers.clone()))
+            .send(
+                &self.results_topic,
+                key,
+                Some(&payload),
+                Some(headers.clone()),
+            )
             .instrument(span.clone())
             .await
         {
@@ -136,7 +141,12 @@ impl Publisher {
         let headers = dead_letter_headers(original, kind, reason, attempts);
         let span = produce_span(&self.dlq_topic);
         let sent = self
-            .send(&self.dlq_topic, original.key(), original.payload(), Some(headers.clone()))
+            .send(
+                &self.dlq_topic,
+                original.key(),
+                original.payload(),
+                Some(headers.clone()),
+            )
             .instrument(span.clone())
             .await;
         if let Err(error) = sent {

@@ -33,9 +33,8 @@ pub struct OutcomeView {
 impl From<&Outcome> for OutcomeView {
     fn from(outcome: &Outcome) -> Self {
         let detail = match outcome {
-            Outcome::Succeeded { transaction_id, .. } | Outcome::Declined { transaction_id, .. } => {
-                Some(transaction_id.clone())
-            }
+            Outcome::Succeeded { transaction_id, .. }
+            | Outcome::Declined { transaction_id, .. } => Some(transaction_id.clone()),
             Outcome::Rejected { kind, reason } => Some(format!("{}: {reason}", kind.as_str())),
             Outcome::Retry { reason, .. } => Some(reason.clone()),
             Outcome::Duplicate { .. } => None,
@@ -98,7 +97,9 @@ pub async fn publish_records(
     Ok(())
 }
 
-async fn futures_util_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+async fn futures_util_join<F: std::future::Future>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output> {
     let handles: Vec<F> = futures.collect();
     let mut out = Vec::with_capacity(handles.len());
     for f in handles {
@@ -118,7 +119,10 @@ pub fn partition_count(settings: &KafkaSettings, topic: &str) -> anyhow::Result<
         .find(|t| t.name() == topic)
         .map_or(0, |t| t.partitions().len() as i32);
     drop(metadata);
-    anyhow::ensure!(count > 0, "topic {topic} has no partitions (does it exist?)");
+    anyhow::ensure!(
+        count > 0,
+        "topic {topic} has no partitions (does it exist?)"
+    );
     Ok(count)
 }
 
@@ -165,7 +169,11 @@ fn read_json_lines(path: &PathBuf) -> anyhow::Result<Vec<WorkloadRecord>> {
         }
         let key = serde_json::from_str::<serde_json::Value>(&line)
             .ok()
-            .and_then(|v| v.get("idempotency_key").and_then(|k| k.as_str()).map(str::to_owned));
+            .and_then(|v| {
+                v.get("idempotency_key")
+                    .and_then(|k| k.as_str())
+                    .map(str::to_owned)
+            });
         records.push(WorkloadRecord {
             kind: super::workload::RecordKind::Valid,
             key: key.map(String::into_bytes),
@@ -222,7 +230,11 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     if args.dry_run {
         return dry_run(&args, &kafka).await;
     }
-    let to_offset = if args.to_beginning { None } else { args.to_offset };
+    let to_offset = if args.to_beginning {
+        None
+    } else {
+        args.to_offset
+    };
     let rewound = tokio::task::spawn_blocking(move || rewind_group(&kafka, to_offset)).await??;
     println!("rewound {rewound} partitions");
     Ok(())
@@ -258,7 +270,9 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     for (p, start, _) in &targets {
         list.add_partition_offset(topic, *p, Offset::Offset(*start))?;
     }
-    consumer.commit(&list, CommitMode::Sync).context("committing the replay offsets")?;
+    consumer
+        .commit(&list, CommitMode::Sync)
+        .context("committing the replay offsets")?;
     drop(list);
     consumer.unsubscribe();
     let _ = consumer.poll(Duration::from_millis(100));
@@ -278,12 +292,26 @@ pub struct DryRunVerdict {
 
 async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
     let (pool, store) = args.stores.open().await?;
-    let to_offset = if args.to_beginning { None } else { args.to_offset };
-    let verdicts = dry_run_verdicts(kafka, to_offset, &pool, store.as_ref(), args.stores.tokens.mode).await?;
+    let to_offset = if args.to_beginning {
+        None
+    } else {
+        args.to_offset
+    };
+    let verdicts = dry_run_verdicts(
+        kafka,
+        to_offset,
+        &pool,
+        store.as_ref(),
+        args.stores.tokens.mode,
+    )
+    .await?;
     let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
     for v in &verdicts {
         *counts.entry(v.verdict).or_default() += 1;
-        println!("{}/{}@{} {} {}", kafka.commands_topic, v.partition, v.offset, v.verdict, v.detail);
+        println!(
+            "{}/{}@{} {} {}",
+            kafka.commands_topic, v.partition, v.offset, v.verdict, v.detail
+        );
     }
     println!("dry-run summary: {}", serde_json::to_string(&counts)?);
     Ok(())
@@ -300,7 +328,8 @@ pub async fn dry_run_verdicts(
 ) -> anyhow::Result<Vec<DryRunVerdict>> {
     use crate::token::{TokenMode, TokenState};
     let kafka_settings = kafka.clone();
-    let records = tokio::task::spawn_blocking(move || read_topic(&kafka_settings, to_offset)).await??;
+    let records =
+        tokio::task::spawn_blocking(move || read_topic(&kafka_settings, to_offset)).await??;
     let mut verdicts = Vec::with_capacity(records.len());
     for record in &records {
         let (verdict, detail) = match decode(record) {
@@ -308,7 +337,8 @@ pub async fn dry_run_verdicts(
             Ok(command) => {
                 let mut conn = pool.acquire().await?;
                 let existing =
-                    crate::payment::find_payment(&mut conn, command.idempotency_key.as_str()).await?;
+                    crate::payment::find_payment(&mut conn, command.idempotency_key.as_str())
+                        .await?;
                 match existing {
                     Some(row) if row.fingerprint == command.fingerprint() => {
                         ("duplicate", format!("payment {}", row.id))
@@ -319,9 +349,10 @@ pub async fn dry_run_verdicts(
                             ("in_flight", "another worker holds the token".to_owned())
                         }
                         Some(TokenState::Completed) => ("duplicate", "completed token".to_owned()),
-                        None if mode == TokenMode::Issued => {
-                            ("token_missing", "never issued, expired or consumed".to_owned())
-                        }
+                        None if mode == TokenMode::Issued => (
+                            "token_missing",
+                            "never issued, expired or consumed".to_owned(),
+                        ),
                         Some(TokenState::Pending) | None => ("would_charge", String::new()),
                     },
                 }
@@ -339,8 +370,13 @@ pub async fn dry_run_verdicts(
 
 /// Reads every partition of the commands topic from `to_offset` (or the beginning)
 /// up to the high watermark, without a consumer group.
-fn read_topic(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
-    read_partitions(kafka, &kafka.commands_topic, |_p, low| to_offset.unwrap_or(low))
+fn read_topic(
+    kafka: &KafkaSettings,
+    to_offset: Option<i64>,
+) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
+    read_partitions(kafka, &kafka.commands_topic, |_p, low| {
+        to_offset.unwrap_or(low)
+    })
 }
 
 pub fn read_partitions(
@@ -351,7 +387,10 @@ pub fn read_partitions(
     let partitions = partition_count(kafka, topic)?;
     let mut config = base_config(kafka);
     config
-        .set("group.id", format!("payment-worker-reader-{}", Uuid::new_v4().simple()))
+        .set(
+            "group.id",
+            format!("payment-worker-reader-{}", Uuid::new_v4().simple()),
+        )
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
     let consumer: BaseConsumer = config.create()?;
@@ -375,7 +414,8 @@ pub fn read_partitions(
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
                 let position = (message.partition(), message.offset());
-                if position.1 < ends.get(&position.0).copied().unwrap_or(0) && seen.insert(position) {
+                if position.1 < ends.get(&position.0).copied().unwrap_or(0) && seen.insert(position)
+                {
                     out.push(message.detach());
                 }
             }
@@ -410,7 +450,9 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
         let group = group.clone();
         move || -> anyhow::Result<_> {
             let mut config = base_config(&kafka);
-            config.set("group.id", &group).set("enable.auto.commit", "false");
+            config
+                .set("group.id", &group)
+                .set("enable.auto.commit", "false");
             let probe: BaseConsumer = config.create()?;
             let partitions = partition_count(&kafka, &kafka.dlq_topic)?;
             let mut list = TopicPartitionList::new();
@@ -446,7 +488,9 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
             .headers()
             .and_then(|h| {
                 use rdkafka::message::Headers;
-                h.iter().find(|x| x.key == ERROR_KIND).and_then(|x| x.value.map(<[u8]>::to_vec))
+                h.iter()
+                    .find(|x| x.key == ERROR_KIND)
+                    .and_then(|x| x.value.map(<[u8]>::to_vec))
             })
             .and_then(|v| String::from_utf8(v).ok());
         progress.insert(record.partition(), record.offset() + 1);
@@ -477,13 +521,17 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         let mut config = base_config(&kafka);
-        config.set("group.id", &group).set("enable.auto.commit", "false");
+        config
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false");
         let committer: BaseConsumer = config.create()?;
         let mut list = TopicPartitionList::new();
         for (p, o) in &progress {
             list.add_partition_offset(&topic, *p, Offset::Offset(*o))?;
         }
-        committer.commit(&list, CommitMode::Sync).context("committing redrive progress")?;
+        committer
+            .commit(&list, CommitMode::Sync)
+            .context("committing redrive progress")?;
         drop(list);
         drop(committer);
         Ok(())

@@ -54,16 +54,26 @@ fn invalid_record(n: usize, prefix: &str) -> (Option<Vec<u8>>, Option<Vec<u8>>) 
     let body = |v: serde_json::Value| Some(v.to_string().into_bytes());
     let value = match n % 7 {
         0 => Some(b"{\"idempotency_key\": ".to_vec()),
-        1 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": -5,
-            "currency": "USD", "payment_method": "pm_card_visa"})),
-        2 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 10,
-            "currency": "usd", "payment_method": "pm_card_visa"})),
-        3 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 10,
-            "currency": "USD", "payment_method": "4242424242424242"})),
-        4 => body(serde_json::json!({"idempotency_key": key, "amount_minor": 10,
-            "currency": "USD", "payment_method": "pm_card_visa"})),
-        5 => body(serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 19.99,
-            "currency": "USD", "payment_method": "pm_card_visa"})),
+        1 => body(
+            serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": -5,
+            "currency": "USD", "payment_method": "pm_card_visa"}),
+        ),
+        2 => body(
+            serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 10,
+            "currency": "usd", "payment_method": "pm_card_visa"}),
+        ),
+        3 => body(
+            serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 10,
+            "currency": "USD", "payment_method": "4242424242424242"}),
+        ),
+        4 => body(
+            serde_json::json!({"idempotency_key": key, "amount_minor": 10,
+            "currency": "USD", "payment_method": "pm_card_visa"}),
+        ),
+        5 => body(
+            serde_json::json!({"idempotency_key": key, "account_id": "a", "amount_minor": 19.99,
+            "currency": "USD", "payment_method": "pm_card_visa"}),
+        ),
         _ => Some(vec![0xff, 0xfe, 0x00]),
     };
     (Some(key.into_bytes()), value)

@@ -24,23 +24,45 @@ async fn tokens_are_issued_and_shown_through_the_command_line() {
     let (ok, out, _) = run(&db, &redis, &["migrate"]);
     assert!(ok && out.contains("migrations applied"));
 
-    let (ok, out, err) = run(&db, &redis, &["tokens", "issue", "--count", "3", "--ttl", "1h"]);
+    let (ok, out, err) = run(
+        &db,
+        &redis,
+        &["tokens", "issue", "--count", "3", "--ttl", "1h"],
+    );
     assert!(ok, "{err}");
     let keys: Vec<&str> = out.lines().collect();
     assert_eq!(keys.len(), 3, "one token per line: {out}");
 
     for backend in ["redis", "postgres"] {
-        let (ok, out, err) = run(&db, &redis, &["tokens", "issue", "--token-store", backend, "ord-cli-1"]);
+        let (ok, out, err) = run(
+            &db,
+            &redis,
+            &["tokens", "issue", "--token-store", backend, "ord-cli-1"],
+        );
         assert!(ok && out.trim() == "ord-cli-1", "{backend}: {out} {err}");
-        let (ok, out, err) = run(&db, &redis, &["tokens", "issue", "--token-store", backend, "ord-cli-1"]);
-        assert!(ok && out.is_empty() && err.contains("already exists"), "{backend}: {out} {err}");
-        let (ok, out, _) = run(&db, &redis, &["tokens", "show", "--token-store", backend, "ord-cli-1"]);
+        let (ok, out, err) = run(
+            &db,
+            &redis,
+            &["tokens", "issue", "--token-store", backend, "ord-cli-1"],
+        );
+        assert!(
+            ok && out.is_empty() && err.contains("already exists"),
+            "{backend}: {out} {err}"
+        );
+        let (ok, out, _) = run(
+            &db,
+            &redis,
+            &["tokens", "show", "--token-store", backend, "ord-cli-1"],
+        );
         assert!(ok);
         let view: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         assert_eq!(view["state"], "pending", "{backend}: {view}");
         assert_eq!(view["fence"], 0);
         let ttl = view["ttl"].as_str().unwrap();
-        assert!(ttl.starts_with("23h") || ttl.starts_with("1day") || ttl.starts_with("24h"), "{ttl}");
+        assert!(
+            ttl.starts_with("23h") || ttl.starts_with("1day") || ttl.starts_with("24h"),
+            "{ttl}"
+        );
     }
     let (ok, out, _) = run(&db, &redis, &["tokens", "show", keys[0]]);
     assert!(ok);

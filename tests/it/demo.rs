@@ -14,7 +14,13 @@ async fn the_demo_charges_once_replays_without_charging_and_audits_clean() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "demo failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("ledger audit: OK (0 double charges)"), "{stdout}");
-    assert!(stdout.contains("new charges during replay:    0"), "{stdout}");
+    assert!(
+        stdout.contains("ledger audit: OK (0 double charges)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("new charges during replay:    0"),
+        "{stdout}"
+    );
     assert!(stdout.contains("pass 2 (replay): 400 results"), "{stdout}");
 }

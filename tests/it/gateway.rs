@@ -110,7 +110,10 @@ async fn lookup_and_ledger_agree() {
     let ledger = gw.ledger().await.unwrap();
     assert_eq!(ledger.len(), 5);
     for (k, charge) in &charges {
-        assert_eq!(gw.lookup(k).await.unwrap().map(|e| e.charge()).as_ref(), Some(charge));
+        assert_eq!(
+            gw.lookup(k).await.unwrap().map(|e| e.charge()).as_ref(),
+            Some(charge)
+        );
         let entry = ledger
             .iter()
             .find(|e| e.idempotency_key == k.as_str())
@@ -167,7 +170,11 @@ async fn keys_made_of_dots_can_be_looked_up() {
         ));
     }
     for (k, charge) in charged {
-        assert_eq!(gw.lookup(&k).await.unwrap().map(|e| e.charge()), Some(charge), "key {k}");
+        assert_eq!(
+            gw.lookup(&k).await.unwrap().map(|e| e.charge()),
+            Some(charge),
+            "key {k}"
+        );
     }
 }
 

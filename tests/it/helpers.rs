@@ -32,7 +32,8 @@ fn wait_for(addr: &str) {
 }
 
 fn start_postgres() {
-    let versions = std::fs::read_dir("/etc/postgresql").expect("no /etc/postgresql: install postgresql");
+    let versions =
+        std::fs::read_dir("/etc/postgresql").expect("no /etc/postgresql: install postgresql");
     for version in versions.flatten() {
         let _ = Command::new("pg_ctlcluster")
             .args(["--skip-systemctl-redirect"])
@@ -47,8 +48,21 @@ fn start_redis() {
     let _ = std::fs::create_dir_all("/var/log/redis");
     let _ = Command::new("redis-server")
         .args([
-            "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
-            "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log",
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
         ])
         .status();
 }
@@ -78,12 +92,17 @@ fn install_tracing() {
         .build();
     let traces = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("payment-worker-tests"))
-        .with_filter(tracing_subscriber::EnvFilter::new("info,payment_worker=debug"));
+        .with_filter(tracing_subscriber::EnvFilter::new(
+            "info,payment_worker=debug",
+        ));
     // Logs only when RUST_LOG is set, captured per test.
     let logs = tracing_subscriber::fmt::layer()
         .with_test_writer()
         .with_filter(tracing_subscriber::EnvFilter::from_default_env());
-    let _ = tracing_subscriber::registry().with(logs).with(traces).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
     // Keep the provider alive for the whole test binary.
     std::mem::forget(provider);
 }
@@ -126,10 +145,7 @@ impl TestDb {
             max_connections: 12,
             ..DatabaseSettings::with_url(&url)
         };
-        let pool = settings
-            .connect_and_migrate()
-            .await
-            .expect("test database");
+        let pool = settings.connect_and_migrate().await.expect("test database");
         Self { name, url, pool }
     }
 }
@@ -144,8 +160,13 @@ impl TestRedis {
     pub async fn new() -> Self {
         ensure_services();
         let client = redis::Client::open(REDIS_URL).expect("redis url");
-        let conn = redis::aio::ConnectionManager::new(client).await.expect("redis connection");
-        Self { prefix: unique("pwt"), conn }
+        let conn = redis::aio::ConnectionManager::new(client)
+            .await
+            .expect("redis connection");
+        Self {
+            prefix: unique("pwt"),
+            conn,
+        }
     }
 }
 
@@ -187,28 +208,55 @@ pub fn quick_worker_settings() -> WorkerSettings {
 
 impl Stack {
     pub async fn new(partitions: i32, simulator: SimulatorConfig) -> Self {
-        Self::with_policy(partitions, simulator, TokenPolicy {
-            lease: Duration::from_secs(5),
-            ..TokenPolicy::default()
-        })
+        Self::with_policy(
+            partitions,
+            simulator,
+            TokenPolicy {
+                lease: Duration::from_secs(5),
+                ..TokenPolicy::default()
+            },
+        )
         .await
     }
 
-    pub async fn with_policy(partitions: i32, simulator: SimulatorConfig, policy: TokenPolicy) -> Self {
+    pub async fn with_policy(
+        partitions: i32,
+        simulator: SimulatorConfig,
+        policy: TokenPolicy,
+    ) -> Self {
         let db = TestDb::new().await;
         let redis = TestRedis::new().await;
         let kafka = LocalKafka::start(3).expect("mock cluster");
         let settings = KafkaSettings::local(kafka.bootstrap_servers(), unique("group"));
-        kafka.create_payment_topics(&settings, partitions).expect("topics");
+        kafka
+            .create_payment_topics(&settings, partitions)
+            .expect("topics");
         let simulator = GatewaySimulator::bind("127.0.0.1:0".parse().unwrap(), simulator)
             .expect("simulator")
             .spawn();
-        let tokens: Arc<dyn TokenStore> =
-            Arc::new(RedisTokenStore::new(redis.conn.clone(), redis.prefix.clone(), policy));
+        let tokens: Arc<dyn TokenStore> = Arc::new(RedisTokenStore::new(
+            redis.conn.clone(),
+            redis.prefix.clone(),
+            policy,
+        ));
         let gateway: Arc<dyn PaymentGateway> = Arc::new(
-            HttpGateway::new(&simulator.url(), Duration::from_secs(15), Duration::from_secs(1)).unwrap(),
+            HttpGateway::new(
+                &simulator.url(),
+                Duration::from_secs(15),
+                Duration::from_secs(1),
+            )
+            .unwrap(),
         );
-        Self { db, redis, kafka, settings, partitions, simulator, tokens, gateway }
+        Self {
+            db,
+            redis,
+            kafka,
+            settings,
+            partitions,
+            simulator,
+            tokens,
+            gateway,
+        }
     }
 
     pub fn processor(&self, id: &str) -> Arc<Processor> {
@@ -225,7 +273,10 @@ impl Stack {
         let handler = Arc::new(Handler::new(
             self.processor(id),
             Publisher::new(&self.settings).unwrap(),
-            RetryPolicy { budget: Duration::from_secs(60), ..RetryPolicy::default() },
+            RetryPolicy {
+                budget: Duration::from_secs(60),
+                ..RetryPolicy::default()
+            },
         ));
         worker::start(&self.settings, settings, handler).expect("worker start")
     }
@@ -233,16 +284,23 @@ impl Stack {
     pub async fn produce(&self, records: &[worker::WorkloadRecord]) {
         let producer: rdkafka::producer::FutureProducer =
             worker::producer_config(&self.settings).create().unwrap();
-        worker::publish_records(&producer, &self.settings.commands_topic, self.partitions, records)
-            .await
-            .unwrap();
+        worker::publish_records(
+            &producer,
+            &self.settings.commands_topic,
+            self.partitions,
+            records,
+        )
+        .await
+        .unwrap();
     }
 
     async fn read(&self, topic: String) -> Vec<OwnedMessage> {
         let settings = self.settings.clone();
-        tokio::task::spawn_blocking(move || worker::read_partitions(&settings, &topic, |_, low| low).unwrap())
-            .await
-            .unwrap()
+        tokio::task::spawn_blocking(move || {
+            worker::read_partitions(&settings, &topic, |_, low| low).unwrap()
+        })
+        .await
+        .unwrap()
     }
 
     pub async fn results(&self) -> Vec<ResultRecord> {
@@ -250,7 +308,9 @@ impl Stack {
         self.read(self.settings.results_topic.clone())
             .await
             .iter()
-            .map(|m| serde_json::from_slice(m.payload().expect("result payload")).expect("result json"))
+            .map(|m| {
+                serde_json::from_slice(m.payload().expect("result payload")).expect("result json")
+            })
             .collect()
     }
 
@@ -263,8 +323,10 @@ impl Stack {
         let deadline = std::time::Instant::now() + within;
         loop {
             let results = self.results().await;
-            let answered: std::collections::HashSet<_> =
-                results.iter().map(|r| (r.source.partition, r.source.offset)).collect();
+            let answered: std::collections::HashSet<_> = results
+                .iter()
+                .map(|r| (r.source.partition, r.source.offset))
+                .collect();
             if answered.len() >= count {
                 return results;
             }
@@ -289,11 +351,21 @@ impl Stack {
             for p in 0..partitions {
                 list.add_partition(&settings.commands_topic, p);
             }
-            let committed = consumer.committed_offsets(list, Duration::from_secs(10)).unwrap();
+            let committed = consumer
+                .committed_offsets(list, Duration::from_secs(10))
+                .unwrap();
             let out = committed
                 .elements()
                 .iter()
-                .map(|e| (e.partition(), match e.offset() { Offset::Offset(o) => o, _ => -1 }))
+                .map(|e| {
+                    (
+                        e.partition(),
+                        match e.offset() {
+                            Offset::Offset(o) => o,
+                            _ => -1,
+                        },
+                    )
+                })
                 .collect();
             drop(committed);
             drop(consumer);
@@ -359,11 +431,20 @@ impl Stack {
             *per_key.entry(entry.idempotency_key.as_str()).or_default() += 1;
         }
         let doubles: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(doubles.is_empty(), "keys charged more than once: {doubles:?}");
+        assert!(
+            doubles.is_empty(),
+            "keys charged more than once: {doubles:?}"
+        );
         let rows = self.payment_rows().await;
-        let by_key: HashMap<&str, (&str, Option<&str>)> =
-            rows.iter().map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref()))).collect();
-        assert_eq!(rows.len(), ledger.len(), "every row has its ledger entry and vice versa");
+        let by_key: HashMap<&str, (&str, Option<&str>)> = rows
+            .iter()
+            .map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref())))
+            .collect();
+        assert_eq!(
+            rows.len(),
+            ledger.len(),
+            "every row has its ledger entry and vice versa"
+        );
         for entry in &ledger {
             let expected = match entry.status {
                 payment_worker::gateway::ChargeStatus::Approved => "succeeded",
@@ -384,15 +465,25 @@ pub async fn wait_for_stable_group(workers: &[RunningWorker], partitions: usize)
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut stable_since = None;
     loop {
-        let owned: Vec<usize> = workers.iter().map(RunningWorker::assigned_partitions).collect();
+        let owned: Vec<usize> = workers
+            .iter()
+            .map(RunningWorker::assigned_partitions)
+            .collect();
         let settled = owned.iter().sum::<usize>() == partitions && owned.iter().all(|n| *n > 0);
         match (settled, stable_since) {
-            (true, Some(since)) if std::time::Instant::now() - since > Duration::from_millis(1500) => return,
+            (true, Some(since))
+                if std::time::Instant::now() - since > Duration::from_millis(1500) =>
+            {
+                return
+            }
             (true, None) => stable_since = Some(std::time::Instant::now()),
             (false, _) => stable_since = None,
             _ => {}
         }
-        assert!(std::time::Instant::now() < deadline, "group never settled: {owned:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "group never settled: {owned:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -22,17 +22,28 @@ fn command(key: &str) -> String {
 }
 
 async fn produce_traced(stack: &Stack, key: &str, traceparent: &str) {
-    let producer: FutureProducer = payment_worker::worker::producer_config(&stack.settings).create().unwrap();
+    let producer: FutureProducer = payment_worker::worker::producer_config(&stack.settings)
+        .create()
+        .unwrap();
     let value = command(key);
     let record = FutureRecord::to(&stack.settings.commands_topic)
         .key(key)
         .payload(&value)
-        .headers(OwnedHeaders::new().insert(Header { key: "traceparent", value: Some(traceparent) }));
-    producer.send(record, Timeout::After(Duration::from_secs(10))).await.unwrap();
+        .headers(OwnedHeaders::new().insert(Header {
+            key: "traceparent",
+            value: Some(traceparent),
+        }));
+    producer
+        .send(record, Timeout::After(Duration::from_secs(10)))
+        .await
+        .unwrap();
 }
 
 fn attr(span: &SpanData, name: &str) -> Option<String> {
-    span.attributes.iter().find(|kv| kv.key.as_str() == name).map(|kv| kv.value.to_string())
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == name)
+        .map(|kv| kv.value.to_string())
 }
 
 /// Waits until the trace's consumer span has ended (it ends last).
@@ -48,7 +59,10 @@ async fn trace_spans(trace_id: TraceId) -> Vec<SpanData> {
         if spans.iter().any(|s| s.span_kind == SpanKind::Consumer) {
             return spans;
         }
-        assert!(Instant::now() < deadline, "no consumer span for trace {trace_id}");
+        assert!(
+            Instant::now() < deadline,
+            "no consumer span for trace {trace_id}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -73,7 +87,18 @@ fn looks_like_card_number(text: &str) -> bool {
                     .rev()
                     .filter_map(|c| c.to_digit(10))
                     .enumerate()
-                    .map(|(i, d)| if i % 2 == 1 { let x = d * 2; if x > 9 { x - 9 } else { x } } else { d })
+                    .map(|(i, d)| {
+                        if i % 2 == 1 {
+                            let x = d * 2;
+                            if x > 9 {
+                                x - 9
+                            } else {
+                                x
+                            }
+                        } else {
+                            d
+                        }
+                    })
                     .sum();
                 sum % 10 == 0
             }
@@ -92,34 +117,84 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
     stack.wait_for_results(1, Duration::from_secs(30)).await;
     let spans = trace_spans(trace_a).await;
 
-    let consumer = spans.iter().find(|s| s.span_kind == SpanKind::Consumer).unwrap();
+    let consumer = spans
+        .iter()
+        .find(|s| s.span_kind == SpanKind::Consumer)
+        .unwrap();
     assert_eq!(consumer.name, "payments.commands process");
-    assert_eq!(consumer.parent_span_id, remote_parent, "parented by the traceparent header");
+    assert_eq!(
+        consumer.parent_span_id, remote_parent,
+        "parented by the traceparent header"
+    );
     assert_eq!(attr(consumer, "messaging.system").as_deref(), Some("kafka"));
-    assert_eq!(attr(consumer, "messaging.destination.name").as_deref(), Some("payments.commands"));
-    assert_eq!(attr(consumer, "messaging.destination.partition.id").as_deref(), Some("0"));
-    assert_eq!(attr(consumer, "messaging.kafka.offset").as_deref(), Some("0"));
-    assert_eq!(attr(consumer, "messaging.consumer.group.name"), Some(stack.settings.group_id.clone()));
+    assert_eq!(
+        attr(consumer, "messaging.destination.name").as_deref(),
+        Some("payments.commands")
+    );
+    assert_eq!(
+        attr(consumer, "messaging.destination.partition.id").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        attr(consumer, "messaging.kafka.offset").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        attr(consumer, "messaging.consumer.group.name"),
+        Some(stack.settings.group_id.clone())
+    );
     assert_eq!(attr(consumer, "token.verdict").as_deref(), Some("reserved"));
-    assert_eq!(attr(consumer, "payment.outcome").as_deref(), Some("succeeded"));
+    assert_eq!(
+        attr(consumer, "payment.outcome").as_deref(),
+        Some("succeeded")
+    );
 
     assert_eq!(
         children(&spans, consumer),
-        vec!["offset commit", "payment transaction", "payments.results send", "token confirm", "token reserve"]
+        vec![
+            "offset commit",
+            "payment transaction",
+            "payments.results send",
+            "token confirm",
+            "token reserve"
+        ]
     );
     let reserve = spans.iter().find(|s| s.name == "token reserve").unwrap();
     assert_eq!(attr(reserve, "token.verdict").as_deref(), Some("reserved"));
-    let transaction = spans.iter().find(|s| s.name == "payment transaction").unwrap();
+    let transaction = spans
+        .iter()
+        .find(|s| s.name == "payment transaction")
+        .unwrap();
     let statements = children(&spans, transaction);
-    for expected in ["BEGIN payments", "SELECT payments", "INSERT payments", "POST /charges", "UPDATE payments", "token extend", "COMMIT payments"] {
-        assert!(statements.contains(&expected), "{expected} missing under the transaction: {statements:?}");
+    for expected in [
+        "BEGIN payments",
+        "SELECT payments",
+        "INSERT payments",
+        "POST /charges",
+        "UPDATE payments",
+        "token extend",
+        "COMMIT payments",
+    ] {
+        assert!(
+            statements.contains(&expected),
+            "{expected} missing under the transaction: {statements:?}"
+        );
     }
     let charge = spans.iter().find(|s| s.name == "POST /charges").unwrap();
     assert_eq!(charge.span_kind, SpanKind::Client);
-    assert_eq!(attr(charge, "http.response.status_code").as_deref(), Some("200"));
+    assert_eq!(
+        attr(charge, "http.response.status_code").as_deref(),
+        Some("200")
+    );
     // The gateway received the trace context of the client span.
-    let seen = stack.simulator.traceparent_of(&key).expect("traceparent at the gateway");
-    assert_eq!(seen, format!("00-{trace_a}-{}-01", charge.span_context.span_id()));
+    let seen = stack
+        .simulator
+        .traceparent_of(&key)
+        .expect("traceparent at the gateway");
+    assert_eq!(
+        seen,
+        format!("00-{trace_a}-{}-01", charge.span_context.span_id())
+    );
     // The row remembers the trace that charged.
     let (row_trace,): (Option<String>,) =
         sqlx::query_as("SELECT trace_id FROM payments WHERE idempotency_key = $1")
@@ -132,8 +207,18 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
     for span in &spans {
         for kv in &span.attributes {
             let value = kv.value.to_string();
-            assert!(!value.contains("pm_card_visa"), "payment method in {}: {}", span.name, kv.key);
-            assert!(!looks_like_card_number(&value), "card-like number in {}: {}", span.name, kv.key);
+            assert!(
+                !value.contains("pm_card_visa"),
+                "payment method in {}: {}",
+                span.name,
+                kv.key
+            );
+            assert!(
+                !looks_like_card_number(&value),
+                "card-like number in {}: {}",
+                span.name,
+                kv.key
+            );
         }
     }
 
@@ -142,10 +227,19 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
     produce_traced(&stack, &key, &format!("00-{trace_b}-{remote_parent}-01")).await;
     stack.wait_for_results(2, Duration::from_secs(30)).await;
     let replay = trace_spans(trace_b).await;
-    let consumer_b = replay.iter().find(|s| s.span_kind == SpanKind::Consumer).unwrap();
-    assert_eq!(attr(consumer_b, "payment.outcome").as_deref(), Some("duplicate"));
+    let consumer_b = replay
+        .iter()
+        .find(|s| s.span_kind == SpanKind::Consumer)
+        .unwrap();
+    assert_eq!(
+        attr(consumer_b, "payment.outcome").as_deref(),
+        Some("duplicate")
+    );
     assert!(
-        consumer_b.links.iter().any(|l| l.span_context.trace_id() == trace_a),
+        consumer_b
+            .links
+            .iter()
+            .any(|l| l.span_context.trace_id() == trace_a),
         "the duplicate links to the trace that charged: {:?}",
         consumer_b.links
     );
@@ -167,13 +261,19 @@ async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
     let received = Arc::new(Mutex::new(Received::default()));
     let traces = Arc::clone(&received);
     let metrics = Arc::clone(&received);
-    fn service_name(resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>) -> Option<String> {
-        resource?.attributes.iter().find(|kv| kv.key == "service.name").and_then(|kv| {
-            match kv.value.as_ref()?.value.as_ref()? {
-                opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s) => Some(s.clone()),
+    fn service_name(
+        resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>,
+    ) -> Option<String> {
+        resource?
+            .attributes
+            .iter()
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s) => {
+                    Some(s.clone())
+                }
                 _ => None,
-            }
-        })
+            })
     }
     let app = axum::Router::new()
         .route(
@@ -202,7 +302,8 @@ async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
         .route(
             "/v1/metrics",
             axum::routing::post(move |body: axum::body::Bytes| async move {
-                let request = ExportMetricsServiceRequest::decode(body).expect("OTLP metrics protobuf");
+                let request =
+                    ExportMetricsServiceRequest::decode(body).expect("OTLP metrics protobuf");
                 let mut received = metrics.lock().unwrap();
                 for resource_metrics in request.resource_metrics {
                     for scope in resource_metrics.scope_metrics {
@@ -228,7 +329,10 @@ async fn the_binary_exports_spans_and_metrics_over_otlp() {
     let trace = TraceId::from_hex(&uuid::Uuid::new_v4().simple().to_string()).unwrap();
     produce_traced(&stack, &key, &format!("00-{trace}-00f067aa0ba902b7-01")).await;
 
-    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let health = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payment-worker"))
         .arg("run")
         .env_clear()
@@ -252,21 +356,47 @@ async fn the_binary_exports_spans_and_metrics_over_otlp() {
         .unwrap();
     stack.wait_for_results(1, Duration::from_secs(60)).await;
     for path in ["healthz", "readyz"] {
-        let response = reqwest::get(format!("http://{health}/{path}")).await.unwrap();
+        let response = reqwest::get(format!("http://{health}/{path}"))
+            .await
+            .unwrap();
         assert_eq!(response.status(), 200, "/{path}");
     }
     let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.unwrap().unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "graceful exit after SIGTERM: {status:?}");
 
     let received = received.lock().unwrap();
     let names: Vec<&str> = received.spans.iter().map(|(n, _)| n.as_str()).collect();
-    for expected in ["payments.commands process", "token reserve", "payment transaction", "POST /charges", "token confirm", "payments.results send"] {
-        assert!(names.contains(&expected), "span {expected} not exported: {names:?}");
+    for expected in [
+        "payments.commands process",
+        "token reserve",
+        "payment transaction",
+        "POST /charges",
+        "token confirm",
+        "payments.results send",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "span {expected} not exported: {names:?}"
+        );
     }
-    assert!(received.service_names.iter().all(|n| n == "payment-worker-under-test"));
-    for expected in ["payment_worker.commands", "payment_worker.command.duration", "payment_worker.commands.in_flight"] {
-        assert!(received.metrics.iter().any(|m| m == expected), "metric {expected} not exported: {:?}", received.metrics);
+    assert!(received
+        .service_names
+        .iter()
+        .all(|n| n == "payment-worker-under-test"));
+    for expected in [
+        "payment_worker.commands",
+        "payment_worker.command.duration",
+        "payment_worker.commands.in_flight",
+    ] {
+        assert!(
+            received.metrics.iter().any(|m| m == expected),
+            "metric {expected} not exported: {:?}",
+            received.metrics
+        );
     }
 }
