@@ -115,7 +115,7 @@ impl Deployment {
 
     /// SIGKILL: no drain, no commit, no leaving the group.
     fn kill(&mut self, slot: usize) {
-        self.workers[slot].assert_running();
+        self.assert_workers_running();
         self.workers[slot].sigkill();
         self.kills += 1;
     }
@@ -125,9 +125,34 @@ impl Deployment {
         self.workers[slot] = self.spawn_worker();
     }
 
+    /// Every worker must still run. The one exception is what an orchestrator would
+    /// restart: a worker that exited before it ever joined the group because Redis
+    /// or Postgres could not be reached (start-up fails fast by design; the shared
+    /// Redis of this machine may be restarted by someone else meanwhile).
     fn assert_workers_running(&mut self) {
-        for worker in &mut self.workers {
-            worker.assert_running();
+        self.assert_workers_running_except(None);
+    }
+
+    fn assert_workers_running_except(&mut self, skip: Option<usize>) {
+        for slot in 0..self.workers.len() {
+            let worker = &mut self.workers[slot];
+            if Some(slot) == skip || worker.is_running() {
+                continue;
+            }
+            let never_joined = current_membership(worker).is_none();
+            let unreachable = worker
+                .find_last(|l| (l.starts_with("error: ") && l.contains("connect")).then_some(()))
+                .is_some();
+            if never_joined && unreachable {
+                eprintln!(
+                    "{} could not reach a store at start-up; started again:\n{}",
+                    worker.name,
+                    worker.tail(3)
+                );
+                self.workers[slot] = self.spawn_worker();
+            } else {
+                worker.assert_running();
+            }
         }
     }
 
@@ -783,7 +808,7 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
     // The survivors take over once the dead member's session expired; then restart.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        deployment.assert_workers_running_except(victim);
+        deployment.assert_workers_running_except(Some(victim));
         let done = answered(&deployment.results().await);
         if done >= (at_kill + 600).min(records.len()) {
             break;
@@ -850,14 +875,6 @@ impl Deployment {
                 "only {so_far} of {count} results after {within:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn assert_workers_running_except(&mut self, slot: usize) {
-        for (i, worker) in self.workers.iter_mut().enumerate() {
-            if i != slot {
-                worker.assert_running();
-            }
         }
     }
 }
