@@ -90,8 +90,10 @@ impl DatabaseSettings {
                 .await
             {
                 Ok(_) => {}
-                // Another process created it between our check and our CREATE.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+                // Another process created it between our check and our CREATE: Postgres
+                // says duplicate_database, or unique_violation when both raced the catalog.
+                Err(sqlx::Error::Database(e))
+                    if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
                 Err(e) => return Err(e).context("CREATE DATABASE failed"),
             }
         }

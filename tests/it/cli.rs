@@ -72,3 +72,25 @@ async fn tokens_are_issued_and_shown_through_the_command_line() {
     let (ok, _, err) = run(&db, &redis, &["tokens", "show", "bad key!"]);
     assert!(!ok && err.contains("idempotency_key"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_starting_together_create_their_database_once() {
+    crate::helpers::ensure_services();
+    let url = format!(
+        "postgres://postgres@{}/{}",
+        crate::helpers::PG_ADDR,
+        crate::helpers::unique("pw_race")
+    );
+    let starts: Vec<_> = (0..8)
+        .map(|_| {
+            let settings = payment_worker::configuration::DatabaseSettings::with_url(&url);
+            tokio::spawn(async move { settings.ensure_database().await })
+        })
+        .collect();
+    for start in starts {
+        start
+            .await
+            .unwrap()
+            .expect("a concurrent CREATE DATABASE is not an error");
+    }
+}
