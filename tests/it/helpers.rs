@@ -341,38 +341,7 @@ impl Stack {
 
     /// Offsets the group committed, per partition of the commands topic.
     pub async fn committed(&self) -> HashMap<i32, i64> {
-        let settings = self.settings.clone();
-        let partitions = self.partitions;
-        tokio::task::spawn_blocking(move || {
-            let mut config = worker::base_config(&settings);
-            config.set("group.id", &settings.group_id);
-            let consumer: BaseConsumer = config.create().unwrap();
-            let mut list = TopicPartitionList::new();
-            for p in 0..partitions {
-                list.add_partition(&settings.commands_topic, p);
-            }
-            let committed = consumer
-                .committed_offsets(list, Duration::from_secs(10))
-                .unwrap();
-            let out = committed
-                .elements()
-                .iter()
-                .map(|e| {
-                    (
-                        e.partition(),
-                        match e.offset() {
-                            Offset::Offset(o) => o,
-                            _ => -1,
-                        },
-                    )
-                })
-                .collect();
-            drop(committed);
-            drop(consumer);
-            out
-        })
-        .await
-        .unwrap()
+        committed_offsets(&self.settings, self.partitions).await
     }
 
     pub async fn high_watermarks(&self) -> HashMap<i32, i64> {
@@ -458,6 +427,40 @@ impl Stack {
             );
         }
     }
+}
+
+/// The offsets `settings.group_id` committed on the commands topic (-1: none).
+pub async fn committed_offsets(settings: &KafkaSettings, partitions: i32) -> HashMap<i32, i64> {
+    let settings = settings.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut config = worker::base_config(&settings);
+        config.set("group.id", &settings.group_id);
+        let consumer: BaseConsumer = config.create().unwrap();
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition(&settings.commands_topic, p);
+        }
+        let committed = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .unwrap();
+        let out = committed
+            .elements()
+            .iter()
+            .map(|e| {
+                let offset = match e.offset() {
+                    Offset::Offset(o) => o,
+                    _ => -1,
+                };
+                (e.partition(), offset)
+            })
+            .collect();
+        // librdkafka lists must go before their consumer (TRAPS.md).
+        drop(committed);
+        drop(consumer);
+        out
+    })
+    .await
+    .unwrap()
 }
 
 /// Waits until the members own every partition between them and the group is quiet.

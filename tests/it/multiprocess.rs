@@ -18,7 +18,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message, OwnedMessage};
-use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 
 use crate::helpers::{unique, TestDb, TestRedis, REDIS_URL};
@@ -286,37 +285,7 @@ impl Deployment {
 
     /// The group's committed offsets on the commands topic (-1: none).
     async fn committed(&self) -> HashMap<i32, i64> {
-        let settings = self.settings.clone();
-        let partitions = self.partitions;
-        tokio::task::spawn_blocking(move || {
-            let mut config = worker::base_config(&settings);
-            config.set("group.id", &settings.group_id);
-            let consumer: BaseConsumer = config.create().unwrap();
-            let mut list = TopicPartitionList::new();
-            for p in 0..partitions {
-                list.add_partition(&settings.commands_topic, p);
-            }
-            let committed = consumer
-                .committed_offsets(list, Duration::from_secs(10))
-                .unwrap();
-            let out = committed
-                .elements()
-                .iter()
-                .map(|e| {
-                    let offset = match e.offset() {
-                        Offset::Offset(o) => o,
-                        _ => -1,
-                    };
-                    (e.partition(), offset)
-                })
-                .collect();
-            // Librdkafka lists must go before their consumer (TRAPS.md).
-            drop(committed);
-            drop(consumer);
-            out
-        })
-        .await
-        .unwrap()
+        crate::helpers::committed_offsets(&self.settings, self.partitions).await
     }
 
     /// Waits until the committed offset of every partition is at its end and every
