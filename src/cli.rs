@@ -127,6 +127,22 @@ pub enum DlqCommand {
     Redrive(crate::worker::RedriveArgs),
 }
 
+/// The process exit code for a command that failed: 3 when `audit` found
+/// violations, 4 for a fatal broker error, 1 for any other error (clap exits with 2
+/// on a usage error before a command runs).
+pub fn exit_code(error: &anyhow::Error) -> u8 {
+    if let Some(failure) = error.downcast_ref::<worker::WorkerFailure>() {
+        return failure.exit_code();
+    }
+    if error
+        .downcast_ref::<crate::audit::ViolationsFound>()
+        .is_some()
+    {
+        return 3;
+    }
+    1
+}
+
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run {
@@ -138,13 +154,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             let processor = Arc::new(processor.build(&worker_id).await?);
             let handler = startup::handler(processor, &kafka, &worker)?;
-            let health = worker::serve_health(worker.health_listen).await?;
-            let shutdown = async {
-                startup::shutdown_signal().await;
-                // Orchestrators stop routing to a draining member.
-                health.set_ready(false);
-            };
-            worker::run_until(&kafka, &worker, handler, shutdown).await
+            worker::run_until(&kafka, &worker, handler, startup::shutdown_signal()).await
         }
         Command::Demo(args) => crate::demo::run(args).await,
         Command::Migrate { database } => {

@@ -1,6 +1,10 @@
 //! Fault injection for crash tests: `PAYMENT_WORKER_FAULT=<point>` makes the process
 //! stop dead at that point of a payment, so a test can SIGKILL it exactly there.
-//! In-process tests use `Faults::fail_at` to abandon the attempt instead.
+//! `PAYMENT_WORKER_FAULT=panic:<point>` panics there instead (panic containment),
+//! and `PAYMENT_WORKER_FAULT_KEY=<key>` limits either to one idempotency key.
+//! `PAYMENT_WORKER_FAULT=stall_poll_loop` freezes the Kafka poll thread after its
+//! first record (supervision and health). In-process tests use `Faults::fail_at`
+//! to abandon the attempt instead.
 
 use std::io::Write;
 
@@ -44,11 +48,15 @@ enum FaultAction {
     Fail,
     /// Announce the point on stderr and freeze until killed.
     Freeze,
+    /// Panic, as a bug in the handling of one record would.
+    Panic,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Faults {
     armed: Option<(FaultPoint, FaultAction)>,
+    /// Only commands with this idempotency key hit the fault.
+    only_key: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +68,9 @@ pub const FROZEN_MARKER: &str = "payment-worker: frozen at fault point";
 
 impl Faults {
     pub const ENV: &'static str = "PAYMENT_WORKER_FAULT";
+    pub const KEY_ENV: &'static str = "PAYMENT_WORKER_FAULT_KEY";
+    /// The `PAYMENT_WORKER_FAULT` value that freezes the poll thread.
+    pub const STALL_POLL_LOOP: &'static str = "stall_poll_loop";
 
     pub fn none() -> Self {
         Self::default()
@@ -68,20 +79,36 @@ impl Faults {
     pub fn fail_at(point: FaultPoint) -> Self {
         Self {
             armed: Some((point, FaultAction::Fail)),
+            only_key: None,
         }
     }
 
     pub fn from_env() -> Self {
-        let armed = std::env::var(Self::ENV)
-            .ok()
-            .and_then(|v| FaultPoint::parse(v.trim()))
-            .map(|point| (point, FaultAction::Freeze));
-        Self { armed }
+        let value = std::env::var(Self::ENV).unwrap_or_default();
+        let value = value.trim();
+        let armed = match value.strip_prefix("panic:") {
+            Some(point) => FaultPoint::parse(point).map(|p| (p, FaultAction::Panic)),
+            None => FaultPoint::parse(value).map(|p| (p, FaultAction::Freeze)),
+        };
+        let only_key = std::env::var(Self::KEY_ENV).ok().filter(|k| !k.is_empty());
+        Self { armed, only_key }
     }
 
-    pub async fn hit(&self, point: FaultPoint) -> Result<(), InjectedFault> {
+    /// Whether the poll thread should freeze after its first record.
+    pub fn stalls_poll_loop() -> bool {
+        std::env::var(Self::ENV).is_ok_and(|v| v.trim() == Self::STALL_POLL_LOOP)
+    }
+
+    /// Reaches `point` while handling the command with idempotency key `key`.
+    pub async fn hit(&self, point: FaultPoint, key: &str) -> Result<(), InjectedFault> {
+        if self.only_key.as_deref().is_some_and(|only| only != key) {
+            return Ok(());
+        }
         match self.armed {
             Some((armed, FaultAction::Fail)) if armed == point => Err(InjectedFault(point)),
+            Some((armed, FaultAction::Panic)) if armed == point => {
+                panic!("fault injected: panic at {}", point.as_str())
+            }
             Some((armed, FaultAction::Freeze)) if armed == point => {
                 {
                     let mut stderr = std::io::stderr().lock();

@@ -15,7 +15,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(payment_worker::cli::exit_code(&error))
         }
     }
 }

@@ -56,3 +56,37 @@ pub fn is_transient_sqlx(error: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// What a failed database call means for the command that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseFailure {
+    /// A later attempt can succeed (see [`is_transient_sqlx`]), or we cannot tell.
+    Retryable,
+    /// The database refused the command's data for good: SQLSTATE class 22 (data
+    /// exception, e.g. a NUL in text) or 23 (integrity constraint; the unique key
+    /// the design relies on is handled with `ON CONFLICT` and never gets here).
+    RefusedData,
+    /// Our own SQL is wrong (class 42: syntax, undefined table or column,
+    /// permission). Retrying cannot help and would hold the partition for the
+    /// whole retry budget.
+    Bug,
+}
+
+/// Classifies a failed database call by its SQLSTATE class.
+pub fn classify_sqlx(error: &sqlx::Error) -> DatabaseFailure {
+    if is_transient_sqlx(error) {
+        return DatabaseFailure::Retryable;
+    }
+    let sqlx::Error::Database(db) = error else {
+        return DatabaseFailure::Retryable;
+    };
+    match db
+        .code()
+        .as_deref()
+        .map(|code| code.get(..2).unwrap_or(code))
+    {
+        Some("22" | "23") => DatabaseFailure::RefusedData,
+        Some("42") => DatabaseFailure::Bug,
+        _ => DatabaseFailure::Retryable,
+    }
+}

@@ -160,6 +160,7 @@ pub struct Metrics {
     pub in_flight: UpDownCounter<i64>,
     pub retries: Counter<u64>,
     pub dead_letters: Counter<u64>,
+    pub panics: Counter<u64>,
     pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
 }
 
@@ -193,6 +194,10 @@ fn build_metrics(meter: &Meter) -> Metrics {
         dead_letters: meter
             .u64_counter("payment_worker.dead_letters")
             .with_description("Records sent to the dead-letter topic, by kind")
+            .build(),
+        panics: meter
+            .u64_counter("payment_worker.panics")
+            .with_description("Panics caught while handling a record")
             .build(),
         consumer_lag: meter
             .i64_gauge("payment_worker.consumer.lag")
@@ -232,33 +237,34 @@ pub fn record_token_inconsistency(expected: &'static str, actual: &'static str) 
 
 use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
-use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::message::{Header, OwnedHeaders};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-struct KafkaHeaderExtractor<'a, H: Headers>(&'a H);
+/// Reads trace context from raw Kafka headers: names or values that are not UTF-8
+/// are skipped, never unwrapped (see `worker/headers.rs`).
+struct KafkaHeaderExtractor<'a>(Vec<crate::worker::headers::RawHeader<'a>>);
 
-impl<H: Headers> Extractor for KafkaHeaderExtractor<'_, H> {
+impl Extractor for KafkaHeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         self.0
             .iter()
-            .find(|h| h.key.eq_ignore_ascii_case(key))
+            .find(|h| h.name.eq_ignore_ascii_case(key.as_bytes()))
             .and_then(|h| h.value)
             .and_then(|v| std::str::from_utf8(v).ok())
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.0.iter().map(|h| h.key).collect()
+        self.0.iter().filter_map(|h| h.name_str()).collect()
     }
 }
 
 /// Makes `span` a child of the `traceparent`/`tracestate` carried by `headers`.
 /// A missing or malformed header leaves the span a root: bad tracing data never
 /// fails a payment.
-pub fn adopt_remote_parent<H: Headers>(span: &tracing::Span, headers: Option<&H>) {
+pub fn adopt_remote_parent(span: &tracing::Span, headers: Option<&OwnedHeaders>) {
     let Some(headers) = headers else { return };
-    let parent = opentelemetry::global::get_text_map_propagator(|p| {
-        p.extract(&KafkaHeaderExtractor(headers))
-    });
+    let extractor = KafkaHeaderExtractor(crate::worker::headers::raw(headers));
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&extractor));
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
     }

@@ -49,10 +49,13 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", report.to_table());
     }
-    let violations = report.violations();
-    anyhow::ensure!(
-        violations == 0,
-        "audit found {violations} invariant violation(s)"
-    );
-    Ok(())
+    match report.violations() {
+        0 => Ok(()),
+        violations => Err(ViolationsFound(violations).into()),
+    }
 }
+
+/// `audit` found invariant violations (exit code 3, told apart from failing to run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("audit found {0} invariant violation(s)")]
+pub struct ViolationsFound(pub usize);

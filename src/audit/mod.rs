@@ -5,7 +5,7 @@ mod checks;
 mod repair;
 mod report;
 
-pub use args::{run, AuditArgs};
+pub use args::{run, AuditArgs, ViolationsFound};
 pub use checks::{audit, AuditOptions};
 pub use repair::{RepairAction, TokenRepair};
 pub use report::{AuditReport, Example, Finding, MAX_EXAMPLES};

@@ -151,6 +151,8 @@ pub enum InvalidCommand {
     DescriptionTooLong { length: usize },
     #[error("field `description` contains what looks like a card number; the value was discarded")]
     CardNumberInDescription,
+    #[error("field `description` contains a control character at position {position}")]
+    DescriptionControlCharacter { position: usize },
 }
 
 impl InvalidCommand {
@@ -178,7 +180,19 @@ impl InvalidCommand {
             Self::InvalidPaymentMethod(_) => "invalid_payment_method",
             Self::DescriptionTooLong { .. } => "description_too_long",
             Self::CardNumberInDescription => "card_number_in_description",
+            Self::DescriptionControlCharacter { .. } => "description_control_character",
         }
+    }
+
+    /// Whether the command was refused for carrying a card-number-like value, so
+    /// every copy of it (dead letter included) must be masked.
+    pub fn holds_card_number(&self) -> bool {
+        matches!(
+            self,
+            Self::CardNumberInAccountId
+                | Self::CardNumberAsPaymentMethod
+                | Self::CardNumberInDescription
+        )
     }
 
     /// The offending field, when the problem is with one field.
@@ -200,7 +214,9 @@ impl InvalidCommand {
             | Self::UnknownCurrency { .. }
             | Self::CurrencyNotPayable { .. } => Some(CURRENCY),
             Self::CardNumberAsPaymentMethod | Self::InvalidPaymentMethod(_) => Some(PAYMENT_METHOD),
-            Self::DescriptionTooLong { .. } | Self::CardNumberInDescription => Some(DESCRIPTION),
+            Self::DescriptionTooLong { .. }
+            | Self::CardNumberInDescription
+            | Self::DescriptionControlCharacter { .. } => Some(DESCRIPTION),
         }
     }
 }
@@ -576,6 +592,10 @@ fn validate_description(description: &str) -> Result<(), InvalidCommand> {
     if contains_card_number(description) {
         return Err(InvalidCommand::CardNumberInDescription);
     }
+    // Postgres cannot store a NUL, and logs must not carry terminal escapes.
+    if let Some(position) = description.chars().position(char::is_control) {
+        return Err(InvalidCommand::DescriptionControlCharacter { position });
+    }
     Ok(())
 }
 
@@ -675,6 +695,100 @@ fn contains_card_number(value: &str) -> bool {
     run.looks_like_card()
 }
 
+/// `value` with the digits of every card-number-like run replaced by `*`, all but
+/// the last four (separators kept): "4111 1111 1111 1111" → "**** **** **** 1111".
+/// Runs are found exactly as [`contains_card_number`] finds them.
+pub fn mask_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
+    if !contains_card_number(value) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    fn flush(out: &mut String, pending: &str, run: &DigitRun) {
+        if !run.looks_like_card() {
+            out.push_str(pending);
+            return;
+        }
+        let keep_from = run.digits.len().saturating_sub(4);
+        let mut seen = 0;
+        for c in pending.chars() {
+            if c.is_ascii_digit() {
+                out.push(if seen < keep_from { '*' } else { c });
+                seen += 1;
+            } else {
+                out.push(c);
+            }
+        }
+    }
+    let mut out = String::with_capacity(value.len());
+    let mut pending = String::new();
+    let mut run = DigitRun::default();
+    let mut after_separator = false;
+    for c in value.chars() {
+        if c.is_ascii_digit() {
+            run.digits.push(c as u8 - b'0');
+            pending.push(c);
+            after_separator = false;
+            continue;
+        }
+        let is_separator = c == ' ' || c == '-';
+        if !run.digits.is_empty() && !after_separator {
+            run.groups.push(run.digits.len());
+        }
+        if is_separator && !run.digits.is_empty() && !after_separator {
+            after_separator = true;
+            pending.push(c);
+            continue;
+        }
+        flush(&mut out, &pending, &run);
+        pending.clear();
+        run.clear();
+        after_separator = false;
+        out.push(c);
+    }
+    if !run.digits.is_empty() && !after_separator {
+        run.groups.push(run.digits.len());
+    }
+    flush(&mut out, &pending, &run);
+    std::borrow::Cow::Owned(out)
+}
+
+/// What may be kept of a record value refused for holding a card number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedactedPayload {
+    /// The value with every card-number-like run masked.
+    Masked(Vec<u8>),
+    /// The value hid a card number where masking the text cannot reach it (JSON
+    /// `\u` escapes, or not UTF-8): nothing of it may be kept.
+    Dropped,
+}
+
+/// Masks the card numbers in a record value, and checks that none survives in
+/// the JSON strings it decodes to.
+pub fn redact_payload(payload: &[u8]) -> RedactedPayload {
+    let Ok(text) = std::str::from_utf8(payload) else {
+        return RedactedPayload::Dropped;
+    };
+    let masked = mask_card_numbers(text).into_owned();
+    let still_there = serde_json::from_str::<Value>(&masked)
+        .map(|value| json_strings_hold_card(&value))
+        .unwrap_or(false);
+    if still_there {
+        RedactedPayload::Dropped
+    } else {
+        RedactedPayload::Masked(masked.into_bytes())
+    }
+}
+
+fn json_strings_hold_card(value: &Value) -> bool {
+    match value {
+        Value::String(text) => contains_card_number(text),
+        Value::Array(items) => items.iter().any(json_strings_hold_card),
+        Value::Object(fields) => fields
+            .iter()
+            .any(|(name, item)| contains_card_number(name) || json_strings_hold_card(item)),
+        _ => false,
+    }
+}
+
 // ---------------------------------------------------------------------------
 // ISO 4217 list one (current codes), kept sorted for binary search. Withdrawn codes
 // (HRK, SLL, ZWL, VEF, MRO, STD, BYR, LTL, LVL, …) are not in it; codes in a
@@ -709,6 +823,43 @@ const ISO_4217_NOT_PAYABLE: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn masking_keeps_the_last_four_digits_of_each_card_number_and_nothing_else() {
+        assert_eq!(
+            mask_card_numbers("paid with 4111-1111-1111-1111 ok"),
+            "paid with ****-****-****-1111 ok"
+        );
+        assert_eq!(mask_card_numbers("4111111111111111"), "************1111");
+        assert_eq!(
+            mask_card_numbers("a 5555 5555 5555 4444 b 4012888888881881"),
+            "a **** **** **** 4444 b ************1881"
+        );
+        // Not a card: fewer digits, or a Luhn failure.
+        assert_eq!(
+            mask_card_numbers("order 12345 of 2026"),
+            "order 12345 of 2026"
+        );
+        assert_eq!(mask_card_numbers("4111111111111112"), "4111111111111112");
+    }
+
+    #[test]
+    fn a_redacted_payload_holds_no_card_number_even_behind_json_escapes() {
+        let plain = br#"{"payment_method":"4111111111111111","amount_minor":5}"#;
+        let RedactedPayload::Masked(masked) = redact_payload(plain) else {
+            panic!("plain digits can be masked");
+        };
+        assert_eq!(
+            masked,
+            br#"{"payment_method":"************1111","amount_minor":5}"#.to_vec()
+        );
+        let escaped = br#"{"payment_method":"\u0034111111111111111"}"#;
+        assert_eq!(redact_payload(escaped), RedactedPayload::Dropped);
+        assert_eq!(
+            redact_payload(b"\xff4111111111111111"),
+            RedactedPayload::Dropped
+        );
+    }
 
     const VALID: &str = r#"{"idempotency_key":"ord-2026-000123","account_id":"acct_42","amount_minor":1999,"currency":"USD","payment_method":"pm_card_visa","description":"optional"}"#;
 

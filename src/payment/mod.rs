@@ -3,7 +3,9 @@ mod outcome;
 mod persistence;
 mod processor;
 
-pub use command::{Fingerprint, InvalidCommand, PaymentCommand};
+pub use command::{
+    mask_card_numbers, redact_payload, Fingerprint, InvalidCommand, PaymentCommand, RedactedPayload,
+};
 
 pub use outcome::{Outcome, RejectionKind};
 pub use persistence::{find_payment, PaymentRecord, PaymentStatus, SourcePosition};

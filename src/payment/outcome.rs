@@ -14,6 +14,9 @@ pub enum RejectionKind {
     KeyReused,
     /// Transient failures outlasted the retry budget; the token was restored.
     RetriesExhausted,
+    /// The worker itself failed on this record: a database error that says our own
+    /// code is wrong (SQLSTATE class 42), or a panic while handling it three times.
+    Internal,
 }
 
 impl RejectionKind {
@@ -23,6 +26,7 @@ impl RejectionKind {
             Self::TokenMissing => "token_missing",
             Self::KeyReused => "key_reused",
             Self::RetriesExhausted => "retries_exhausted",
+            Self::Internal => "internal",
         }
     }
 }

@@ -16,7 +16,7 @@ use super::persistence::{self, PaymentRecord, PaymentStatus, RowContext, SourceP
 use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
 use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
-use crate::retry::is_transient_sqlx;
+use crate::retry::{classify_sqlx, DatabaseFailure};
 use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
 
 /// When the processor asks the gateway for an existing charge before charging.
@@ -78,6 +78,31 @@ fn final_outcome(payment_id: Uuid, charge: &Charge) -> Outcome {
             payment_id,
             transaction_id,
         },
+    }
+}
+
+/// A failed database call as an outcome: retried while it may pass, final when its
+/// SQLSTATE says it never will (a NUL in text, a refused constraint, our own SQL).
+/// The reason names the SQLSTATE, not the server's message, which may quote data.
+fn database_failure(what: &str, error: &sqlx::Error) -> Outcome {
+    let code = match error {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+    .unwrap_or_default();
+    match classify_sqlx(error) {
+        DatabaseFailure::Retryable => retry(format!("{what} failed: {error}")),
+        DatabaseFailure::RefusedData => Outcome::Rejected {
+            kind: RejectionKind::Invalid,
+            reason: format!("database_refused: the database refused the command's data ({what}, SQLSTATE {code})"),
+        },
+        DatabaseFailure::Bug => {
+            tracing::error!(sqlstate = %code, what, "database error that retrying cannot fix");
+            Outcome::Rejected {
+                kind: RejectionKind::Internal,
+                reason: format!("database_error: {what} failed with SQLSTATE {code}"),
+            }
+        }
     }
 }
 
@@ -216,7 +241,7 @@ impl Processor {
                     payment_id: tombstone_payment,
                 }
             }
-            Err(error) => retry(format!("payment look-up failed: {error}")),
+            Err(error) => database_failure("payment look-up", &error),
         }
     }
 
@@ -239,7 +264,7 @@ impl Processor {
         match self.find_existing(key).await {
             Ok(Some(existing)) => return outcome_for_existing(&existing, fingerprint),
             Ok(None) => {}
-            Err(error) => return retry(format!("payment look-up failed: {error}")),
+            Err(error) => return database_failure("payment look-up", &error),
         }
         let charge = match self.gateway.lookup(key).await {
             // The key's charge was made for another request: never book it as this one.
@@ -272,9 +297,9 @@ impl Processor {
             Ok(None) => match self.find_existing(key).await {
                 Ok(Some(existing)) => outcome_for_existing(&existing, fingerprint),
                 Ok(None) => retry("payment row vanished after a conflict"),
-                Err(error) => retry(format!("payment look-up failed: {error}")),
+                Err(error) => database_failure("payment look-up", &error),
             },
-            Err(error) => retry(format!("recording the recovered charge failed: {error}")),
+            Err(error) => database_failure("recording the recovered charge", &error),
         }
     }
 
@@ -286,7 +311,11 @@ impl Processor {
         claim: &Claim,
     ) -> Outcome {
         let key = &command.idempotency_key;
-        let settlement = match self.faults.hit(FaultPoint::AfterReserve).await {
+        let settlement = match self
+            .faults
+            .hit(FaultPoint::AfterReserve, key.as_str())
+            .await
+        {
             Err(fault) => Settlement::Restore(retry(fault.to_string())),
             Ok(()) => {
                 self.transact(command, fingerprint, context, claim)
@@ -305,7 +334,7 @@ impl Processor {
                 fingerprint,
                 outcome,
             } => {
-                if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit).await {
+                if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit, key.as_str()).await {
                     // The payment is durable; the token stays `processing` until its lease
                     // expires, and the next attempt finds the row (a duplicate).
                     tracing::warn!(idempotency_key = %key, %fault, "token left processing");
@@ -374,12 +403,10 @@ impl Processor {
         claim: &Claim,
     ) -> Settlement {
         let key = &command.idempotency_key;
-        let before_charge = |what: &str, error: sqlx::Error| {
-            if !is_transient_sqlx(&error) {
-                tracing::error!(idempotency_key = %key, %error, "unexpected database error");
-            }
-            Settlement::Restore(retry(format!("{what} failed: {error}")))
-        };
+        // Nothing was charged yet: a final database refusal restores the token too,
+        // so a corrected command (or a redrive after a fix) can still go through.
+        let before_charge =
+            |what: &str, error: sqlx::Error| Settlement::Restore(database_failure(what, &error));
         let mut tx = match self
             .pool
             .begin()
@@ -416,7 +443,7 @@ impl Processor {
             }
             Err(error) => return before_charge("insert", error),
         };
-        if let Err(fault) = self.faults.hit(FaultPoint::AfterInsert).await {
+        if let Err(fault) = self.faults.hit(FaultPoint::AfterInsert, key.as_str()).await {
             return Settlement::Restore(retry(fault.to_string()));
         }
 
@@ -427,7 +454,7 @@ impl Processor {
             Ok(charge) => charge,
             Err(settlement) => return settlement,
         };
-        if let Err(fault) = self.faults.hit(FaultPoint::AfterCharge).await {
+        if let Err(fault) = self.faults.hit(FaultPoint::AfterCharge, key.as_str()).await {
             return Settlement::LeaveToLease(retry(fault.to_string()));
         }
         if !lease_kept {
@@ -436,9 +463,18 @@ impl Processor {
             return Settlement::LeaveToLease(retry("lease lost during the gateway call"));
         }
         if let Err(error) = persistence::record_charge(&mut tx, payment_id, &charge).await {
-            return Settlement::LeaveToLease(retry(format!(
-                "recording the charge failed: {error}"
-            )));
+            // Charged but not recorded: the lease hands the look-up to the next owner.
+            return Settlement::LeaveToLease(
+                match database_failure("recording the charge", &error) {
+                    Outcome::Rejected { reason, .. } => Outcome::Rejected {
+                        kind: RejectionKind::Internal,
+                        reason: format!(
+                            "{reason}; the charge was made and is left to the next look-up"
+                        ),
+                    },
+                    outcome => outcome,
+                },
+            );
         }
         // Fencing (I5): only the current owner may commit.
         match self

@@ -10,16 +10,18 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::handler::Handler;
+use super::health::{serve_health, HealthChecks, Liveness};
 use super::partition::PartitionTask;
+use super::supervision::{is_fatal_broker_error, panic_message, WorkerFailure};
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
 type Member = BaseConsumer<MemberContext>;
@@ -42,6 +44,7 @@ struct Partitions {
     drain_deadline: Duration,
     consumer: OnceLock<std::sync::Weak<Member>>,
     group_id: Arc<str>,
+    liveness: Arc<Liveness>,
 }
 
 impl Partitions {
@@ -147,6 +150,15 @@ impl Partitions {
     fn ids(&self) -> Vec<(String, i32)> {
         self.lock().keys().cloned().collect()
     }
+
+    /// A partition whose task ended while still assigned: only a drain ends a task
+    /// on purpose (and removes it first), so this one died.
+    fn dead(&self) -> Option<(String, i32)> {
+        self.lock()
+            .iter()
+            .find(|(_, entry)| entry.task.is_finished())
+            .map(|(id, _)| id.clone())
+    }
 }
 
 fn pause(consumer: &Member, id: &(String, i32), paused: bool) {
@@ -197,6 +209,7 @@ impl ConsumerContext for MemberContext {
                 .collect();
             tracing::info!(partitions = ids.len(), "revoked; draining");
             self.assigned.store(0, Ordering::SeqCst);
+            self.partitions.liveness.set_in_group(false);
             self.partitions.drain(&ids);
             commit_stored(consumer);
         }
@@ -215,6 +228,7 @@ impl ConsumerContext for MemberContext {
             }
             tracing::info!(partitions = list.count(), "assigned");
             self.assigned.store(list.count(), Ordering::SeqCst);
+            self.partitions.liveness.set_in_group(true);
         }
     }
 }
@@ -228,17 +242,35 @@ fn commit_stored(consumer: &BaseConsumer<MemberContext>) {
     }
 }
 
-/// A running group member; `stopped` resolves when it has left the group.
+/// A running group member.
 pub struct RunningWorker {
     stopping: Arc<AtomicBool>,
     assigned: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<KafkaResult<()>>>,
+    liveness: Arc<Liveness>,
+    failure: watch::Receiver<Option<WorkerFailure>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RunningWorker {
     /// Partitions this member currently owns (0 while a rebalance is in progress).
     pub fn assigned_partitions(&self) -> usize {
         self.assigned.load(Ordering::SeqCst)
+    }
+
+    /// What the poll thread reports about itself (health endpoints, supervision).
+    pub fn liveness(&self) -> &Arc<Liveness> {
+        &self.liveness
+    }
+
+    /// Resolves when a part of the worker died (never, while all is well).
+    pub async fn failed(&self) -> WorkerFailure {
+        let mut failure = self.failure.clone();
+        let seen = match failure.wait_for(Option::is_some).await {
+            Ok(failure) => failure.clone(),
+            // The poll thread is gone without a word: it ended.
+            Err(_) => None,
+        };
+        seen.unwrap_or(WorkerFailure::PollLoopEnded)
     }
 
     /// Drain, final commit, leave the group. Blocks: call from `spawn_blocking`.
@@ -248,11 +280,12 @@ impl RunningWorker {
     }
 
     fn join(&mut self) -> anyhow::Result<()> {
-        match self.thread.take() {
-            Some(thread) => thread
-                .join()
-                .map_err(|_| anyhow::anyhow!("the poll thread panicked"))?
-                .context("consumer failed"),
+        if let Some(thread) = self.thread.take() {
+            // The thread catches its own panics and reports them as a failure.
+            let _ = thread.join();
+        }
+        match self.failure.borrow().clone() {
+            Some(failure) => Err(failure.into()),
             None => Ok(()),
         }
     }
@@ -284,6 +317,8 @@ pub fn start(
         kafka.session_timeout
     );
     let assigned = Arc::new(AtomicUsize::new(0));
+    let liveness = Arc::new(Liveness::default());
+    liveness.polled();
     let partitions = Arc::new(Partitions {
         assigned: Mutex::new(HashMap::new()),
         handler,
@@ -292,6 +327,7 @@ pub fn start(
         drain_deadline: worker.drain_deadline,
         consumer: OnceLock::new(),
         group_id: Arc::from(kafka.group_id.as_str()),
+        liveness: Arc::clone(&liveness),
     });
     let consumer: Member = super::kafka::consumer_config(kafka)
         .create_with_context(MemberContext {
@@ -306,13 +342,32 @@ pub fn start(
     let _ = partitions.consumer.set(Arc::downgrade(&consumer));
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stopping);
+    let (report, failure) = watch::channel(None);
     let thread = std::thread::Builder::new()
         .name("kafka-poll".into())
-        .spawn(move || poll_loop(consumer, partitions, flag))
+        .spawn(move || {
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                poll_loop(consumer, partitions, &flag)
+            }));
+            let failure = match polled {
+                Ok(Ok(())) if flag.load(Ordering::SeqCst) => None,
+                Ok(Ok(())) => Some(WorkerFailure::PollLoopEnded),
+                Ok(Err(failure)) => Some(failure),
+                Err(panic) => Some(WorkerFailure::PollLoopPanicked(panic_message(
+                    panic.as_ref(),
+                ))),
+            };
+            if let Some(failure) = failure {
+                tracing::error!(%failure, "the worker cannot go on");
+                let _ = report.send(Some(failure));
+            }
+        })
         .context("spawning the poll thread")?;
     Ok(RunningWorker {
         stopping,
         assigned,
+        liveness,
+        failure,
         thread: Some(thread),
     })
 }
@@ -320,19 +375,39 @@ pub fn start(
 fn poll_loop(
     consumer: Arc<Member>,
     partitions: Arc<Partitions>,
-    stopping: Arc<AtomicBool>,
-) -> KafkaResult<()> {
+    stopping: &AtomicBool,
+) -> Result<(), WorkerFailure> {
+    let stall_after_first_record = crate::fault::Faults::stalls_poll_loop();
     while !stopping.load(Ordering::SeqCst) {
         partitions.relieve(&consumer);
-        match consumer.poll(Duration::from_millis(50)) {
+        let polled = consumer.poll(Duration::from_millis(50));
+        partitions.liveness.polled();
+        match polled {
             Some(Ok(message)) => {
                 // Detach at once: a borrowed message pins librdkafka buffers and can
                 // hang the consumer's close.
                 let message = message.detach();
                 partitions.dispatch(&consumer, message);
+                if stall_after_first_record {
+                    tracing::warn!("fault injected: the poll loop stalls");
+                    loop {
+                        std::thread::park();
+                    }
+                }
             }
-            Some(Err(error)) => tracing::warn!(%error, "consumer error"),
+            Some(Err(error)) if is_fatal_broker_error(&error) => {
+                return Err(WorkerFailure::FatalBroker(error.to_string()));
+            }
+            Some(Err(error)) => {
+                if let Some((code, reason)) = consumer.client().fatal_error() {
+                    return Err(WorkerFailure::FatalBroker(format!("{code:?}: {reason}")));
+                }
+                tracing::warn!(%error, "consumer error");
+            }
             None => {}
+        }
+        if let Some((topic, partition)) = partitions.dead() {
+            return Err(WorkerFailure::PartitionTaskEnded { topic, partition });
         }
     }
     // Shutdown: drain everything, commit synchronously, then leave the group.
@@ -352,15 +427,47 @@ fn poll_loop(
     Ok(())
 }
 
-/// `run`: consume until `shutdown` resolves, then drain, commit and leave.
+/// `run`: consume until `shutdown` resolves, then drain, commit and leave. Serves
+/// the health endpoints meanwhile. Ends early with a [`WorkerFailure`] when a part
+/// of the worker dies, or when the poll loop stalls for twice the session timeout
+/// (`/healthz` has been failing for one session timeout by then).
 pub async fn run_until(
     kafka: &KafkaSettings,
     worker: &WorkerSettings,
     handler: Arc<Handler>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let processor = Arc::clone(handler.processor());
     let running = start(kafka, worker, handler)?;
-    shutdown.await;
+    let liveness = Arc::clone(running.liveness());
+    let checks = HealthChecks {
+        liveness: Arc::clone(&liveness),
+        stall_limit: kafka.session_timeout,
+        processor,
+    };
+    let _health = serve_health(worker.health_listen, checks).await?;
+    let stall_exit = kafka.session_timeout * 2;
+    let mut watchdog = tokio::time::interval(Duration::from_millis(250));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            failure = running.failed() => {
+                tracing::error!(%failure, "exiting: the worker cannot go on");
+                return Err(failure.into());
+            }
+            _ = watchdog.tick() => {
+                let since = liveness.since_last_poll();
+                if since > stall_exit {
+                    let failure = WorkerFailure::PollLoopStalled(since);
+                    tracing::error!(%failure, "exiting: the worker cannot go on");
+                    return Err(failure.into());
+                }
+            }
+        }
+    }
+    // Orchestrators stop counting on a draining member.
+    liveness.set_draining();
     tracing::info!("shutting down: draining in-flight commands");
     running.stop().await
 }

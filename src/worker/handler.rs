@@ -13,7 +13,8 @@ use tracing::field::Empty;
 use super::messages::{decode, record_key, source_of, ResultRecord};
 use super::publisher::Publisher;
 use crate::payment::{
-    CommandContext, Outcome, PaymentCommand, Processor, RejectionKind, SourcePosition,
+    redact_payload, CommandContext, Outcome, PaymentCommand, Processor, RedactedPayload,
+    RejectionKind, SourcePosition,
 };
 use crate::retry::RetryPolicy;
 
@@ -21,6 +22,15 @@ pub struct Handler {
     processor: Arc<Processor>,
     publisher: Publisher,
     retry: RetryPolicy,
+}
+
+/// A final outcome and what its answer needs.
+struct Verdict {
+    outcome: Outcome,
+    key: Option<String>,
+    attempts: u32,
+    /// The value to dead-letter instead of the original (card numbers masked).
+    redacted: Option<RedactedPayload>,
 }
 
 /// A not-yet-final outcome, as an error so backon drives the retries.
@@ -52,31 +62,78 @@ impl Handler {
         draining: &CancellationToken,
     ) -> Option<Outcome> {
         let started = Instant::now();
-        let source = source_of(message);
-        let (outcome, key, attempts) = match decode(message) {
+        let verdict = match decode(message) {
             Ok(command) => {
                 let key = command.idempotency_key.as_str().to_owned();
                 let (outcome, attempts) = self
-                    .process_with_retries(&command, &source, draining)
+                    .process_with_retries(&command, &source_of(message), draining)
                     .await?;
-                (outcome, Some(key), attempts)
+                Verdict {
+                    outcome,
+                    key: Some(key),
+                    attempts,
+                    redacted: None,
+                }
             }
-            Err(reason) => (
-                Outcome::Rejected {
+            Err(undecodable) => Verdict {
+                outcome: Outcome::Rejected {
                     kind: RejectionKind::Invalid,
-                    reason,
+                    reason: undecodable.to_string(),
                 },
-                record_key(message),
-                1,
-            ),
+                key: record_key(message),
+                attempts: 1,
+                redacted: undecodable
+                    .holds_card_number()
+                    .then(|| redact_payload(message.payload().unwrap_or_default())),
+            },
         };
+        Some(self.answer(message, verdict, started).await)
+    }
+
+    /// The record made its handler panic `panics` times: dead-letter it as
+    /// `internal` without touching it again, so the records behind it can flow.
+    pub async fn give_up_after_panics(&self, message: &OwnedMessage, panics: u32) -> Outcome {
+        let outcome = Outcome::Rejected {
+            kind: RejectionKind::Internal,
+            reason: format!("panicked: handling this record panicked {panics} times"),
+        };
+        // Whatever made it panic, a card number in it must not reach the topic.
+        let payload = message.payload().unwrap_or_default();
+        let redacted = match redact_payload(payload) {
+            RedactedPayload::Masked(masked) if masked == payload => None,
+            // Not UTF-8 and so not maskable: keep it unless it could hold a card.
+            RedactedPayload::Dropped if std::str::from_utf8(payload).is_err() => {
+                let lossy = String::from_utf8_lossy(payload);
+                (crate::payment::mask_card_numbers(&lossy) != lossy)
+                    .then_some(RedactedPayload::Dropped)
+            }
+            other => Some(other),
+        };
+        let verdict = Verdict {
+            outcome,
+            key: record_key(message),
+            attempts: panics,
+            redacted,
+        };
+        self.answer(message, verdict, Instant::now()).await
+    }
+
+    /// Publishes the dead letter (if any) and the result, and counts the outcome.
+    async fn answer(&self, message: &OwnedMessage, verdict: Verdict, started: Instant) -> Outcome {
+        let Verdict {
+            outcome,
+            key,
+            attempts,
+            redacted,
+        } = verdict;
+        let source = source_of(message);
         let span = tracing::Span::current();
         span.record("payment.outcome", outcome.label());
         if let Outcome::Rejected { kind, reason } = &outcome {
             span.record("payment.rejection", kind.as_str());
             tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
             self.publisher
-                .dead_letter(message, *kind, reason, attempts)
+                .dead_letter(message, *kind, reason, attempts, redacted)
                 .await;
             crate::telemetry::metrics()
                 .dead_letters
@@ -90,7 +147,7 @@ impl Handler {
         metrics
             .processing_duration
             .record(started.elapsed().as_secs_f64(), &labels);
-        Some(outcome)
+        outcome
     }
 
     async fn process_with_retries(

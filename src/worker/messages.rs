@@ -1,7 +1,7 @@
 //! The wire formats of SPEC §4: decoding a command record, and the result and
 //! dead-letter records that answer it.
 
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use uuid::Uuid;
 
 use crate::payment::{InvalidCommand, Outcome, PaymentCommand, RejectionKind, SourcePosition};
@@ -14,13 +14,39 @@ pub fn source_of(message: &OwnedMessage) -> SourcePosition {
     }
 }
 
-/// Parses the record value and checks it against the record key.
-pub fn decode(message: &OwnedMessage) -> Result<PaymentCommand, String> {
+/// Why a record is not a payment command. `Display` is `code: explanation`, the
+/// `x-error-reason` of its dead letter; neither part repeats the record's content.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Undecodable {
+    #[error("{code}: {0}", code = .0.code())]
+    Command(InvalidCommand),
+    #[error("kafka_key_mismatch: the record key differs from idempotency_key")]
+    KeyMismatch,
+}
+
+impl Undecodable {
+    /// The stable reason code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Command(invalid) => invalid.code(),
+            Self::KeyMismatch => "kafka_key_mismatch",
+        }
+    }
+
+    /// Whether the value held a card number, so its dead letter must be masked.
+    pub fn holds_card_number(&self) -> bool {
+        matches!(self, Self::Command(invalid) if invalid.holds_card_number())
+    }
+}
+
+/// Parses the record value and checks it against the record key. Total: any key,
+/// value and headers end as a command or a reason; headers are not read.
+pub fn decode(message: &OwnedMessage) -> Result<PaymentCommand, Undecodable> {
     let command = PaymentCommand::parse(message.payload().unwrap_or_default())
-        .map_err(|e: InvalidCommand| format!("{}: {e}", e.code()))?;
+        .map_err(Undecodable::Command)?;
     if let Some(key) = message.key() {
         if key != command.idempotency_key.as_str().as_bytes() {
-            return Err("kafka_key_mismatch: the record key differs from idempotency_key".into());
+            return Err(Undecodable::KeyMismatch);
         }
     }
     Ok(command)
@@ -76,6 +102,19 @@ pub const SOURCE_TOPIC: &str = "x-source-topic";
 pub const SOURCE_PARTITION: &str = "x-source-partition";
 pub const SOURCE_OFFSET: &str = "x-source-offset";
 pub const ATTEMPTS: &str = "x-attempts";
+/// On a dead letter whose value was masked: what was masked (`card_number`).
+pub const PAYLOAD_REDACTED: &str = "x-payload-redacted";
+
+/// The headers this worker writes on a dead letter; a redrive strips them again.
+const DEAD_LETTER_HEADERS: [&str; 7] = [
+    ERROR_KIND,
+    ERROR_REASON,
+    SOURCE_TOPIC,
+    SOURCE_PARTITION,
+    SOURCE_OFFSET,
+    ATTEMPTS,
+    PAYLOAD_REDACTED,
+];
 
 /// The original headers plus the dead-letter headers of SPEC §4. Headers from an
 /// earlier dead-lettering are replaced, so a redriven record does not carry stale ones.
@@ -85,23 +124,7 @@ pub fn dead_letter_headers(
     reason: &str,
     attempts: u32,
 ) -> OwnedHeaders {
-    let ours = [
-        ERROR_KIND,
-        ERROR_REASON,
-        SOURCE_TOPIC,
-        SOURCE_PARTITION,
-        SOURCE_OFFSET,
-        ATTEMPTS,
-    ];
-    let mut headers = OwnedHeaders::new();
-    if let Some(original) = message.headers() {
-        for header in original.iter().filter(|h| !ours.contains(&h.key)) {
-            headers = headers.insert(Header {
-                key: header.key,
-                value: header.value,
-            });
-        }
-    }
+    let mut headers = without_dead_letter_headers(message).unwrap_or_default();
     let partition = message.partition().to_string();
     let offset = message.offset().to_string();
     let attempts = attempts.to_string();
@@ -121,23 +144,9 @@ pub fn dead_letter_headers(
     headers
 }
 
-/// Headers of a dead-lettered record with the dead-letter headers removed (redrive).
+/// A record's headers, names kept as raw bytes, without the dead-letter headers
+/// (for a dead letter of a redriven record, and for the redrive itself).
 pub fn without_dead_letter_headers(message: &OwnedMessage) -> Option<OwnedHeaders> {
     let original = message.headers()?;
-    let ours = [
-        ERROR_KIND,
-        ERROR_REASON,
-        SOURCE_TOPIC,
-        SOURCE_PARTITION,
-        SOURCE_OFFSET,
-        ATTEMPTS,
-    ];
-    let mut headers = OwnedHeaders::new();
-    for header in original.iter().filter(|h| !ours.contains(&h.key)) {
-        headers = headers.insert(Header {
-            key: header.key,
-            value: header.value,
-        });
-    }
-    Some(headers)
+    Some(super::headers::copy_without(original, &DEAD_LETTER_HEADERS))
 }

@@ -1,9 +1,18 @@
 //! One assigned partition: commands of different keys run concurrently (bounded),
 //! commands of one key strictly in order, and the stored offset never passes a
 //! command that is not finished (SPEC I3).
+//!
+//! A panic while handling one record is caught here, counted and treated as an
+//! unknown outcome: the record is handled again after a pause (its token was left
+//! to its lease, so the next attempt looks the charge up), and the third panic
+//! dead-letters it as `internal`. The partition task itself never dies of it.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::{Message, OwnedMessage};
@@ -15,15 +24,28 @@ use tracing::Instrument;
 
 use super::handler::{command_span, lane_of, Handler};
 use super::offsets::OffsetTracker;
+use super::supervision::panic_message;
 
 /// Records of one key wait behind the one running; keyless records share one lane.
 type Lane = Option<Vec<u8>>;
 
-/// A command task's end: `settled` when its outcome is final and acknowledged.
+/// The panic that dead-letters a record as `internal`.
+pub const PANICS_BEFORE_DEAD_LETTER: u32 = 3;
+
+/// How a command task ended.
+enum Ending {
+    /// The outcome is final and acknowledged: the offset may move past it.
+    Settled,
+    /// A drain stopped it first: the offset stays pending.
+    Interrupted,
+    /// Handling it panicked; the record comes back to be tried again.
+    Panicked(OwnedMessage),
+}
+
 struct Finished {
     offset: i64,
     lane: Lane,
-    settled: bool,
+    ending: Ending,
     /// Kept open so the offset commit is recorded inside the command's trace.
     span: tracing::Span,
 }
@@ -43,6 +65,7 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
 impl<C: ConsumerContext + 'static> PartitionTask<C> {
     pub async fn run(mut self) {
         let mut offsets = OffsetTracker::default();
+        let mut panics: HashMap<i64, u32> = HashMap::new();
         let mut waiting: HashMap<Lane, VecDeque<OwnedMessage>> = HashMap::new();
         let mut running: JoinSet<Finished> = JoinSet::new();
         let draining = CancellationToken::new();
@@ -73,13 +96,27 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     break;
                 }
                 Some(joined) = running.join_next(), if !running.is_empty() => {
-                    let Ok(Finished { offset, lane, settled, span }) = joined else { continue };
-                    admitted -= 1;
+                    // Every task catches its own panics; an error here is an abort.
+                    let Ok(Finished { offset, lane, ending, span }) = joined else { continue };
                     crate::telemetry::metrics().in_flight.add(-1, &[]);
-                    if settled {
-                        offsets.complete(offset);
-                        span.in_scope(|| self.store(&mut offsets));
+                    match ending {
+                        Ending::Settled => {
+                            panics.remove(&offset);
+                            offsets.complete(offset);
+                            span.in_scope(|| self.store(&mut offsets));
+                        }
+                        Ending::Interrupted => {}
+                        Ending::Panicked(message) => {
+                            let count = panics.entry(offset).or_default();
+                            *count += 1;
+                            if inbox_open && !self.inbox.is_closed() {
+                                // Same lane, same place: the records behind it wait.
+                                self.spawn(&mut running, message, lane, &draining, *count);
+                                continue;
+                            }
+                        }
                     }
+                    admitted -= 1;
                     let next = waiting.get_mut(&lane).and_then(VecDeque::pop_front);
                     match next {
                         Some(message) if inbox_open && !self.inbox.is_closed() => {
@@ -121,20 +158,67 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         lane: Lane,
         draining: &CancellationToken,
     ) {
+        self.spawn(running, message, lane, draining, 0);
+    }
+
+    /// Handles `message`, which has made its handler panic `panics` times so far:
+    /// after a pause that grows with each panic, or, at the limit, by dead-lettering
+    /// it as `internal` without handling it again.
+    fn spawn(
+        &self,
+        running: &mut JoinSet<Finished>,
+        message: OwnedMessage,
+        lane: Lane,
+        draining: &CancellationToken,
+        panics: u32,
+    ) {
         let handler = Arc::clone(&self.handler);
         let draining = draining.clone();
         let span = command_span(&message, &self.group_id);
         crate::telemetry::metrics().in_flight.add(1, &[]);
+        let (partition, offset) = (self.partition, message.offset());
         running.spawn(async move {
-            let settled = handler
-                .handle(&message, &draining)
-                .instrument(span.clone())
-                .await
-                .is_some();
+            if panics > 0 {
+                let pause = Duration::from_millis(200 << panics.min(5));
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = draining.cancelled() => {}
+                }
+            }
+            let work = async {
+                if panics >= PANICS_BEFORE_DEAD_LETTER {
+                    handler.give_up_after_panics(&message, panics).await;
+                    Some(())
+                } else if draining.is_cancelled() {
+                    None
+                } else {
+                    handler.handle(&message, &draining).await.map(|_| ())
+                }
+            };
+            let caught = AssertUnwindSafe(work.instrument(span.clone()))
+                .catch_unwind()
+                .await;
+            let ending = match caught {
+                Ok(Some(())) => Ending::Settled,
+                Ok(None) => Ending::Interrupted,
+                Err(panic) => {
+                    crate::telemetry::metrics().panics.add(1, &[]);
+                    span.in_scope(|| {
+                        tracing::error!(
+                            partition,
+                            offset,
+                            panics = panics + 1,
+                            panic = %panic_message(panic.as_ref()),
+                            "handling a record panicked; its token is left to its lease"
+                        )
+                    });
+                    Ending::Panicked(message)
+                }
+            };
             Finished {
-                offset: message.offset(),
+                offset,
                 lane,
-                settled,
+                ending,
                 span,
             }
         });

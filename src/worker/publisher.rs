@@ -8,9 +8,9 @@ use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
-use super::messages::{dead_letter_headers, ResultRecord};
+use super::messages::{dead_letter_headers, ResultRecord, PAYLOAD_REDACTED};
 use crate::configuration::KafkaSettings;
-use crate::payment::RejectionKind;
+use crate::payment::{RedactedPayload, RejectionKind};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Header;
 use rdkafka::types::RDKafkaErrorCode;
@@ -130,21 +130,42 @@ impl Publisher {
         }
     }
 
-    /// The original key, value and headers, plus the dead-letter headers.
+    /// The original key, value and headers, plus the dead-letter headers. A value
+    /// refused for holding a card number goes out `redacted` instead, marked with
+    /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
+    /// could be kept): a card number never lands on a topic.
     pub async fn dead_letter(
         &self,
         original: &OwnedMessage,
         kind: RejectionKind,
         reason: &str,
         attempts: u32,
+        redacted: Option<RedactedPayload>,
     ) {
-        let headers = dead_letter_headers(original, kind, reason, attempts);
+        let mut headers = dead_letter_headers(original, kind, reason, attempts);
+        let payload = match &redacted {
+            None => original.payload(),
+            Some(RedactedPayload::Masked(masked)) => Some(masked.as_slice()),
+            Some(RedactedPayload::Dropped) => None,
+        };
+        if let Some(redacted) = &redacted {
+            headers = headers.insert(Header {
+                key: PAYLOAD_REDACTED,
+                value: Some("card_number"),
+            });
+            if *redacted == RedactedPayload::Dropped {
+                headers = headers.insert(Header {
+                    key: PAYLOAD_DROPPED,
+                    value: Some("card_number"),
+                });
+            }
+        }
         let span = produce_span(&self.dlq_topic);
         let sent = self
             .send(
                 &self.dlq_topic,
                 original.key(),
-                original.payload(),
+                payload,
                 Some(headers.clone()),
             )
             .instrument(span.clone())
@@ -153,7 +174,7 @@ impl Publisher {
             // The original is larger than this producer may send: keep the record
             // visible without its value rather than stall the partition forever.
             tracing::warn!(%error, "dead letter too large; dropping its value");
-            let size = original.payload().map_or(0, <[u8]>::len).to_string();
+            let size = payload.map_or(0, <[u8]>::len).to_string();
             let headers = headers
                 .insert(Header {
                     key: PAYLOAD_DROPPED,

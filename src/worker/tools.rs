@@ -2,10 +2,7 @@
 //! the health endpoints.
 
 use std::io::BufRead;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -333,7 +330,7 @@ pub async fn dry_run_verdicts(
     let mut verdicts = Vec::with_capacity(records.len());
     for record in &records {
         let (verdict, detail) = match decode(record) {
-            Err(reason) => ("invalid", reason),
+            Err(reason) => ("invalid", reason.to_string()),
             Ok(command) => {
                 let mut conn = pool.acquire().await?;
                 let existing =
@@ -486,13 +483,8 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
         }
         let kind = record
             .headers()
-            .and_then(|h| {
-                use rdkafka::message::Headers;
-                h.iter()
-                    .find(|x| x.key == ERROR_KIND)
-                    .and_then(|x| x.value.map(<[u8]>::to_vec))
-            })
-            .and_then(|v| String::from_utf8(v).ok());
+            .and_then(|h| super::headers::last_value(h, ERROR_KIND))
+            .and_then(|v| String::from_utf8(v.to_vec()).ok());
         progress.insert(record.partition(), record.offset() + 1);
         if args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref()) {
             continue;
@@ -539,51 +531,4 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     .await??;
     println!("redrove {sent} records");
     Ok(())
-}
-
-/// Serves `/healthz` (the process answers) and `/readyz` (consuming, not draining).
-pub struct HealthServer {
-    ready: Arc<AtomicBool>,
-    _task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl HealthServer {
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
-    }
-}
-
-pub async fn serve_health(listen: Option<SocketAddr>) -> anyhow::Result<HealthServer> {
-    let ready = Arc::new(AtomicBool::new(true));
-    let Some(listen) = listen else {
-        return Ok(HealthServer { ready, _task: None });
-    };
-    let flag = Arc::clone(&ready);
-    let app = axum::Router::new()
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            axum::routing::get(move || {
-                let flag = Arc::clone(&flag);
-                async move {
-                    if flag.load(Ordering::SeqCst) {
-                        (axum::http::StatusCode::OK, "ready")
-                    } else {
-                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining")
-                    }
-                }
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("binding the health endpoint on {listen}"))?;
-    let task = tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::warn!(%error, "health endpoint stopped");
-        }
-    });
-    Ok(HealthServer {
-        ready,
-        _task: Some(task),
-    })
 }

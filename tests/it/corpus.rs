@@ -1,5 +1,5 @@
 //! Issue 6: a corpus of bad input, published on the commands topic and consumed by a
-//! running worker. Each bad record ends in the DLQ, unchanged, with its exact
+//! running worker. Each bad record ends in the DLQ, unchanged (card numbers masked), with its exact
 //! `x-error-kind` and a specific reason code; nothing invalid reaches the gateway;
 //! the worker keeps going and commits past every one of them.
 
@@ -619,14 +619,34 @@ async fn every_bad_record_is_dead_lettered_with_its_reason_and_the_worker_commit
                     "case {}: {reason}",
                     case.name
                 );
-                // The original record, unchanged, with its own headers.
+                // The original record, with its own headers; unchanged, except that
+                // a card number is masked (all but its last four digits).
                 assert_eq!(letter.key(), case.key.as_deref(), "case {}", case.name);
-                assert_eq!(
-                    letter.payload(),
-                    case.value.as_deref(),
-                    "case {}",
-                    case.name
-                );
+                if code.starts_with("card_number") {
+                    let original = String::from_utf8(case.value.clone().unwrap()).unwrap();
+                    let masked = payment_worker::payment::mask_card_numbers(&original);
+                    assert_ne!(masked, original, "case {}", case.name);
+                    assert_eq!(
+                        letter.payload(),
+                        Some(masked.as_bytes()),
+                        "case {}",
+                        case.name
+                    );
+                    assert_eq!(
+                        header_text(letter, "x-payload-redacted").as_deref(),
+                        Some("card_number"),
+                        "case {}",
+                        case.name
+                    );
+                } else {
+                    assert_eq!(
+                        letter.payload(),
+                        case.value.as_deref(),
+                        "case {}",
+                        case.name
+                    );
+                    assert_eq!(header_text(letter, "x-payload-redacted"), None);
+                }
                 assert_eq!(
                     header_text(letter, "x-case"),
                     Some(n.to_string()),

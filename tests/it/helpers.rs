@@ -281,6 +281,23 @@ impl Stack {
         worker::start(&self.settings, settings, handler).expect("worker start")
     }
 
+    /// The environment of a `payment-worker run` process joining this stack's group.
+    pub fn run_env(&self) -> HashMap<String, String> {
+        [
+            ("KAFKA_BROKERS", self.settings.brokers.clone()),
+            ("KAFKA_GROUP_ID", self.settings.group_id.clone()),
+            ("KAFKA_SESSION_TIMEOUT", "6s".to_owned()),
+            ("DATABASE_URL", self.db.url.clone()),
+            ("REDIS_URL", REDIS_URL.to_owned()),
+            ("REDIS_KEY_PREFIX", self.redis.prefix.clone()),
+            ("GATEWAY_URL", self.simulator.url()),
+            ("LEASE", "5s".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
     pub async fn produce(&self, records: &[worker::WorkloadRecord]) {
         let producer: rdkafka::producer::FutureProducer =
             worker::producer_config(&self.settings).create().unwrap();

@@ -1,0 +1,188 @@
+//! `/healthz` and `/readyz`, and the facts they are computed from.
+//!
+//! Liveness is "the poll loop polled recently": a worker whose poll thread is
+//! stuck still answers HTTP, so a constant "ok" would hide exactly the failure an
+//! orchestrator must restart. Readiness is "a member of the group, not draining,
+//! and both stores answer".
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::http::StatusCode;
+
+use crate::payment::Processor;
+use crate::token::IdempotencyKey;
+
+/// What the poll thread reports about itself; read by the health endpoints and
+/// the supervisor.
+#[derive(Debug)]
+pub struct Liveness {
+    epoch: Instant,
+    last_poll_ms: AtomicU64,
+    in_group: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            epoch: Instant::now(),
+            last_poll_ms: AtomicU64::new(0),
+            in_group: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Liveness {
+    /// The poll loop just returned from `poll`.
+    pub fn polled(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        self.last_poll_ms.store(now, Ordering::Relaxed);
+    }
+
+    pub fn since_last_poll(&self) -> Duration {
+        let last = Duration::from_millis(self.last_poll_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
+    pub fn set_in_group(&self, in_group: bool) {
+        self.in_group.store(in_group, Ordering::SeqCst);
+    }
+
+    /// Whether the member holds its group membership (its last rebalance event was
+    /// an assignment, possibly of no partitions).
+    pub fn in_group(&self) -> bool {
+        self.in_group.load(Ordering::SeqCst)
+    }
+
+    /// Shutting down: orchestrators should stop counting on this member.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
+
+/// How long a store may take to answer a readiness probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The inputs of the two endpoints.
+#[derive(Clone)]
+pub struct HealthChecks {
+    pub liveness: Arc<Liveness>,
+    /// `/healthz` fails once the poll loop has not polled for this long (the
+    /// session timeout: by then the group has given up on this member anyway).
+    pub stall_limit: Duration,
+    pub processor: Arc<Processor>,
+}
+
+impl HealthChecks {
+    fn healthz(&self) -> (StatusCode, String) {
+        let since = self.liveness.since_last_poll();
+        if since > self.stall_limit {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("poll loop has not polled for {} ms", since.as_millis()),
+            )
+        } else {
+            (StatusCode::OK, "ok".to_owned())
+        }
+    }
+
+    async fn readyz(&self) -> (StatusCode, String) {
+        let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why);
+        if self.liveness.draining() {
+            return unavailable("draining".to_owned());
+        }
+        if !self.liveness.in_group() {
+            return unavailable("not a member of the consumer group".to_owned());
+        }
+        let postgres = sqlx::query("SELECT 1").execute(self.processor.pool());
+        match tokio::time::timeout(PROBE_TIMEOUT, postgres).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return unavailable(format!("postgres: {error}")),
+            Err(_) => return unavailable("postgres: no answer".to_owned()),
+        }
+        // Reading a token that never exists exercises the store's real path.
+        let Ok(probe) = IdempotencyKey::try_from("readyz-probe") else {
+            return unavailable("token store: probe key refused".to_owned());
+        };
+        let tokens = self.processor.tokens().show(&probe);
+        match tokio::time::timeout(PROBE_TIMEOUT, tokens).await {
+            Ok(Ok(_)) => (StatusCode::OK, "ready".to_owned()),
+            Ok(Err(error)) => unavailable(format!("token store: {error}")),
+            Err(_) => unavailable("token store: no answer".to_owned()),
+        }
+    }
+}
+
+/// Keeps the health endpoint served while alive.
+pub struct HealthServer {
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for HealthServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Serves `/healthz` and `/readyz` on `listen`; nothing when `listen` is `None`.
+pub async fn serve_health(
+    listen: Option<SocketAddr>,
+    checks: HealthChecks,
+) -> anyhow::Result<HealthServer> {
+    let Some(listen) = listen else {
+        return Ok(HealthServer { task: None });
+    };
+    let live = checks.clone();
+    let app = axum::Router::new()
+        .route(
+            "/healthz",
+            axum::routing::get(move || {
+                let checks = live.clone();
+                async move { checks.healthz() }
+            }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let checks = checks.clone();
+                async move { checks.readyz().await }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the health endpoint on {listen}"))?;
+    let task = tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::warn!(%error, "health endpoint stopped");
+        }
+    });
+    Ok(HealthServer { task: Some(task) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_ages_from_the_last_poll() {
+        let liveness = Liveness::default();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(liveness.since_last_poll() >= Duration::from_millis(30));
+        liveness.polled();
+        assert!(liveness.since_last_poll() < Duration::from_millis(30));
+        assert!(!liveness.in_group());
+        liveness.set_in_group(true);
+        assert!(liveness.in_group());
+    }
+}

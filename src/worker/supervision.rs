@@ -1,0 +1,98 @@
+//! Why a worker stops on its own. A worker never lives on with a dead part: the
+//! process exits non-zero so the orchestrator restarts it, and the records it had
+//! not committed are redelivered to the next member of the group.
+
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// A part of the worker died; `run` ends with this error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkerFailure {
+    #[error("the Kafka poll loop panicked: {0}")]
+    PollLoopPanicked(String),
+    #[error("the Kafka poll loop ended unexpectedly")]
+    PollLoopEnded,
+    #[error("the Kafka poll loop has not polled for {0:?}")]
+    PollLoopStalled(Duration),
+    #[error("the task of partition {topic}/{partition} ended unexpectedly")]
+    PartitionTaskEnded { topic: String, partition: i32 },
+    /// Authentication, authorisation, a fenced static member, or an error
+    /// librdkafka itself calls fatal: restarting the same way cannot fix it.
+    #[error("fatal Kafka error: {0}")]
+    FatalBroker(String),
+}
+
+impl WorkerFailure {
+    /// The process exit code: 4 for a fatal broker error, 1 for the rest.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::FatalBroker(_) => 4,
+            _ => 1,
+        }
+    }
+}
+
+/// Whether a consumer error means this member cannot go on, whatever it retries.
+pub fn is_fatal_broker_error(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::FencedInstanceId
+        )
+    )
+}
+
+/// The text of a caught panic.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorisation_and_fencing_are_fatal_and_transport_errors_are_not() {
+        for code in [
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::SaslAuthenticationFailed,
+            RDKafkaErrorCode::FencedInstanceId,
+            RDKafkaErrorCode::Fatal,
+        ] {
+            assert!(is_fatal_broker_error(&KafkaError::MessageConsumption(code)));
+        }
+        for code in [
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::RebalanceInProgress,
+        ] {
+            assert!(!is_fatal_broker_error(&KafkaError::MessageConsumption(
+                code
+            )));
+        }
+        assert_eq!(WorkerFailure::FatalBroker("x".into()).exit_code(), 4);
+        assert_eq!(WorkerFailure::PollLoopEnded.exit_code(), 1);
+    }
+
+    #[test]
+    fn panic_messages_are_read_from_both_payload_kinds() {
+        let caught = std::panic::catch_unwind(|| panic!("boom {}", 1)).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "boom 1");
+        let caught = std::panic::catch_unwind(|| panic!("static")).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "static");
+    }
+}
