@@ -248,13 +248,16 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
 
 /// An OTLP/HTTP receiver that decodes what it gets.
 #[derive(Default)]
-struct Received {
-    spans: Vec<(String, HashMap<String, String>)>,
-    metrics: Vec<String>,
-    service_names: Vec<String>,
+pub(crate) struct Received {
+    pub spans: Vec<(String, HashMap<String, String>)>,
+    pub metrics: Vec<String>,
+    /// Every metric as received (name, unit, kind, data points), for tests that look
+    /// at more than the name.
+    pub metric_data: Vec<opentelemetry_proto::tonic::metrics::v1::Metric>,
+    pub service_names: Vec<String>,
 }
 
-async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
+pub(crate) async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
     use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use prost::Message;
@@ -308,7 +311,8 @@ async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
                 for resource_metrics in request.resource_metrics {
                     for scope in resource_metrics.scope_metrics {
                         for metric in scope.metrics {
-                            received.metrics.push(metric.name);
+                            received.metrics.push(metric.name.clone());
+                            received.metric_data.push(metric);
                         }
                     }
                 }
