@@ -254,6 +254,8 @@ pub(crate) struct Received {
     /// Every metric as received (name, unit, kind, data points), for tests that look
     /// at more than the name.
     pub metric_data: Vec<opentelemetry_proto::tonic::metrics::v1::Metric>,
+    /// The sender's `service.instance.id` of each entry of `metric_data`, in order.
+    pub metric_instances: Vec<Option<String>>,
     pub service_names: Vec<String>,
 }
 
@@ -267,10 +269,16 @@ pub(crate) async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Receive
     fn service_name(
         resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>,
     ) -> Option<String> {
+        resource_attribute(resource, "service.name")
+    }
+    fn resource_attribute(
+        resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>,
+        name: &str,
+    ) -> Option<String> {
         resource?
             .attributes
             .iter()
-            .find(|kv| kv.key == "service.name")
+            .find(|kv| kv.key == name)
             .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
                 opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s) => {
                     Some(s.clone())
@@ -309,10 +317,15 @@ pub(crate) async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Receive
                     ExportMetricsServiceRequest::decode(body).expect("OTLP metrics protobuf");
                 let mut received = metrics.lock().unwrap();
                 for resource_metrics in request.resource_metrics {
+                    let instance = resource_attribute(
+                        resource_metrics.resource.as_ref(),
+                        "service.instance.id",
+                    );
                     for scope in resource_metrics.scope_metrics {
                         for metric in scope.metrics {
                             received.metrics.push(metric.name.clone());
                             received.metric_data.push(metric);
+                            received.metric_instances.push(instance.clone());
                         }
                     }
                 }
