@@ -7,6 +7,7 @@ mod corpus;
 mod demo;
 mod gateway;
 mod helpers;
+mod k8s_manifests;
 mod metric_export;
 mod metric_names;
 mod multiprocess;

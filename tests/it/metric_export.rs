@@ -299,8 +299,9 @@ async fn a_worker_exports_every_metric_the_dashboard_and_the_alerts_query() {
     for external in EXTERNAL_METRICS {
         queried.remove(*external);
     }
-    // The lead's panic counter is queried by the dashboard and an alert; until the
-    // worker declares it, this branch's worker cannot export it.
+    // The panic counter (`payment_worker.panics`) is queried by the dashboard and an
+    // alert. A worker that does not declare it cannot export it; once
+    // src/telemetry.rs declares it, it is required like every other metric.
     let panics = "payment_worker_panics_total";
     assert!(
         queried.contains(panics),
@@ -315,7 +316,7 @@ async fn a_worker_exports_every_metric_the_dashboard_and_the_alerts_query() {
         "suspiciously few metrics queried: {queried:?}"
     );
 
-    let exported = |received: &crate::telemetry::Received| -> BTreeMap<String, String> {
+    let exported = |received: &Received| -> BTreeMap<String, String> {
         received
             .metric_data
             .iter()
