@@ -568,4 +568,12 @@ fn the_dev_profile_publishes_postgres_redis_and_kafka_on_loopback() {
     assert!(to("9092").contains(&format!("TCP:kafka:{external_port}")));
     assert!(value("KAFKA_ADVERTISED_LISTENERS").contains("EXTERNAL://127.0.0.1:9092"));
     assert!(value("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP").contains("EXTERNAL:PLAINTEXT"));
+    // The host's tools use the worker's default URL, which carries no password.
+    let postgres = environment(service(&compose, "postgres"));
+    assert!(
+        postgres
+            .iter()
+            .any(|(k, v)| k == "POSTGRES_HOST_AUTH_METHOD" && v == "trust"),
+        "postgres://postgres@127.0.0.1:5432 must work from the host: {postgres:?}"
+    );
 }
