@@ -24,5 +24,8 @@ RUN apt-get update \
     && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin payment-worker
 COPY --from=builder /usr/local/bin/payment-worker /usr/local/bin/payment-worker
 USER 10001
+# JSON lines on stderr, one per event, with the command's trace_id and span_id: what
+# log collectors expect from a container. LOG_FORMAT=text for human-readable lines.
+ENV LOG_FORMAT=json
 ENTRYPOINT ["payment-worker"]
 CMD ["run"]

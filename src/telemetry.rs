@@ -182,6 +182,12 @@ fn build_metrics(meter: &Meter) -> Metrics {
             .f64_histogram("payment_worker.command.duration")
             .with_unit("s")
             .with_description("Time from dispatch to acknowledged result, by outcome")
+            // The SDK's default bounds (0, 5, 10, 25, …) suit milliseconds: in seconds
+            // every payment would fall in the first bucket and p50/p99 would be noise.
+            .with_boundaries(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0,
+            ])
             .build(),
         in_flight: meter
             .i64_up_down_counter("payment_worker.commands.in_flight")

@@ -181,13 +181,19 @@ pub struct MemberContext {
 
 impl ClientContext for MemberContext {
     /// librdkafka statistics (enabled with metrics): consumer lag per partition.
+    /// A partition this member does not fetch (revoked, or never assigned) reports 0:
+    /// the gauge would otherwise keep the last value it had here, and dashboards fold
+    /// the members' reports with `max by (partition)`.
     fn stats(&self, statistics: rdkafka::Statistics) {
         let lag = &crate::telemetry::metrics().consumer_lag;
         for topic in statistics.topics.values() {
             for (partition, stats) in &topic.partitions {
-                if *partition >= 0 && stats.consumer_lag >= 0 {
+                let fetching =
+                    !matches!(stats.fetch_state.as_str(), "none" | "stopping" | "stopped");
+                let value = if fetching { stats.consumer_lag } else { 0 };
+                if *partition >= 0 && value >= 0 {
                     lag.record(
-                        stats.consumer_lag,
+                        value,
                         &[opentelemetry::KeyValue::new(
                             "partition",
                             i64::from(*partition),

@@ -1,6 +1,8 @@
 //! The container deployment hangs together without Docker: `docker-compose.yml`,
-//! `deploy/otel-collector.yaml` and the `Dockerfile` are parsed and cross-checked
-//! (pinned images, expected services, worker wiring, dependencies, collector pipelines).
+//! `deploy/otel-collector.yaml`, `deploy/prometheus/prometheus.yml` and the
+//! `Dockerfile` are parsed and cross-checked (pinned images, expected services,
+//! restart policies, worker wiring, dependencies, collector pipelines, the metrics
+//! path to Prometheus and Grafana, the `dev` profile's host ports).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -14,9 +16,24 @@ const EXPECTED_SERVICES: &[&str] = &[
     "postgres",
     "otel-collector",
     "jaeger",
+    "prometheus",
+    "grafana",
     "gateway-sim",
     "worker",
     "migrate",
+];
+
+/// Services that run until stopped: each must come back by itself after a crash.
+const LONG_RUNNING: &[&str] = &[
+    "kafka",
+    "redis",
+    "postgres",
+    "otel-collector",
+    "jaeger",
+    "prometheus",
+    "grafana",
+    "gateway-sim",
+    "worker",
 ];
 
 const WORKER_ENV: &[&str] = &[
@@ -387,5 +404,176 @@ fn dockerfile_base_images_are_pinned() {
             .lines()
             .any(|l| l.trim_start().starts_with("USER ")),
         "the runtime runs as a non-root user"
+    );
+}
+
+fn restart_policy(service: &Value) -> Option<String> {
+    service.get("restart").and_then(scalar)
+}
+
+#[test]
+fn long_running_services_restart_after_a_crash() {
+    let compose = compose();
+    for name in LONG_RUNNING {
+        let policy = restart_policy(service(&compose, name));
+        assert!(
+            matches!(policy.as_deref(), Some("always" | "unless-stopped" | "on-failure")),
+            "service {name} has restart {policy:?}: a worker that exits on a dead part must be restarted"
+        );
+    }
+    for one_shot in ["kafka-init", "migrate"] {
+        assert_eq!(
+            restart_policy(service(&compose, one_shot)).as_deref(),
+            Some("no"),
+            "{one_shot} runs once"
+        );
+    }
+}
+
+#[test]
+fn workers_log_json_and_name_themselves_in_telemetry() {
+    let dockerfile = read("Dockerfile");
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.trim() == "ENV LOG_FORMAT=json"),
+        "the image logs JSON by default"
+    );
+    let compose = compose();
+    let worker = service(&compose, "worker");
+    let entrypoint =
+        serde_yaml::to_string(worker.get("entrypoint").expect("worker entrypoint")).unwrap();
+    // `$$` is Compose's escape for a `$` the container's shell expands.
+    assert!(
+        entrypoint.contains("service.instance.id=$${HOSTNAME}")
+            && entrypoint.contains("exec payment-worker"),
+        "each worker replica needs its own service.instance.id: {entrypoint}"
+    );
+}
+
+#[test]
+fn metrics_flow_from_the_collector_to_prometheus_and_grafana() {
+    let compose = compose();
+    let collector = yaml("deploy/otel-collector.yaml");
+    let exporter = &collector["exporters"]["prometheus"];
+    let endpoint = exporter["endpoint"]
+        .as_str()
+        .expect("prometheus exporter endpoint");
+    let port = endpoint.rsplit(':').next().unwrap();
+    assert!(
+        exporter.get("namespace").is_none(),
+        "a namespace doubles the payment_worker_ prefix"
+    );
+
+    let prometheus = service(&compose, "prometheus");
+    let volumes = string_list(prometheus.get("volumes"));
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v.starts_with("./deploy/prometheus:/etc/prometheus")),
+        "{volumes:?}"
+    );
+    let config = yaml("deploy/prometheus/prometheus.yml");
+    let scrape = &config["scrape_configs"][0];
+    let targets = string_list(scrape["static_configs"][0].get("targets"));
+    assert_eq!(targets, vec![format!("otel-collector:{port}")]);
+    assert_eq!(
+        scrape["honor_labels"].as_bool(),
+        Some(true),
+        "keep the workers' job and instance labels"
+    );
+    assert!(string_list(config.get("rule_files")).contains(&"alerts.yml".to_owned()));
+
+    let names = service_names(&compose);
+    for (name, needs) in [("prometheus", "otel-collector"), ("grafana", "prometheus")] {
+        assert!(names.contains(needs));
+        assert!(depends_on(service(&compose, name)).contains(&needs.to_owned()));
+    }
+    // Jaeger v2 receives OTLP directly on 4317, where the collector sends traces.
+    let jaeger = service(&compose, "jaeger")["image"].as_str().unwrap();
+    assert!(jaeger.starts_with("jaegertracing/jaeger:2."), "{jaeger}");
+    assert_eq!(
+        collector["exporters"]["otlp/jaeger"]["endpoint"].as_str(),
+        Some("jaeger:4317")
+    );
+}
+
+/// `host_ip:host_port:container_port` entries of a service.
+fn published(service: &Value) -> Vec<String> {
+    string_list(service.get("ports"))
+}
+
+fn profiles(service: &Value) -> Vec<String> {
+    string_list(service.get("profiles"))
+}
+
+#[test]
+fn the_dev_profile_publishes_postgres_redis_and_kafka_on_loopback() {
+    let compose = compose();
+    let mut forwarded = BTreeSet::new();
+    for (name, definition) in services(&compose) {
+        let name = name.as_str().unwrap();
+        let ports = published(definition);
+        let is_dev = profiles(definition).contains(&"dev".to_owned());
+        for store_port in ["5432", "6379", "9092"] {
+            let publishes = ports
+                .iter()
+                .any(|p| p.split(':').rev().nth(1) == Some(store_port));
+            if publishes {
+                assert!(
+                    is_dev,
+                    "{name} publishes {store_port} outside the dev profile"
+                );
+            }
+        }
+        if !is_dev {
+            continue;
+        }
+        // Forwarders: listen on the published port, connect to the service.
+        let command = serde_yaml::to_string(definition.get("command").unwrap()).unwrap();
+        for port in &ports {
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "{name} publishes {port} beyond loopback"
+            );
+            let host_port = port.split(':').nth(1).unwrap();
+            assert!(
+                command.contains(&format!("TCP-LISTEN:{host_port},")),
+                "{name}: {command}"
+            );
+            forwarded.insert((host_port.to_owned(), command.clone()));
+        }
+    }
+    let to = |port: &str| {
+        forwarded
+            .iter()
+            .find(|(p, _)| p == port)
+            .map(|(_, c)| c.clone())
+            .unwrap_or_else(|| panic!("the dev profile does not publish {port}"))
+    };
+    assert!(to("5432").contains("TCP:postgres:5432"));
+    assert!(to("6379").contains("TCP:redis:6379"));
+    // Kafka: the host port reaches a listener that advertises the host's address.
+    let env = environment(service(&compose, "kafka"));
+    let value = |key: &str| {
+        env.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    let external_port = value("KAFKA_LISTENERS")
+        .split(',')
+        .find_map(|l| l.strip_prefix("EXTERNAL://:").map(str::to_owned))
+        .expect("an EXTERNAL listener");
+    assert!(to("9092").contains(&format!("TCP:kafka:{external_port}")));
+    assert!(value("KAFKA_ADVERTISED_LISTENERS").contains("EXTERNAL://127.0.0.1:9092"));
+    assert!(value("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP").contains("EXTERNAL:PLAINTEXT"));
+    // The host's tools use the worker's default URL, which carries no password.
+    let postgres = environment(service(&compose, "postgres"));
+    assert!(
+        postgres
+            .iter()
+            .any(|(k, v)| k == "POSTGRES_HOST_AUTH_METHOD" && v == "trust"),
+        "postgres://postgres@127.0.0.1:5432 must work from the host: {postgres:?}"
     );
 }

@@ -248,13 +248,18 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
 
 /// An OTLP/HTTP receiver that decodes what it gets.
 #[derive(Default)]
-struct Received {
-    spans: Vec<(String, HashMap<String, String>)>,
-    metrics: Vec<String>,
-    service_names: Vec<String>,
+pub(crate) struct Received {
+    pub spans: Vec<(String, HashMap<String, String>)>,
+    pub metrics: Vec<String>,
+    /// Every metric as received (name, unit, kind, data points), for tests that look
+    /// at more than the name.
+    pub metric_data: Vec<opentelemetry_proto::tonic::metrics::v1::Metric>,
+    /// The sender's `service.instance.id` of each entry of `metric_data`, in order.
+    pub metric_instances: Vec<Option<String>>,
+    pub service_names: Vec<String>,
 }
 
-async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
+pub(crate) async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
     use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use prost::Message;
@@ -264,10 +269,16 @@ async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
     fn service_name(
         resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>,
     ) -> Option<String> {
+        resource_attribute(resource, "service.name")
+    }
+    fn resource_attribute(
+        resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>,
+        name: &str,
+    ) -> Option<String> {
         resource?
             .attributes
             .iter()
-            .find(|kv| kv.key == "service.name")
+            .find(|kv| kv.key == name)
             .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
                 opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s) => {
                     Some(s.clone())
@@ -306,9 +317,15 @@ async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
                     ExportMetricsServiceRequest::decode(body).expect("OTLP metrics protobuf");
                 let mut received = metrics.lock().unwrap();
                 for resource_metrics in request.resource_metrics {
+                    let instance = resource_attribute(
+                        resource_metrics.resource.as_ref(),
+                        "service.instance.id",
+                    );
                     for scope in resource_metrics.scope_metrics {
                         for metric in scope.metrics {
-                            received.metrics.push(metric.name);
+                            received.metrics.push(metric.name.clone());
+                            received.metric_data.push(metric);
+                            received.metric_instances.push(instance.clone());
                         }
                     }
                 }
