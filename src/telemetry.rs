@@ -160,6 +160,7 @@ pub struct Metrics {
     pub in_flight: UpDownCounter<i64>,
     pub retries: Counter<u64>,
     pub dead_letters: Counter<u64>,
+    pub gateway_failures: Counter<u64>,
     pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
 }
 
@@ -193,6 +194,12 @@ fn build_metrics(meter: &Meter) -> Metrics {
         dead_letters: meter
             .u64_counter("payment_worker.dead_letters")
             .with_description("Records sent to the dead-letter topic, by kind")
+            .build(),
+        gateway_failures: meter
+            .u64_counter("payment_worker.gateway.failures")
+            .with_description(
+                "Gateway calls that did not answer usably (operation, class, HTTP status)",
+            )
             .build(),
         consumer_lag: meter
             .i64_gauge("payment_worker.consumer.lag")

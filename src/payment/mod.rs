@@ -2,9 +2,11 @@ mod command;
 mod outcome;
 mod persistence;
 mod processor;
+mod unresolved;
 
 pub use command::{Fingerprint, InvalidCommand, PaymentCommand};
 
-pub use outcome::{Outcome, RejectionKind};
+pub use outcome::{ChargeEvidence, Outcome, RejectionKind};
 pub use persistence::{find_payment, PaymentRecord, PaymentStatus, SourcePosition};
 pub use processor::{CommandContext, GatewayLookup, Processor};
+pub use unresolved::{record_unresolved_charge, unresolved_charges, UnresolvedCharge};

@@ -1,6 +1,7 @@
 //! One command record, from bytes to an acknowledged result: decode, process with
 //! retries (SPEC §5), publish the result and any dead letter.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,8 @@ use tracing::field::Empty;
 use super::messages::{decode, record_key, source_of, ResultRecord};
 use super::publisher::Publisher;
 use crate::payment::{
-    CommandContext, Outcome, PaymentCommand, Processor, RejectionKind, SourcePosition,
+    record_unresolved_charge, CommandContext, Outcome, PaymentCommand, Processor, RejectionKind,
+    SourcePosition,
 };
 use crate::retry::RetryPolicy;
 
@@ -53,13 +55,13 @@ impl Handler {
     ) -> Option<Outcome> {
         let started = Instant::now();
         let source = source_of(message);
-        let (outcome, key, attempts) = match decode(message) {
+        let (outcome, key, attempts, charge_unknown) = match decode(message) {
             Ok(command) => {
                 let key = command.idempotency_key.as_str().to_owned();
-                let (outcome, attempts) = self
+                let (outcome, attempts, charge_unknown) = self
                     .process_with_retries(&command, &source, draining)
                     .await?;
-                (outcome, Some(key), attempts)
+                (outcome, Some(key), attempts, charge_unknown)
             }
             Err(reason) => (
                 Outcome::Rejected {
@@ -68,6 +70,7 @@ impl Handler {
                 },
                 record_key(message),
                 1,
+                false,
             ),
         };
         let span = tracing::Span::current();
@@ -76,7 +79,7 @@ impl Handler {
             span.record("payment.rejection", kind.as_str());
             tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
             self.publisher
-                .dead_letter(message, *kind, reason, attempts)
+                .dead_letter(message, *kind, reason, attempts, charge_unknown)
                 .await;
             crate::telemetry::metrics()
                 .dead_letters
@@ -98,7 +101,7 @@ impl Handler {
         command: &PaymentCommand,
         source: &SourcePosition,
         draining: &CancellationToken,
-    ) -> Option<(Outcome, u32)> {
+    ) -> Option<(Outcome, u32, bool)> {
         let started = Instant::now();
         let budget = self.retry.budget;
         let mut attempts = 0u32;
@@ -106,11 +109,21 @@ impl Handler {
             source: Some(source),
             trace_id: None,
         };
+        // Whether an earlier attempt may have charged with no look-up resolving it.
+        let charge_unknown = AtomicBool::new(false);
         let attempt = || {
             attempts += 1;
             async {
                 match self.processor.process(command, &context).await {
-                    Outcome::Retry { after, reason } => Err(NotYet { after, reason }),
+                    Outcome::Retry {
+                        after,
+                        reason,
+                        charge,
+                    } => {
+                        let earlier = charge_unknown.load(Ordering::Relaxed);
+                        charge_unknown.store(charge.may_have_charged(earlier), Ordering::Relaxed);
+                        Err(NotYet { after, reason })
+                    }
                     outcome => Ok(outcome),
                 }
             }
@@ -147,19 +160,63 @@ impl Handler {
             })
             .await;
         match result {
-            Ok(outcome) => Some((outcome, attempts)),
+            Ok(outcome) => Some((outcome, attempts, false)),
             // Not exhausted, interrupted: the partition's next owner takes it over.
             Err(_) if draining.is_cancelled() => None,
-            Err(last) => Some((
-                Outcome::Rejected {
-                    kind: RejectionKind::RetriesExhausted,
-                    reason: format!(
-                        "retries_exhausted after {attempts} attempts: {}",
-                        last.reason
-                    ),
-                },
-                attempts,
-            )),
+            Err(last) => {
+                let reason = format!(
+                    "retries_exhausted after {attempts} attempts: {}",
+                    last.reason
+                );
+                let charge_unknown = charge_unknown.load(Ordering::Relaxed);
+                if charge_unknown {
+                    self.remember_unresolved(command, source, &reason, attempts)
+                        .await;
+                }
+                Some((
+                    Outcome::Rejected {
+                        kind: RejectionKind::RetriesExhausted,
+                        reason,
+                    },
+                    attempts,
+                    charge_unknown,
+                ))
+            }
+        }
+    }
+
+    /// Retries ran out while a charge may exist unbooked: besides the dead letter's
+    /// `x-charge-unknown`, keep the key where `audit` lists it against the ledger.
+    async fn remember_unresolved(
+        &self,
+        command: &PaymentCommand,
+        source: &SourcePosition,
+        reason: &str,
+        attempts: u32,
+    ) {
+        let key = command.idempotency_key.as_str();
+        tracing::error!(
+            idempotency_key = key,
+            attempts,
+            "retries exhausted while an earlier attempt may have charged; dead-lettering with x-charge-unknown"
+        );
+        let pool = self.processor.pool();
+        let record = || record_unresolved_charge(pool, command, source, reason, attempts);
+        let recorded = record
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_times(5)
+                    .with_jitter(),
+            )
+            .when(crate::retry::is_transient_sqlx)
+            .await;
+        if let Err(error) = recorded {
+            // The dead letter's header still says so; only audit's list misses it.
+            tracing::error!(
+                idempotency_key = key, %error,
+                "could not record the unresolved charge for audit"
+            );
         }
     }
 }

@@ -76,6 +76,9 @@ pub const SOURCE_TOPIC: &str = "x-source-topic";
 pub const SOURCE_PARTITION: &str = "x-source-partition";
 pub const SOURCE_OFFSET: &str = "x-source-offset";
 pub const ATTEMPTS: &str = "x-attempts";
+/// `true` on a `retries_exhausted` dead letter when an earlier attempt may have
+/// charged and no look-up resolved it (absent otherwise).
+pub const CHARGE_UNKNOWN: &str = "x-charge-unknown";
 
 /// The original headers plus the dead-letter headers of SPEC §4. Headers from an
 /// earlier dead-lettering are replaced, so a redriven record does not carry stale ones.
@@ -84,6 +87,7 @@ pub fn dead_letter_headers(
     kind: RejectionKind,
     reason: &str,
     attempts: u32,
+    charge_unknown: bool,
 ) -> OwnedHeaders {
     let ours = [
         ERROR_KIND,
@@ -92,6 +96,7 @@ pub fn dead_letter_headers(
         SOURCE_PARTITION,
         SOURCE_OFFSET,
         ATTEMPTS,
+        CHARGE_UNKNOWN,
     ];
     let mut headers = OwnedHeaders::new();
     if let Some(original) = message.headers() {
@@ -118,6 +123,12 @@ pub fn dead_letter_headers(
             value: Some(value),
         });
     }
+    if charge_unknown {
+        headers = headers.insert(Header {
+            key: CHARGE_UNKNOWN,
+            value: Some("true"),
+        });
+    }
     headers
 }
 
@@ -131,6 +142,7 @@ pub fn without_dead_letter_headers(message: &OwnedMessage) -> Option<OwnedHeader
         SOURCE_PARTITION,
         SOURCE_OFFSET,
         ATTEMPTS,
+        CHARGE_UNKNOWN,
     ];
     let mut headers = OwnedHeaders::new();
     for header in original.iter().filter(|h| !ours.contains(&h.key)) {

@@ -10,7 +10,7 @@ mod publisher;
 pub use consumer::{run_until, start, RunningWorker};
 pub use handler::Handler;
 pub use kafka::{base_config, consumer_config, producer_config, LocalKafka};
-pub use messages::{decode, ResultRecord, ATTEMPTS, ERROR_KIND, ERROR_REASON};
+pub use messages::{decode, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON};
 pub use offsets::OffsetTracker;
 pub use publisher::Publisher;
 mod tools;

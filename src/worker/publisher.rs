@@ -137,8 +137,9 @@ impl Publisher {
         kind: RejectionKind,
         reason: &str,
         attempts: u32,
+        charge_unknown: bool,
     ) {
-        let headers = dead_letter_headers(original, kind, reason, attempts);
+        let headers = dead_letter_headers(original, kind, reason, attempts, charge_unknown);
         let span = produce_span(&self.dlq_topic);
         let sent = self
             .send(
