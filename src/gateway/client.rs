@@ -1,4 +1,5 @@
-//! The HTTP client for a gateway that speaks the protocol of SPEC §7.
+//! The HTTP client for a gateway that speaks the simulator's protocol
+//! (`POST /charges` with `Idempotency-Key`, `GET /charges/{key}`, `GET /charges`).
 //!
 //! The error mapping is what keeps I1 (one charge) honest. Answers to
 //! `POST /charges`, as real gateways give them:

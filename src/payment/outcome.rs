@@ -58,8 +58,8 @@ pub enum Outcome {
 
 /// What an attempt that ended in [`Outcome::Retry`] learnt about a charge at the
 /// gateway. The retry loop folds these over the attempts, so when its budget ends
-/// it can tell whether an earlier attempt may have charged (SPEC §5: such a dead
-/// letter carries `x-charge-unknown: true` and is listed by `audit`).
+/// it can tell whether an earlier attempt may have charged: such a dead letter
+/// carries `x-charge-unknown: true` and `audit` lists its key against the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ChargeEvidence {
     /// Nothing new: the attempt ended before reaching the gateway, or the gateway

@@ -25,7 +25,7 @@ use payment_worker::worker::{self, Handler, Publisher, RecordKind, WorkloadRecor
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use uuid::Uuid;
 
-use crate::helpers::{quick_worker_settings, stop_all, Stack, TestDb, TestRedis};
+use crate::helpers::{quick_worker_settings, stop_all, Stack, TestDb, TestRedis, REDIS_URL};
 use crate::scripted_gateway::{PostAnswer, ScriptedGateway};
 
 // ---------------------------------------------------------------------------
@@ -542,6 +542,25 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     assert!(report
         .to_table()
         .contains("dead-lettered with the charge unknown"));
+    // The same from the command line: listed in the JSON, and the charge without its
+    // row fails the audit.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_payment-worker"))
+        .arg("audit")
+        .args(["--database-url", &stack.db.url])
+        .args(["--redis-url", REDIS_URL])
+        .args(["--redis-key-prefix", &stack.redis.prefix])
+        .args(["--gateway-url", &stack.simulator.url()])
+        .args(["--lease", "500ms", "--json"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success(), "{output:?}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        json["unresolved_charges"]["examples"][0]["idempotency_key"], unknown,
+        "{json}"
+    );
 
     // Once the gateway answers look-ups again, a redelivery books the charge, and the
     // key leaves audit's list.
