@@ -7,6 +7,7 @@ mod corpus;
 mod demo;
 mod gateway;
 mod gateway_answers;
+mod gateway_metrics;
 mod helpers;
 mod multiprocess;
 mod processor;
