@@ -161,6 +161,7 @@ pub struct Metrics {
     pub retries: Counter<u64>,
     pub dead_letters: Counter<u64>,
     pub panics: Counter<u64>,
+    pub gateway_failures: Counter<u64>,
     pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
 }
 
@@ -204,6 +205,12 @@ fn build_metrics(meter: &Meter) -> Metrics {
         panics: meter
             .u64_counter("payment_worker.panics")
             .with_description("Panics caught while handling a record")
+            .build(),
+        gateway_failures: meter
+            .u64_counter("payment_worker.gateway.failures")
+            .with_description(
+                "Gateway calls that did not answer usably (operation, class, HTTP status)",
+            )
             .build(),
         consumer_lag: meter
             .i64_gauge("payment_worker.consumer.lag")

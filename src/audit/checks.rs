@@ -9,6 +9,7 @@ use sqlx::PgPool;
 use super::repair::repair_stuck_token;
 use super::report::AuditReport;
 use crate::gateway::{ChargeStatus, LedgerEntry, PaymentGateway};
+use crate::payment::{unresolved_charges, UnresolvedCharge};
 use crate::token::{IdempotencyKey, TokenState, TokenStore};
 
 /// Most stuck tokens listed (and repaired) in one run.
@@ -85,6 +86,9 @@ pub async fn audit(
     // Rows first: a command finishing during the audit then shows up as a charge
     // without a row at worst, never as a row without its charge.
     let rows = payment_rows(pool, options, lease.as_secs_f64()).await?;
+    let unresolved = unresolved_charges(pool, options.key_prefix.as_deref().unwrap_or_default())
+        .await
+        .context("reading the commands dead-lettered with their charge unknown")?;
     let ledger: Vec<LedgerEntry> = gateway
         .ledger()
         .await
@@ -174,6 +178,17 @@ pub async fn audit(
         }
     }
 
+    for given_up in &unresolved {
+        let ledger_side = charges
+            .get(given_up.idempotency_key.as_str())
+            .map(|entries| entries.as_slice())
+            .unwrap_or_default();
+        report.unresolved_charges.push(
+            &given_up.idempotency_key,
+            describe_unresolved(given_up, ledger_side),
+        );
+    }
+
     // Tombstones can only lack their row where a key was charged without one (a row
     // is written before every charge and only committed final).
     for key in charges.keys().filter(|k| !rows_by_key.contains_key(*k)) {
@@ -228,4 +243,36 @@ pub async fn audit(
             .count();
     }
     Ok(report)
+}
+
+/// One unresolved command against what the ledger holds for its key.
+fn describe_unresolved(given_up: &UnresolvedCharge, ledger: &[&LedgerEntry]) -> String {
+    let when = given_up
+        .dead_lettered_at
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let asked = format!("{} {}", given_up.amount_minor, given_up.currency);
+    match ledger {
+        [] => format!(
+            "dead-lettered {when} ({asked}); the ledger holds no charge for it: redrive to charge"
+        ),
+        entries => {
+            let listed: Vec<String> = entries
+                .iter()
+                .map(|e| {
+                    let status = match e.status {
+                        ChargeStatus::Approved => "approved",
+                        ChargeStatus::Declined => "declined",
+                    };
+                    format!(
+                        "{status} {} {} {}",
+                        e.transaction_id, e.amount_minor, e.currency
+                    )
+                })
+                .collect();
+            format!(
+                "dead-lettered {when} ({asked}); the ledger holds {}: charged, not booked, redrive to record it",
+                listed.join(" / ")
+            )
+        }
+    }
 }

@@ -63,6 +63,11 @@ pub struct AuditReport {
     pub tombstones_without_row: Finding,
     /// I2/I4: committed rows still `processing` longer than a lease.
     pub stale_processing_rows: Finding,
+    /// Commands dead-lettered `retries_exhausted` while an earlier attempt may have
+    /// charged (`x-charge-unknown: true`) and not booked since, each with what the
+    /// ledger holds for its key. Listed so they are never forgotten; not counted as
+    /// violations themselves (a charge without its row already is one, under I7).
+    pub unresolved_charges: Finding,
     /// What `--repair` did to each stuck token (empty without it).
     pub repairs: Vec<TokenRepair>,
     /// Tokens whose state was corrected (the token-inconsistency count).
@@ -91,7 +96,7 @@ impl AuditReport {
         self.violations() == 0
     }
 
-    fn sections(&self) -> [(&'static str, &Finding); 7] {
+    fn sections(&self) -> [(&'static str, &Finding); 8] {
         [
             ("keys charged more than once (I1)", &self.double_charges),
             (
@@ -117,6 +122,10 @@ impl AuditReport {
             (
                 "rows processing longer than a lease (I2)",
                 &self.stale_processing_rows,
+            ),
+            (
+                "dead-lettered with the charge unknown",
+                &self.unresolved_charges,
             ),
         ]
     }

@@ -1,9 +1,22 @@
-//! The HTTP client for a gateway that speaks the protocol of SPEC §7.
+//! The HTTP client for a gateway that speaks the simulator's protocol
+//! (`POST /charges` with `Idempotency-Key`, `GET /charges/{key}`, `GET /charges`).
 //!
-//! The error mapping is what keeps I1 (one charge) honest: anything that may have
-//! reached the gateway without a readable answer is [`GatewayError::Timeout`]
-//! (unknown outcome, look the charge up before deciding); only failures that
-//! provably charged nothing are [`GatewayError::Unavailable`].
+//! The error mapping is what keeps I1 (one charge) honest. Answers to
+//! `POST /charges`, as real gateways give them:
+//!
+//! | answer | error | meaning |
+//! |---|---|---|
+//! | 2xx, readable body | (none) | approved / declined |
+//! | 2xx with an unreadable body, 3xx, 1xx or unknown code | `UnreadableAnswer` | unknown outcome |
+//! | no answer in time, connection lost after sending | `Timeout` | unknown outcome |
+//! | 409 | `InFlight` | a request with this key is still running: unknown outcome |
+//! | 422 | `Rejected{422}` | key reused with another body |
+//! | 400 and other 4xx not listed here | `Rejected` | the request itself is refused |
+//! | 401, 403, 404, 405, 408, 429, 5xx, failed connect | `Unavailable` | nothing charged; our access or the gateway is broken: retry later |
+//!
+//! Every failure is counted (`payment_worker.gateway.failures`) and logged, at
+//! `error` when our access itself is refused (401, 403, 404, 405), without the
+//! request body or the gateway's error text.
 
 use std::time::Duration;
 
@@ -86,24 +99,29 @@ impl HttpGateway {
         format!("{}/charges", self.base)
     }
 
-    /// Reads an error answer into the matching variant (never called for 2xx).
-    async fn error_from(response: reqwest::Response) -> GatewayError {
+    /// The status and the gateway's reason of an error answer (never called for 2xx).
+    async fn status_and_reason(response: reqwest::Response) -> (StatusCode, String) {
         let status = response.status();
-        let reason = reason_from_body(response.text().await.unwrap_or_default());
-        if status.is_server_error()
-            || status == StatusCode::TOO_MANY_REQUESTS
-            || status == StatusCode::REQUEST_TIMEOUT
-        {
-            // 5xx, 429 and 408 say the gateway did not process the request: safe to
-            // retry later, unlike a real 4xx refusal.
-            GatewayError::Unavailable(format!("HTTP {}: {reason}", status.as_u16()))
+        (
+            status,
+            reason_from_body(response.text().await.unwrap_or_default()),
+        )
+    }
+
+    /// An error answer to a look-up or the ledger: nothing is charged by asking, so
+    /// every failure is transient except a refusal of the request itself.
+    async fn read_error_from(response: reqwest::Response) -> GatewayError {
+        let (status, reason) = Self::status_and_reason(response).await;
+        let code = status.as_u16();
+        if is_transient_status(code) || code == 409 || status.is_redirection() {
+            GatewayError::Unavailable(format!("HTTP {code}: {reason}"))
         } else if status.is_client_error() {
             GatewayError::Rejected {
-                status: status.as_u16(),
+                status: code,
                 reason,
             }
         } else {
-            GatewayError::Protocol(format!("unexpected HTTP {}", status.as_u16()))
+            GatewayError::Protocol(format!("unexpected HTTP {code}"))
         }
     }
 
@@ -122,7 +140,7 @@ impl HttpGateway {
             .await
             .map_err(idempotent_request_error)?;
         if !response.status().is_success() {
-            return Err(Self::error_from(response).await);
+            return Err(Self::read_error_from(response).await);
         }
         let entries: Vec<LedgerEntry> = read_json(response)
             .await
@@ -173,6 +191,76 @@ fn charge_request_error(error: reqwest::Error) -> GatewayError {
         GatewayError::Protocol(describe(&error))
     } else {
         GatewayError::Timeout
+    }
+}
+
+/// Statuses that say the gateway did not act on the request, or that our access to
+/// it is broken (credentials, URL, method, rate limit): retry later, count, alert.
+/// 408 is here too: the gateway gave up waiting for the request it never processed.
+fn is_transient_status(code: u16) -> bool {
+    matches!(code, 401 | 403 | 404 | 405 | 408 | 429 | 500..=599)
+}
+
+/// A non-2xx answer to `POST /charges` (the table at the top of this file).
+fn charge_error(status: StatusCode, reason: String) -> GatewayError {
+    let code = status.as_u16();
+    match code {
+        409 => GatewayError::InFlight,
+        code if is_transient_status(code) => {
+            GatewayError::Unavailable(format!("HTTP {code}: {reason}"))
+        }
+        400..=499 => GatewayError::Rejected {
+            status: code,
+            reason,
+        },
+        // A redirect answering a POST (303 See Other) usually points at a charge it
+        // created; a 1xx or non-standard code says nothing. Ask before deciding.
+        code => GatewayError::UnreadableAnswer(format!("unexpected HTTP {code}")),
+    }
+}
+
+/// Counts and logs one failed gateway call. The gateway's error text and the
+/// request body stay out of the log: either could echo a payment method.
+fn note_failure(
+    operation: &'static str,
+    key: &IdempotencyKey,
+    status: Option<StatusCode>,
+    error: &GatewayError,
+) {
+    let class = match error {
+        GatewayError::Timeout | GatewayError::UnreadableAnswer(_) | GatewayError::InFlight => {
+            "unknown_outcome"
+        }
+        GatewayError::Unavailable(_) => "transient",
+        GatewayError::Rejected { .. } => "rejected",
+        GatewayError::Protocol(_) => "protocol",
+    };
+    let code = status.map(|s| s.as_u16());
+    crate::telemetry::metrics().gateway_failures.add(
+        1,
+        &[
+            opentelemetry::KeyValue::new("operation", operation),
+            opentelemetry::KeyValue::new("class", class),
+            opentelemetry::KeyValue::new(
+                "http.response.status_code",
+                code.map_or_else(|| "none".to_owned(), |c| c.to_string()),
+            ),
+        ],
+    );
+    match code {
+        Some(code @ (401 | 403 | 404 | 405)) => tracing::error!(
+            idempotency_key = %key, operation, status = code, class,
+            "the gateway refuses our access (credentials, URL or method): nothing was charged, retrying"
+        ),
+        Some(code) => tracing::warn!(
+            idempotency_key = %key, operation, status = code, class,
+            "gateway call failed"
+        ),
+        // A transport failure: its description names the host and the cause only.
+        None => tracing::warn!(
+            idempotency_key = %key, operation, class, %error,
+            "gateway call failed"
+        ),
     }
 }
 
@@ -250,7 +338,7 @@ impl PaymentGateway for HttpGateway {
         key: &IdempotencyKey,
         request: &ChargeRequest,
     ) -> Result<Charge, GatewayError> {
-        let response = self
+        let response = match self
             .http
             .post(self.charges_url())
             .header("Idempotency-Key", key.as_str())
@@ -258,17 +346,35 @@ impl PaymentGateway for HttpGateway {
             .json(request)
             .send()
             .await
-            .map_err(charge_request_error)?;
-        record_status(response.status());
-        if !response.status().is_success() {
-            return Err(Self::error_from(response).await);
+        {
+            Ok(response) => response,
+            Err(error) => {
+                let error = charge_request_error(error);
+                note_failure("charge", key, None, &error);
+                return Err(error);
+            }
+        };
+        let status = response.status();
+        record_status(status);
+        if !status.is_success() {
+            let (status, reason) = Self::status_and_reason(response).await;
+            let error = charge_error(status, reason);
+            note_failure("charge", key, Some(status), &error);
+            return Err(error);
         }
         // A 2xx means the gateway decided; a body that breaks off or cannot be read
-        // leaves the decision unknown, which a look-up can recover.
-        let charge: Charge = read_json(response).await.map_err(|e| match e {
-            ReadError::Transport(_) => GatewayError::Timeout,
-            ReadError::Decode(message) => GatewayError::Protocol(message),
-        })?;
+        // leaves the decision unknown, which only a look-up can recover.
+        let charge: Charge = match read_json(response).await {
+            Ok(charge) => charge,
+            Err(error) => {
+                let error = GatewayError::UnreadableAnswer(match error {
+                    ReadError::Transport(e) => format!("the body broke off: {}", describe(&e)),
+                    ReadError::Decode(message) => format!("the body is not a charge: {message}"),
+                });
+                note_failure("charge", key, Some(status), &error);
+                return Err(error);
+            }
+        };
         tracing::Span::current().record(
             "gateway.status",
             match charge.status {
@@ -296,24 +402,31 @@ impl PaymentGateway for HttpGateway {
         }
         // The key alphabet [A-Za-z0-9._:-] is all URL-safe in a path segment.
         let url = format!("{}/{}", self.charges_url(), key.as_str());
-        let response = self
-            .http
-            .get(url)
-            .headers(trace_headers())
-            .send()
-            .await
-            .map_err(idempotent_request_error)?;
-        record_status(response.status());
-        if response.status() == StatusCode::NOT_FOUND {
+        let response = match self.http.get(url).headers(trace_headers()).send().await {
+            Ok(response) => response,
+            Err(error) => {
+                let error = idempotent_request_error(error);
+                note_failure("lookup", key, None, &error);
+                return Err(error);
+            }
+        };
+        let status = response.status();
+        record_status(status);
+        if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        if !response.status().is_success() {
-            return Err(Self::error_from(response).await);
+        let found = if status.is_success() {
+            read_json(response)
+                .await
+                .map(Some)
+                .map_err(idempotent_request_error_or)
+        } else {
+            Err(Self::read_error_from(response).await)
+        };
+        if let Err(error) = &found {
+            note_failure("lookup", key, Some(status), error);
         }
-        read_json(response)
-            .await
-            .map(Some)
-            .map_err(idempotent_request_error_or)
+        found
     }
 
     async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError> {
@@ -325,7 +438,7 @@ impl PaymentGateway for HttpGateway {
             .await
             .map_err(idempotent_request_error)?;
         if !response.status().is_success() {
-            return Err(Self::error_from(response).await);
+            return Err(Self::read_error_from(response).await);
         }
         read_json(response)
             .await
@@ -362,5 +475,50 @@ mod tests {
             reason_from_body("x".repeat(2000)).chars().count(),
             MAX_REASON_LEN + 1
         );
+    }
+
+    #[test]
+    fn charge_answers_are_classified_as_real_gateways_mean_them() {
+        let class = |code: u16| {
+            let status = StatusCode::from_u16(code).unwrap();
+            match charge_error(status, "why".into()) {
+                GatewayError::InFlight => "in_flight",
+                GatewayError::Unavailable(_) => "transient",
+                GatewayError::Rejected { status: 422, .. } => "key_reused",
+                GatewayError::Rejected { .. } => "invalid",
+                GatewayError::UnreadableAnswer(_) => "unknown",
+                other => panic!("HTTP {code}: {other:?}"),
+            }
+        };
+        for (codes, expected) in [
+            (&[409][..], "in_flight"),
+            (
+                &[401, 403, 404, 405, 408, 429, 500, 502, 503, 504][..],
+                "transient",
+            ),
+            (&[422][..], "key_reused"),
+            (&[400, 402, 406, 410, 413, 415, 418, 451][..], "invalid"),
+            (&[301, 302, 303, 307, 308, 101, 600][..], "unknown"),
+        ] {
+            for &code in codes {
+                assert_eq!(class(code), expected, "HTTP {code}");
+            }
+        }
+        for unknown in [
+            GatewayError::Timeout,
+            GatewayError::InFlight,
+            GatewayError::UnreadableAnswer("x".into()),
+        ] {
+            assert!(
+                unknown.outcome_unknown() && unknown.is_retryable(),
+                "{unknown:?}"
+            );
+        }
+        assert!(!GatewayError::Unavailable("x".into()).outcome_unknown());
+        assert!(!GatewayError::Rejected {
+            status: 400,
+            reason: "x".into()
+        }
+        .is_retryable());
     }
 }

@@ -62,19 +62,31 @@ impl LedgerEntry {
     }
 }
 
-/// How a gateway call failed. The processor branches on the variant.
+/// How a gateway call failed. The processor branches on the variant; the HTTP
+/// answers behind each are listed in `client.rs`.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    /// No answer in time: the charge may or may not have happened (unknown outcome).
+    /// No answer in time, or the connection broke after the request may have been
+    /// sent: the charge may or may not have happened (unknown outcome).
     #[error("gateway timed out; the outcome is unknown")]
     Timeout,
-    /// 5xx or a connection that never reached the gateway: nothing was charged.
+    /// The gateway answered, but not in a way that says what it did: a 2xx whose body
+    /// cannot be read, a redirect, a status no gateway should send. Unknown outcome.
+    #[error("gateway answered unreadably; the outcome is unknown: {0}")]
+    UnreadableAnswer(String),
+    /// 409: a request with this idempotency key is still being processed at the
+    /// gateway. It may yet charge: unknown outcome.
+    #[error("gateway is still processing a request with this key (HTTP 409)")]
+    InFlight,
+    /// Nothing was charged and a later attempt may succeed: a connect that failed,
+    /// 5xx, 429, 408, or our access to the gateway is broken (401, 403, 404, 405).
     #[error("gateway unavailable: {0}")]
     Unavailable(String),
-    /// 4xx: the gateway refused this request for good (422: key reused with another body).
+    /// The gateway refused this request for good (422: key reused with another body;
+    /// 400 and other 4xx: the request itself is refused).
     #[error("gateway rejected the request with HTTP {status}: {reason}")]
     Rejected { status: u16, reason: String },
-    /// An answer this client cannot read.
+    /// A look-up or ledger answer this client cannot read (no charge is at stake).
     #[error("gateway answered unreadably: {0}")]
     Protocol(String),
 }
@@ -82,9 +94,14 @@ pub enum GatewayError {
 impl GatewayError {
     /// Retrying the same request with the same idempotency key is safe and may succeed.
     pub fn is_retryable(&self) -> bool {
+        !matches!(self, Self::Rejected { .. })
+    }
+
+    /// The request may have charged: only a look-up by key can tell.
+    pub fn outcome_unknown(&self) -> bool {
         matches!(
             self,
-            Self::Timeout | Self::Unavailable(_) | Self::Protocol(_)
+            Self::Timeout | Self::UnreadableAnswer(_) | Self::InFlight
         )
     }
 }

@@ -55,7 +55,37 @@ pub enum Outcome {
     Retry {
         after: Duration,
         reason: String,
+        /// What this attempt learnt about a charge at the gateway.
+        charge: ChargeEvidence,
     },
+}
+
+/// What an attempt that ended in [`Outcome::Retry`] learnt about a charge at the
+/// gateway. The retry loop folds these over the attempts, so when its budget ends
+/// it can tell whether an earlier attempt may have charged: such a dead letter
+/// carries `x-charge-unknown: true` and `audit` lists its key against the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChargeEvidence {
+    /// Nothing new: the attempt ended before reaching the gateway, or the gateway
+    /// refused it without charging. What earlier attempts learnt still stands.
+    #[default]
+    Unchanged,
+    /// The gateway was asked by key and holds no charge for it.
+    NoCharge,
+    /// A charge may exist that no committed payment row records: an unknown outcome
+    /// the look-up could not resolve, or a charge made but not committed.
+    MayHaveCharged,
+}
+
+impl ChargeEvidence {
+    /// Whether a charge may exist unrecorded, given what was known before (`earlier`).
+    pub fn may_have_charged(self, earlier: bool) -> bool {
+        match self {
+            Self::Unchanged => earlier,
+            Self::NoCharge => false,
+            Self::MayHaveCharged => true,
+        }
+    }
 }
 
 impl Outcome {

@@ -11,7 +11,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::outcome::{Outcome, RejectionKind};
+use super::outcome::{ChargeEvidence, Outcome, RejectionKind};
 use super::persistence::{self, PaymentRecord, PaymentStatus, RowContext, SourcePosition};
 use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
@@ -46,8 +46,9 @@ enum Settlement {
     },
     /// Nothing was charged (or the refusal is final and charge-free): `processing → pending`.
     Restore(Outcome),
-    /// A charge may have happened and we could not find out: leave the token to its
-    /// lease, so the next owner (fence + 1) looks the charge up before charging.
+    /// A charge may have happened and we could not find out, or the token is no
+    /// longer ours: leave it to its lease, so the next owner (fence + 1) looks the
+    /// charge up before charging.
     LeaveToLease(Outcome),
 }
 
@@ -60,11 +61,22 @@ pub struct Processor {
     faults: Faults,
 }
 
+/// A retry that learnt nothing new about a charge at the gateway.
 fn retry(reason: impl Into<String>) -> Outcome {
+    retry_knowing(ChargeEvidence::Unchanged, reason)
+}
+
+fn retry_knowing(charge: ChargeEvidence, reason: impl Into<String>) -> Outcome {
     Outcome::Retry {
         after: Duration::ZERO,
         reason: reason.into(),
+        charge,
     }
+}
+
+/// A retry after which a charge may exist that no committed row records.
+fn retry_unknown(reason: impl Into<String>) -> Outcome {
+    retry_knowing(ChargeEvidence::MayHaveCharged, reason)
 }
 
 fn final_outcome(payment_id: Uuid, charge: &Charge) -> Outcome {
@@ -103,6 +115,20 @@ fn database_failure(what: &str, error: &sqlx::Error) -> Outcome {
                 reason: format!("database_error: {what} failed with SQLSTATE {code}"),
             }
         }
+    }
+}
+
+/// A failed database call after the gateway charged: the charge stands, so a retry
+/// must look it up ([`retry_unknown`]); a final refusal is our own failure to book it
+/// (`internal`), and the lease hands the look-up to the next owner.
+fn database_failure_after_charge(what: &str, error: &sqlx::Error) -> Outcome {
+    match database_failure(what, error) {
+        Outcome::Retry { reason, .. } => retry_unknown(reason),
+        Outcome::Rejected { reason, .. } => Outcome::Rejected {
+            kind: RejectionKind::Internal,
+            reason: format!("{reason}; the charge was made and is left to the next look-up"),
+        },
+        outcome => outcome,
     }
 }
 
@@ -211,6 +237,7 @@ impl Processor {
             Reservation::InFlight { lease_left } => Outcome::Retry {
                 after: lease_left,
                 reason: "token in flight at another worker".to_owned(),
+                charge: ChargeEvidence::Unchanged,
             },
             Reservation::Completed {
                 payment_id,
@@ -299,7 +326,7 @@ impl Processor {
                 Ok(None) => retry("payment row vanished after a conflict"),
                 Err(error) => database_failure("payment look-up", &error),
             },
-            Err(error) => database_failure("recording the recovered charge", &error),
+            Err(error) => database_failure_after_charge("recording the recovered charge", &error),
         }
     }
 
@@ -455,26 +482,19 @@ impl Processor {
             Err(settlement) => return settlement,
         };
         if let Err(fault) = self.faults.hit(FaultPoint::AfterCharge, key.as_str()).await {
-            return Settlement::LeaveToLease(retry(fault.to_string()));
+            return Settlement::LeaveToLease(retry_unknown(fault.to_string()));
         }
         if !lease_kept {
             // Another owner may be waiting on our uncommitted row; rolling back lets it
             // proceed, and its fence > 1 makes it look this charge up instead of charging.
-            return Settlement::LeaveToLease(retry("lease lost during the gateway call"));
+            return Settlement::LeaveToLease(retry_unknown("lease lost during the gateway call"));
         }
         if let Err(error) = persistence::record_charge(&mut tx, payment_id, &charge).await {
             // Charged but not recorded: the lease hands the look-up to the next owner.
-            return Settlement::LeaveToLease(
-                match database_failure("recording the charge", &error) {
-                    Outcome::Rejected { reason, .. } => Outcome::Rejected {
-                        kind: RejectionKind::Internal,
-                        reason: format!(
-                            "{reason}; the charge was made and is left to the next look-up"
-                        ),
-                    },
-                    outcome => outcome,
-                },
-            );
+            return Settlement::LeaveToLease(database_failure_after_charge(
+                "recording the charge",
+                &error,
+            ));
         }
         // Fencing (I5): only the current owner may commit.
         match self
@@ -485,10 +505,10 @@ impl Processor {
         {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
-                return Settlement::LeaveToLease(retry("lease lost before commit"))
+                return Settlement::LeaveToLease(retry_unknown("lease lost before commit"))
             }
             Err(error) => {
-                return Settlement::LeaveToLease(retry(format!(
+                return Settlement::LeaveToLease(retry_unknown(format!(
                     "lease check before commit failed: {error}"
                 )))
             }
@@ -499,7 +519,7 @@ impl Processor {
             .await
         {
             // A failed COMMIT may still have committed: only the next owner can tell.
-            return Settlement::LeaveToLease(retry(format!("commit failed: {error}")));
+            return Settlement::LeaveToLease(retry_unknown(format!("commit failed: {error}")));
         }
         Settlement::Confirm {
             payment_id,
@@ -529,10 +549,13 @@ impl Processor {
     ) -> Result<Charge, Settlement> {
         let key = &command.idempotency_key;
         let look_first = self.lookup == GatewayLookup::Always || claim.fence > 1;
+        // What a POST that charges nothing leaves known: "no charge" once the gateway
+        // said so by key, else whatever earlier attempts learnt.
+        let mut uncharged = ChargeEvidence::Unchanged;
         if look_first {
             match self.gateway.lookup(key).await {
                 Ok(Some(found)) => return charge_for(found, command),
-                Ok(None) => {}
+                Ok(None) => uncharged = ChargeEvidence::NoCharge,
                 Err(error) => {
                     return Err(Settlement::Restore(retry(format!(
                         "gateway look-up before charging failed: {error}"
@@ -540,9 +563,37 @@ impl Processor {
                 }
             }
         }
+        // The lease is checked right before the POST, not only renewed while it runs:
+        // a worker paused, or blocked on another holder's row, since it reserved may
+        // have been replaced, and then the new owner decides. No check, no POST.
+        match self
+            .tokens
+            .extend(key, claim)
+            .instrument(token_span("extend"))
+            .await
+        {
+            Ok(Transition::Applied) => {}
+            Ok(Transition::Refused) => {
+                return Err(Settlement::LeaveToLease(retry_knowing(
+                    uncharged,
+                    "lease lost before the charge; nothing was sent",
+                )))
+            }
+            Err(error) => {
+                token_failure("extend", &error);
+                return Err(Settlement::Restore(retry_knowing(
+                    uncharged,
+                    format!("lease check before the charge failed: {error}"),
+                )));
+            }
+        }
         match self.gateway.charge(key, &command.charge_request()).await {
             Ok(charge) => Ok(charge),
-            Err(GatewayError::Timeout) => self.resolve_unknown(command).await,
+            Err(
+                cause @ (GatewayError::Timeout
+                | GatewayError::UnreadableAnswer(_)
+                | GatewayError::InFlight),
+            ) => self.resolve_unknown(command, &cause).await,
             Err(GatewayError::Rejected { status: 422, .. }) => {
                 Err(Settlement::Restore(key_reused()))
             }
@@ -552,14 +603,19 @@ impl Processor {
                     reason: format!("gateway_rejected: HTTP {status}: {reason}"),
                 }))
             }
-            Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => {
-                Err(Settlement::Restore(retry(format!("gateway: {error}"))))
-            }
+            Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => Err(
+                Settlement::Restore(retry_knowing(uncharged, format!("gateway: {error}"))),
+            ),
         }
     }
 
-    /// A timeout is an UNKNOWN outcome: ask the gateway before deciding anything.
-    async fn resolve_unknown(&self, command: &PaymentCommand) -> Result<Charge, Settlement> {
+    /// An unknown outcome (timeout, 409, an unreadable answer): ask the gateway by key
+    /// before deciding anything, and never restore on a guess.
+    async fn resolve_unknown(
+        &self,
+        command: &PaymentCommand,
+        cause: &GatewayError,
+    ) -> Result<Charge, Settlement> {
         let key = &command.idempotency_key;
         let lookup = || async { self.gateway.lookup(key).await };
         let found = lookup
@@ -571,13 +627,28 @@ impl Processor {
             )
             .when(GatewayError::is_retryable)
             .await;
-        match found {
-            Ok(Some(found)) => charge_for(found, command),
-            Ok(None) => Err(Settlement::Restore(retry(
+        match (found, cause) {
+            (Ok(Some(found)), _) => charge_for(found, command),
+            // The gateway is still working on a request with this key (ours from an
+            // earlier attempt, or another holder's): nothing to book yet. Restoring is
+            // safe because every later reservation (fence > 1) looks up before it
+            // POSTs, and the gateway answers a repeated key with its first answer;
+            // until a look-up finds it settled, a charge may still appear.
+            (Ok(None), GatewayError::InFlight) => Err(Settlement::Restore(retry_unknown(
+                "a request with this key is still in flight at the gateway (HTTP 409)",
+            ))),
+            // The gateway said it decided (or answered in a way that says nothing) and
+            // its ledger does not show it yet: do not trust that "none"; the next owner
+            // looks again after the lease.
+            (Ok(None), GatewayError::UnreadableAnswer(_)) => Err(Settlement::LeaveToLease(
+                retry_unknown(format!("{cause}, and the look-up holds no charge yet")),
+            )),
+            (Ok(None), _) => Err(Settlement::Restore(retry_knowing(
+                ChargeEvidence::NoCharge,
                 "gateway timed out and holds no charge for the key",
             ))),
-            Err(error) => Err(Settlement::LeaveToLease(retry(format!(
-                "gateway timed out and the look-up failed ({error}): outcome unknown"
+            (Err(error), _) => Err(Settlement::LeaveToLease(retry_unknown(format!(
+                "{cause}, and the look-up failed ({error}): outcome unknown"
             )))),
         }
     }

@@ -1,6 +1,7 @@
 //! One command record, from bytes to an acknowledged result: decode, process with
 //! retries (SPEC §5), publish the result and any dead letter.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,11 +11,11 @@ use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 
-use super::messages::{decode, record_key, source_of, ResultRecord};
+use super::messages::{decode, record_key, source_of, DeadLetter, ResultRecord};
 use super::publisher::Publisher;
 use crate::payment::{
-    redact_payload, CommandContext, Outcome, PaymentCommand, Processor, RedactedPayload,
-    RejectionKind, SourcePosition,
+    record_unresolved_charge, redact_payload, CommandContext, Outcome, PaymentCommand, Processor,
+    RedactedPayload, RejectionKind, SourcePosition,
 };
 use crate::retry::RetryPolicy;
 
@@ -29,6 +30,8 @@ struct Verdict {
     outcome: Outcome,
     key: Option<String>,
     attempts: u32,
+    /// An earlier attempt may have charged and no look-up resolved it.
+    charge_unknown: bool,
     /// The value to dead-letter instead of the original (card numbers masked).
     redacted: Option<RedactedPayload>,
 }
@@ -65,13 +68,14 @@ impl Handler {
         let verdict = match decode(message) {
             Ok(command) => {
                 let key = command.idempotency_key.as_str().to_owned();
-                let (outcome, attempts) = self
+                let (outcome, attempts, charge_unknown) = self
                     .process_with_retries(&command, &source_of(message), draining)
                     .await?;
                 Verdict {
                     outcome,
                     key: Some(key),
                     attempts,
+                    charge_unknown,
                     redacted: None,
                 }
             }
@@ -82,6 +86,7 @@ impl Handler {
                 },
                 key: record_key(message),
                 attempts: 1,
+                charge_unknown: false,
                 redacted: undecodable
                     .holds_card_number()
                     .then(|| redact_payload(message.payload().unwrap_or_default())),
@@ -113,6 +118,8 @@ impl Handler {
             outcome,
             key: record_key(message),
             attempts: panics,
+            // A panic is left to the lease, whose next owner looks the charge up.
+            charge_unknown: false,
             redacted,
         };
         self.answer(message, verdict, Instant::now()).await
@@ -124,6 +131,7 @@ impl Handler {
             outcome,
             key,
             attempts,
+            charge_unknown,
             redacted,
         } = verdict;
         let source = source_of(message);
@@ -133,7 +141,16 @@ impl Handler {
             span.record("payment.rejection", kind.as_str());
             tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
             self.publisher
-                .dead_letter(message, *kind, reason, attempts, redacted)
+                .dead_letter(
+                    message,
+                    DeadLetter {
+                        kind: *kind,
+                        reason,
+                        attempts,
+                        charge_unknown,
+                        redacted,
+                    },
+                )
                 .await;
             crate::telemetry::metrics()
                 .dead_letters
@@ -155,7 +172,7 @@ impl Handler {
         command: &PaymentCommand,
         source: &SourcePosition,
         draining: &CancellationToken,
-    ) -> Option<(Outcome, u32)> {
+    ) -> Option<(Outcome, u32, bool)> {
         let started = Instant::now();
         let budget = self.retry.budget;
         let mut attempts = 0u32;
@@ -163,11 +180,21 @@ impl Handler {
             source: Some(source),
             trace_id: None,
         };
+        // Whether an earlier attempt may have charged with no look-up resolving it.
+        let charge_unknown = AtomicBool::new(false);
         let attempt = || {
             attempts += 1;
             async {
                 match self.processor.process(command, &context).await {
-                    Outcome::Retry { after, reason } => Err(NotYet { after, reason }),
+                    Outcome::Retry {
+                        after,
+                        reason,
+                        charge,
+                    } => {
+                        let earlier = charge_unknown.load(Ordering::Relaxed);
+                        charge_unknown.store(charge.may_have_charged(earlier), Ordering::Relaxed);
+                        Err(NotYet { after, reason })
+                    }
                     outcome => Ok(outcome),
                 }
             }
@@ -204,19 +231,63 @@ impl Handler {
             })
             .await;
         match result {
-            Ok(outcome) => Some((outcome, attempts)),
+            Ok(outcome) => Some((outcome, attempts, false)),
             // Not exhausted, interrupted: the partition's next owner takes it over.
             Err(_) if draining.is_cancelled() => None,
-            Err(last) => Some((
-                Outcome::Rejected {
-                    kind: RejectionKind::RetriesExhausted,
-                    reason: format!(
-                        "retries_exhausted after {attempts} attempts: {}",
-                        last.reason
-                    ),
-                },
-                attempts,
-            )),
+            Err(last) => {
+                let reason = format!(
+                    "retries_exhausted after {attempts} attempts: {}",
+                    last.reason
+                );
+                let charge_unknown = charge_unknown.load(Ordering::Relaxed);
+                if charge_unknown {
+                    self.remember_unresolved(command, source, &reason, attempts)
+                        .await;
+                }
+                Some((
+                    Outcome::Rejected {
+                        kind: RejectionKind::RetriesExhausted,
+                        reason,
+                    },
+                    attempts,
+                    charge_unknown,
+                ))
+            }
+        }
+    }
+
+    /// Retries ran out while a charge may exist unbooked: besides the dead letter's
+    /// `x-charge-unknown`, keep the key where `audit` lists it against the ledger.
+    async fn remember_unresolved(
+        &self,
+        command: &PaymentCommand,
+        source: &SourcePosition,
+        reason: &str,
+        attempts: u32,
+    ) {
+        let key = command.idempotency_key.as_str();
+        tracing::error!(
+            idempotency_key = key,
+            attempts,
+            "retries exhausted while an earlier attempt may have charged; dead-lettering with x-charge-unknown"
+        );
+        let pool = self.processor.pool();
+        let record = || record_unresolved_charge(pool, command, source, reason, attempts);
+        let recorded = record
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_times(5)
+                    .with_jitter(),
+            )
+            .when(crate::retry::is_transient_sqlx)
+            .await;
+        if let Err(error) = recorded {
+            // The dead letter's header still says so; only audit's list misses it.
+            tracing::error!(
+                idempotency_key = key, %error,
+                "could not record the unresolved charge for audit"
+            );
         }
     }
 }

@@ -4,7 +4,9 @@
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use uuid::Uuid;
 
-use crate::payment::{InvalidCommand, Outcome, PaymentCommand, RejectionKind, SourcePosition};
+use crate::payment::{
+    InvalidCommand, Outcome, PaymentCommand, RedactedPayload, RejectionKind, SourcePosition,
+};
 
 pub fn source_of(message: &OwnedMessage) -> SourcePosition {
     SourcePosition {
@@ -102,28 +104,46 @@ pub const SOURCE_TOPIC: &str = "x-source-topic";
 pub const SOURCE_PARTITION: &str = "x-source-partition";
 pub const SOURCE_OFFSET: &str = "x-source-offset";
 pub const ATTEMPTS: &str = "x-attempts";
+/// `true` on a `retries_exhausted` dead letter when an earlier attempt may have
+/// charged and no look-up resolved it (absent otherwise).
+pub const CHARGE_UNKNOWN: &str = "x-charge-unknown";
 /// On a dead letter whose value was masked: what was masked (`card_number`).
 pub const PAYLOAD_REDACTED: &str = "x-payload-redacted";
 
 /// The headers this worker writes on a dead letter; a redrive strips them again.
-const DEAD_LETTER_HEADERS: [&str; 7] = [
+const DEAD_LETTER_HEADERS: [&str; 8] = [
     ERROR_KIND,
     ERROR_REASON,
     SOURCE_TOPIC,
     SOURCE_PARTITION,
     SOURCE_OFFSET,
     ATTEMPTS,
+    CHARGE_UNKNOWN,
     PAYLOAD_REDACTED,
 ];
 
-/// The original headers plus the dead-letter headers of SPEC §4. Headers from an
-/// earlier dead-lettering are replaced, so a redriven record does not carry stale ones.
-pub fn dead_letter_headers(
-    message: &OwnedMessage,
-    kind: RejectionKind,
-    reason: &str,
-    attempts: u32,
-) -> OwnedHeaders {
+/// Why a record is dead-lettered, and what of it may be kept.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    pub kind: RejectionKind,
+    pub reason: &'a str,
+    pub attempts: u32,
+    /// An earlier attempt may have charged and no look-up resolved it.
+    pub charge_unknown: bool,
+    /// The value to send instead of the original (a card number masked).
+    pub redacted: Option<RedactedPayload>,
+}
+
+/// The original headers plus the dead-letter headers. Headers from an earlier
+/// dead-lettering are replaced, so a redriven record does not carry stale ones.
+pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> OwnedHeaders {
+    let DeadLetter {
+        kind,
+        reason,
+        attempts,
+        charge_unknown,
+        ..
+    } = *letter;
     let mut headers = without_dead_letter_headers(message).unwrap_or_default();
     let partition = message.partition().to_string();
     let offset = message.offset().to_string();
@@ -139,6 +159,12 @@ pub fn dead_letter_headers(
         headers = headers.insert(Header {
             key,
             value: Some(value),
+        });
+    }
+    if charge_unknown {
+        headers = headers.insert(Header {
+            key: CHARGE_UNKNOWN,
+            value: Some("true"),
         });
     }
     headers

@@ -15,8 +15,8 @@ pub use handler::{command_span, lane_of, Handler};
 pub use health::{serve_health, HealthChecks, HealthServer, Liveness};
 pub use kafka::{base_config, consumer_config, producer_config, LocalKafka};
 pub use messages::{
-    dead_letter_headers, decode, record_key, ResultRecord, Undecodable, ATTEMPTS, ERROR_KIND,
-    ERROR_REASON, PAYLOAD_REDACTED,
+    dead_letter_headers, decode, record_key, DeadLetter, ResultRecord, Undecodable, ATTEMPTS,
+    CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON, PAYLOAD_REDACTED,
 };
 pub use offsets::OffsetTracker;
 pub use publisher::Publisher;

@@ -8,9 +8,9 @@ use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
-use super::messages::{dead_letter_headers, ResultRecord, PAYLOAD_REDACTED};
+use super::messages::{dead_letter_headers, DeadLetter, ResultRecord, PAYLOAD_REDACTED};
 use crate::configuration::KafkaSettings;
-use crate::payment::{RedactedPayload, RejectionKind};
+use crate::payment::RedactedPayload;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Header;
 use rdkafka::types::RDKafkaErrorCode;
@@ -134,21 +134,14 @@ impl Publisher {
     /// refused for holding a card number goes out `redacted` instead, marked with
     /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
     /// could be kept): a card number never lands on a topic.
-    pub async fn dead_letter(
-        &self,
-        original: &OwnedMessage,
-        kind: RejectionKind,
-        reason: &str,
-        attempts: u32,
-        redacted: Option<RedactedPayload>,
-    ) {
-        let mut headers = dead_letter_headers(original, kind, reason, attempts);
-        let payload = match &redacted {
+    pub async fn dead_letter(&self, original: &OwnedMessage, letter: DeadLetter<'_>) {
+        let mut headers = dead_letter_headers(original, &letter);
+        let payload = match &letter.redacted {
             None => original.payload(),
             Some(RedactedPayload::Masked(masked)) => Some(masked.as_slice()),
             Some(RedactedPayload::Dropped) => None,
         };
-        if let Some(redacted) = &redacted {
+        if let Some(redacted) = &letter.redacted {
             headers = headers.insert(Header {
                 key: PAYLOAD_REDACTED,
                 value: Some("card_number"),

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::helpers::{unique, Stack, REDIS_URL};
 use crate::metric_names::{
-    collector_namespace, kind_of, metrics_queried_by_the_operator_kit, prometheus_name, read,
+    collector_namespace, kind_of, metrics_queried_by_the_operator_kit, prometheus_name,
     series_names,
 };
 use crate::telemetry::{start_receiver, Received};

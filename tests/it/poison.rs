@@ -127,7 +127,13 @@ proptest! {
                 let reason = undecodable.to_string();
                 prop_assert!(reason.starts_with(&format!("{code}: ")), "{}", reason);
                 // The dead letter keeps every header, whatever its name.
-                let letter = worker::dead_letter_headers(&record, RejectionKind::Invalid, &reason, 1);
+                let letter = worker::dead_letter_headers(&record, &worker::DeadLetter {
+                    kind: RejectionKind::Invalid,
+                    reason: &reason,
+                    attempts: 1,
+                    charge_unknown: false,
+                    redacted: None,
+                });
                 let kept = headers::raw(&letter).len();
                 let ours = headers::raw(record.headers().unwrap())
                     .iter()

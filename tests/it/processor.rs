@@ -236,7 +236,7 @@ async fn until_final(processor: &Processor, command: &PaymentCommand) -> (Outcom
     let mut retries = Vec::new();
     loop {
         match processor.process(command, &CommandContext::default()).await {
-            Outcome::Retry { after, reason } => {
+            Outcome::Retry { after, reason, .. } => {
                 assert!(
                     Instant::now() < deadline,
                     "still retrying after 30 s: {reason}"
@@ -848,7 +848,8 @@ async fn a_worker_that_lost_its_lease_during_the_charge_does_not_commit() {
         first,
         Outcome::Retry {
             after: Duration::ZERO,
-            reason: "lease lost during the gateway call".to_owned()
+            reason: "lease lost during the gateway call".to_owned(),
+            charge: payment_worker::payment::ChargeEvidence::MayHaveCharged,
         }
     );
     let (second, _) = second.await.unwrap();

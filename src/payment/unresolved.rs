@@ -1,0 +1,81 @@
+//! The `unresolved_charges` table: commands dead-lettered `retries_exhausted` while
+//! an earlier attempt may have charged. The worker writes a row when it gives up;
+//! `audit` lists every row whose key has no payment row yet, against the ledger.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::persistence::SourcePosition;
+use super::PaymentCommand;
+
+/// Longest reason kept (the dead letter carries the same text).
+const MAX_REASON_CHARS: usize = 512;
+
+/// One command given up on with its charge outcome unknown.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct UnresolvedCharge {
+    pub idempotency_key: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub reason: String,
+    pub attempts: i32,
+    pub dead_lettered_at: DateTime<Utc>,
+}
+
+/// Remembers `command` as given up on with its charge unknown. A key given up on
+/// again (after a redrive) keeps one row, with the latest attempt's details.
+pub async fn record_unresolved_charge(
+    pool: &PgPool,
+    command: &PaymentCommand,
+    source: &SourcePosition,
+    reason: &str,
+    attempts: u32,
+) -> Result<(), sqlx::Error> {
+    let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
+    sqlx::query(
+        "INSERT INTO unresolved_charges
+             (idempotency_key, amount_minor, currency, reason, attempts,
+              source_topic, source_partition, source_offset)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (idempotency_key) DO UPDATE
+            SET amount_minor = EXCLUDED.amount_minor,
+                currency = EXCLUDED.currency,
+                reason = EXCLUDED.reason,
+                attempts = EXCLUDED.attempts,
+                source_topic = EXCLUDED.source_topic,
+                source_partition = EXCLUDED.source_partition,
+                source_offset = EXCLUDED.source_offset,
+                dead_lettered_at = now()",
+    )
+    .bind(command.idempotency_key.as_str())
+    .bind(command.amount_minor)
+    .bind(&command.currency)
+    .bind(reason)
+    .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+    .bind(&source.topic)
+    .bind(source.partition)
+    .bind(source.offset)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Every remembered command whose key starts with `key_prefix` and has no payment
+/// row (a row means a later delivery booked or settled it).
+pub async fn unresolved_charges(
+    pool: &PgPool,
+    key_prefix: &str,
+) -> Result<Vec<UnresolvedCharge>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT u.idempotency_key, u.amount_minor, u.currency, u.reason, u.attempts,
+                u.dead_lettered_at
+           FROM unresolved_charges u
+          WHERE left(u.idempotency_key, char_length($1)) = $1
+            AND NOT EXISTS (SELECT 1 FROM payments p
+                             WHERE p.idempotency_key = u.idempotency_key)
+          ORDER BY u.idempotency_key",
+    )
+    .bind(key_prefix)
+    .fetch_all(pool)
+    .await
+}

@@ -1,0 +1,196 @@
+//! A gateway that answers the way real ones do when something is off: an HTTP
+//! front, scripted per idempotency key, in front of the simulator's real ledger.
+//! A scripted answer can refuse a POST without charging, or charge in the ledger
+//! and then answer badly (409, a redirect, a garbled or cut-off body), so a second
+//! charge or a missing one is visible in the ledger, not inferred.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use payment_worker::gateway::RunningSimulator;
+
+/// How the front answers one `POST /charges`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostAnswer {
+    /// Relay to the ledger and relay its answer (what happens once a script ran out).
+    Forward,
+    /// Answer this status without charging.
+    Refuse(u16),
+    /// Charge in the ledger, then answer this status instead of the charge.
+    ChargeThen(u16),
+    /// Charge, then answer 200 with a body that is not a charge.
+    ChargeThenGarbledBody,
+    /// Charge, then answer 200 and break the connection in the middle of the body.
+    ChargeThenCutBody,
+}
+
+#[derive(Default)]
+struct Script {
+    posts: HashMap<String, VecDeque<PostAnswer>>,
+    /// Keys whose look-ups are answered 503.
+    lookups_down: HashSet<String>,
+    /// POSTs received per key, whatever the answer.
+    posts_seen: HashMap<String, usize>,
+}
+
+struct Front {
+    ledger_url: String,
+    http: reqwest::Client,
+    script: Mutex<Script>,
+}
+
+pub struct ScriptedGateway {
+    front: Arc<Front>,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScriptedGateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScriptedGateway {
+    /// Starts the front on a random port, relaying to `ledger`.
+    pub async fn start(ledger: &RunningSimulator) -> Self {
+        let front = Arc::new(Front {
+            ledger_url: ledger.url(),
+            http: reqwest::Client::new(),
+            script: Mutex::new(Script::default()),
+        });
+        let app = Router::new()
+            .route("/charges", post(charge).get(whole_ledger))
+            .route("/charges/{key}", get(lookup))
+            .with_state(Arc::clone(&front));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self { front, addr, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next POSTs for `key` get these answers, in order; later ones are relayed.
+    pub fn script(&self, key: &str, answers: &[PostAnswer]) {
+        let mut script = self.front.script.lock().unwrap();
+        script
+            .posts
+            .entry(key.to_owned())
+            .or_default()
+            .extend(answers.iter().copied());
+    }
+
+    pub fn lookups_down(&self, key: &str, down: bool) {
+        let mut script = self.front.script.lock().unwrap();
+        if down {
+            script.lookups_down.insert(key.to_owned());
+        } else {
+            script.lookups_down.remove(key);
+        }
+    }
+
+    pub fn posts_seen(&self, key: &str) -> usize {
+        let script = self.front.script.lock().unwrap();
+        script.posts_seen.get(key).copied().unwrap_or(0)
+    }
+}
+
+fn status(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap()
+}
+
+async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = headers
+        .get("Idempotency-Key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let answer = {
+        let mut script = front.script.lock().unwrap();
+        *script.posts_seen.entry(key.clone()).or_default() += 1;
+        script
+            .posts
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .unwrap_or(PostAnswer::Forward)
+    };
+    if let PostAnswer::Refuse(code) = answer {
+        return (status(code), r#"{"error":"scripted"}"#).into_response();
+    }
+    let relayed = front
+        .http
+        .post(format!("{}/charges", front.ledger_url))
+        .header("Idempotency-Key", &key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let ledger_status = relayed.status();
+    let ledger_body = relayed.bytes().await.unwrap();
+    match answer {
+        PostAnswer::Refuse(_) | PostAnswer::Forward => (
+            status(ledger_status.as_u16()),
+            [("content-type", "application/json")],
+            ledger_body,
+        )
+            .into_response(),
+        PostAnswer::ChargeThen(code) => {
+            let mut response = (status(code), r#"{"error":"scripted"}"#).into_response();
+            if (300..400).contains(&code) {
+                response
+                    .headers_mut()
+                    .insert("location", format!("/charges/{key}").parse().unwrap());
+            }
+            response
+        }
+        PostAnswer::ChargeThenGarbledBody => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            r#"{"transaction_id": "#,
+        )
+            .into_response(),
+        PostAnswer::ChargeThenCutBody => {
+            let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+                Ok(Bytes::from_static(br#"{"transaction_id":""#)),
+                Err(std::io::Error::other("connection cut by the script")),
+            ];
+            (
+                StatusCode::OK,
+                [("content-type", "application/json")],
+                Body::from_stream(futures::stream::iter(chunks)),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn lookup(State(front): State<Arc<Front>>, Path(key): Path<String>) -> Response {
+    if front.script.lock().unwrap().lookups_down.contains(&key) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "scripted outage").into_response();
+    }
+    relay_get(&front, &format!("{}/charges/{key}", front.ledger_url)).await
+}
+
+async fn whole_ledger(State(front): State<Arc<Front>>) -> Response {
+    relay_get(&front, &format!("{}/charges", front.ledger_url)).await
+}
+
+async fn relay_get(front: &Front, url: &str) -> Response {
+    let relayed = front.http.get(url).send().await.unwrap();
+    let code = relayed.status().as_u16();
+    let body = relayed.bytes().await.unwrap();
+    (status(code), [("content-type", "application/json")], body).into_response()
+}
