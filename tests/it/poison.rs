@@ -595,3 +595,96 @@ async fn a_stalled_poll_loop_fails_healthz_then_ends_the_process_non_zero() {
         run.tail(20)
     );
 }
+
+// ---------------------------------------------------------------------------
+// Errors that no retry can fix are final at once.
+
+fn parsed(key: &str, account: &str) -> payment_worker::payment::PaymentCommand {
+    let mut value = command(key);
+    value["account_id"] = json!(account);
+    payment_worker::payment::PaymentCommand::parse(&serde_json::to_vec(&value).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_errors_no_retry_can_fix_are_final_at_once_and_charge_nothing() {
+    use payment_worker::payment::{CommandContext, Outcome};
+    use payment_worker::token::{IdempotencyKey, TokenState};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let processor = stack.processor("sqlstate");
+    // Data the database refuses (class 23, a CHECK of the operator's).
+    sqlx::query("ALTER TABLE payments ADD CONSTRAINT no_blocked CHECK (account_id <> 'blocked')")
+        .execute(&stack.db.pool)
+        .await
+        .unwrap();
+    let refused = processor
+        .process(&parsed("db-refused", "blocked"), &CommandContext::default())
+        .await;
+    let Outcome::Rejected { kind, reason } = &refused else {
+        panic!("not final: {refused:?}");
+    };
+    assert_eq!(*kind, RejectionKind::Invalid);
+    assert!(
+        reason.starts_with("database_refused:") && reason.contains("23514"),
+        "{reason}"
+    );
+    // Our own SQL broken (class 42): `internal`, also at once.
+    sqlx::query("ALTER TABLE payments RENAME COLUMN fingerprint TO fingerprint_renamed")
+        .execute(&stack.db.pool)
+        .await
+        .unwrap();
+    let broken = processor
+        .process(&parsed("db-broken", "acct_ok"), &CommandContext::default())
+        .await;
+    let Outcome::Rejected { kind, reason } = &broken else {
+        panic!("not final: {broken:?}");
+    };
+    assert_eq!(*kind, RejectionKind::Internal);
+    assert!(
+        reason.starts_with("database_error:") && reason.contains("42703"),
+        "{reason}"
+    );
+    // Nothing was charged, and both tokens were restored for a later fix and redrive.
+    assert!(stack.ledger().is_empty());
+    for key in ["db-refused", "db-broken"] {
+        let key = IdempotencyKey::try_from(key).unwrap();
+        let view = stack.tokens.show(&key).await.unwrap();
+        assert!(
+            view.as_ref().is_none_or(|v| v.state == TokenState::Pending),
+            "{view:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_that_refuses_the_group_ends_the_worker_with_a_fatal_error() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    stack.kafka.cluster().request_errors(
+        RDKafkaApiKey::JoinGroup,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; 20],
+    );
+    let handler = std::sync::Arc::new(payment_worker::worker::Handler::new(
+        stack.processor("fatal"),
+        payment_worker::worker::Publisher::new(&stack.settings).unwrap(),
+        payment_worker::retry::RetryPolicy::default(),
+    ));
+    let settings = crate::helpers::quick_worker_settings();
+    let run = payment_worker::worker::run_until(
+        &stack.settings,
+        &settings,
+        handler,
+        std::future::pending(),
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the worker ends on its own");
+    let error = ended.expect_err("a refused group is an error");
+    let failure = error
+        .downcast_ref::<worker::WorkerFailure>()
+        .unwrap_or_else(|| panic!("{error:#}"));
+    assert!(
+        matches!(failure, worker::WorkerFailure::FatalBroker(_)),
+        "{failure}"
+    );
+    assert_eq!(payment_worker::cli::exit_code(&error), 4);
+}

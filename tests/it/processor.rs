@@ -1344,11 +1344,19 @@ async fn invalid_commands_are_dead_lettered_with_their_reason_and_never_reach_th
             .collect();
         assert_eq!(letters.len(), 1, "{key}");
         let letter = letters[0];
-        assert_eq!(
-            letter.payload(),
-            value.as_deref(),
-            "{key}: the original value, unchanged"
-        );
+        if code.starts_with("card_number") {
+            // Masked, all but the last four digits: a card number never lands on a topic.
+            let original = String::from_utf8(value.clone().unwrap()).unwrap();
+            let masked = payment_worker::payment::mask_card_numbers(&original);
+            assert_ne!(masked, original, "{key}");
+            assert_eq!(letter.payload(), Some(masked.as_bytes()), "{key}");
+        } else {
+            assert_eq!(
+                letter.payload(),
+                value.as_deref(),
+                "{key}: the original value, unchanged"
+            );
+        }
         assert_eq!(
             header(letter, worker::ERROR_KIND).as_deref(),
             Some("invalid"),
