@@ -8,7 +8,7 @@ pub use command::{
     mask_card_numbers, redact_payload, Fingerprint, InvalidCommand, PaymentCommand, RedactedPayload,
 };
 
-pub use outcome::{ChargeEvidence, Outcome, RejectionKind};
+pub use outcome::{ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 pub use persistence::{find_payment, PaymentRecord, PaymentStatus, SourcePosition};
 pub use processor::{CommandContext, GatewayLookup, Processor};
 pub use unresolved::{record_unresolved_charge, unresolved_charges, UnresolvedCharge};

@@ -31,6 +31,16 @@ impl RejectionKind {
     }
 }
 
+/// The final answer a command got the first time, as a duplicate repeats it: a
+/// consumer that missed the first result still learns what happened.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OriginalAnswer {
+    /// `succeeded` or `declined`.
+    pub outcome: String,
+    pub payment_id: Uuid,
+    pub gateway_transaction_id: Option<String>,
+}
+
 /// What happened to one command (SPEC §5). Only `Retry` is not final.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -42,9 +52,11 @@ pub enum Outcome {
         payment_id: Uuid,
         transaction_id: String,
     },
-    /// Already handled: `payment_id` is the original payment.
+    /// Already handled: `payment_id` is the original payment, `original` its first
+    /// answer (when its row could be read), repeated like a cached response.
     Duplicate {
         payment_id: Uuid,
+        original: Option<OriginalAnswer>,
     },
     Rejected {
         kind: RejectionKind,
@@ -104,7 +116,7 @@ impl Outcome {
         match self {
             Self::Succeeded { payment_id, .. }
             | Self::Declined { payment_id, .. }
-            | Self::Duplicate { payment_id } => Some(*payment_id),
+            | Self::Duplicate { payment_id, .. } => Some(*payment_id),
             Self::Rejected { .. } | Self::Retry { .. } => None,
         }
     }

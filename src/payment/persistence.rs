@@ -177,17 +177,3 @@ pub(crate) async fn record_charge(
     .await?;
     Ok(())
 }
-
-/// The trace and span that charged `payment_id`, if recorded.
-pub(crate) async fn trace_of(
-    conn: &mut PgConnection,
-    payment_id: uuid::Uuid,
-) -> Result<Option<(String, String)>, sqlx::Error> {
-    let row: Option<(Option<String>, Option<String>)> =
-        sqlx::query_as("SELECT trace_id, span_id FROM payments WHERE id = $1")
-            .bind(payment_id)
-            .fetch_optional(conn)
-            .instrument(statement_span("SELECT"))
-            .await?;
-    Ok(row.and_then(|(t, s)| t.zip(s)))
-}

@@ -11,7 +11,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::outcome::{ChargeEvidence, Outcome, RejectionKind};
+use super::outcome::{ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 use super::persistence::{self, PaymentRecord, PaymentStatus, RowContext, SourcePosition};
 use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
@@ -147,8 +147,18 @@ fn outcome_for_existing(existing: &PaymentRecord, fingerprint: &Fingerprint) -> 
     } else {
         Outcome::Duplicate {
             payment_id: existing.id,
+            original: original_answer(existing),
         }
     }
+}
+
+/// The answer a final row gave the first time (none for a row still `processing`).
+fn original_answer(row: &PaymentRecord) -> Option<OriginalAnswer> {
+    (row.status != PaymentStatus::Processing).then(|| OriginalAnswer {
+        outcome: row.status.as_str().to_owned(),
+        payment_id: row.id,
+        gateway_transaction_id: row.gateway_transaction_id.clone(),
+    })
 }
 
 impl Processor {
@@ -185,25 +195,30 @@ impl Processor {
     /// One attempt. Never panics and never returns an error: failures become
     /// `Outcome::Retry` (transient) or `Outcome::Rejected` (final).
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
-        let outcome = self.decide(command, context).await;
-        if let Outcome::Duplicate { payment_id } = &outcome {
-            self.link_to_original(*payment_id).await;
+        let mut outcome = self.decide(command, context).await;
+        if let Outcome::Duplicate {
+            payment_id,
+            original,
+        } = &mut outcome
+        {
+            let span = tracing::Span::current();
+            let tracing = crate::telemetry::trace_ids(&span).is_some();
+            // Decided from a token tombstone: the row tells the original answer.
+            if original.is_none() || tracing {
+                if let Ok(Some(row)) = self.find_existing(&command.idempotency_key).await {
+                    if row.id == *payment_id {
+                        *original = original_answer(&row);
+                        // A duplicate's trace points at the trace that charged.
+                        if let (true, Some(trace_id), Some(span_id)) =
+                            (tracing, &row.trace_id, &row.span_id)
+                        {
+                            crate::telemetry::link_to(&span, trace_id, span_id);
+                        }
+                    }
+                }
+            }
         }
         outcome
-    }
-
-    /// A duplicate's trace points at the trace that charged (only when tracing).
-    async fn link_to_original(&self, payment_id: Uuid) {
-        let span = tracing::Span::current();
-        if crate::telemetry::trace_ids(&span).is_none() {
-            return;
-        }
-        let Ok(mut conn) = self.pool.acquire().await else {
-            return;
-        };
-        if let Ok(Some((trace_id, span_id))) = persistence::trace_of(&mut conn, payment_id).await {
-            crate::telemetry::link_to(&span, &trace_id, &span_id);
-        }
     }
 
     async fn decide(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
@@ -243,7 +258,10 @@ impl Processor {
                 payment_id,
                 fingerprint: stored,
             } => match stored {
-                Some(stored) if stored == fingerprint.as_str() => Outcome::Duplicate { payment_id },
+                Some(stored) if stored == fingerprint.as_str() => Outcome::Duplicate {
+                    payment_id,
+                    original: None,
+                },
                 Some(_) => key_reused(),
                 None => {
                     self.decide_from_postgres(key, &fingerprint, payment_id)
@@ -266,6 +284,7 @@ impl Processor {
                 tracing::warn!(idempotency_key = %key, "completed token without a payment row");
                 Outcome::Duplicate {
                     payment_id: tombstone_payment,
+                    original: None,
                 }
             }
             Err(error) => database_failure("payment look-up", &error),

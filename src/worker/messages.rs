@@ -5,7 +5,8 @@ use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use uuid::Uuid;
 
 use crate::payment::{
-    InvalidCommand, Outcome, PaymentCommand, RedactedPayload, RejectionKind, SourcePosition,
+    InvalidCommand, OriginalAnswer, Outcome, PaymentCommand, RedactedPayload, RejectionKind,
+    SourcePosition,
 };
 
 pub fn source_of(message: &OwnedMessage) -> SourcePosition {
@@ -71,6 +72,9 @@ pub struct ResultRecord {
     pub gateway_transaction_id: Option<String>,
     pub reason: Option<String>,
     pub source: SourcePosition,
+    /// On a `duplicate`: the first answer, like a cached response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<OriginalAnswer>,
 }
 
 impl ResultRecord {
@@ -87,8 +91,13 @@ impl ResultRecord {
             }
             Outcome::Retry { reason, .. } => (None, Some(reason.clone())),
         };
+        let original = match outcome {
+            Outcome::Duplicate { original, .. } => original.clone(),
+            _ => None,
+        };
         Self {
             idempotency_key: key,
+            original,
             payment_id: outcome.payment_id(),
             outcome: outcome.label().to_owned(),
             gateway_transaction_id: transaction,

@@ -15,7 +15,7 @@ use payment_worker::token::{
 };
 use uuid::Uuid;
 
-use crate::helpers::{Stack, REDIS_URL};
+use crate::helpers::{assert_duplicate_of, Stack, REDIS_URL};
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
 
@@ -247,7 +247,7 @@ async fn a_clean_run_is_clean_and_repair_settles_stuck_tokens() {
     // The repaired tombstone answers a redelivery from Redis alone, with the row's id
     // and its fingerprint (another amount under the same key is refused).
     let outcome = processor.process(&crash_command, &context).await;
-    assert_eq!(outcome, Outcome::Duplicate { payment_id: row_id });
+    assert_duplicate_of(&outcome, row_id);
     let outcome = processor
         .process(&command("crash-1", 701, "pm_card_visa"), &context)
         .await;

@@ -514,3 +514,24 @@ pub async fn stop_all(workers: Vec<RunningWorker>) {
         w.stop().await.expect("worker stop");
     }
 }
+
+/// A duplicate of `payment_id` that repeats the original answer read from its row.
+pub fn assert_duplicate_of(outcome: &payment_worker::payment::Outcome, payment_id: uuid::Uuid) {
+    let payment_worker::payment::Outcome::Duplicate {
+        payment_id: found,
+        original,
+    } = outcome
+    else {
+        panic!("not a duplicate: {outcome:?}");
+    };
+    assert_eq!(*found, payment_id, "{outcome:?}");
+    let original = original
+        .as_ref()
+        .expect("a duplicate carries the original answer");
+    assert_eq!(original.payment_id, payment_id);
+    assert!(
+        ["succeeded", "declined"].contains(&original.outcome.as_str()),
+        "{original:?}"
+    );
+    assert!(original.gateway_transaction_id.is_some(), "{original:?}");
+}

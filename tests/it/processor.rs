@@ -28,7 +28,9 @@ use rdkafka::message::{Headers, Message};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;
 
-use crate::helpers::{quick_worker_settings, stop_all, Stack, TestDb, TestRedis, REDIS_URL};
+use crate::helpers::{
+    assert_duplicate_of, quick_worker_settings, stop_all, Stack, TestDb, TestRedis, REDIS_URL,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_payment-worker");
 
@@ -292,7 +294,7 @@ async fn race_round(rig: &Rig, stores: Vec<Arc<dyn TokenStore>>, key: &str) -> (
                 payment_id,
                 transaction_id,
             } => winners.push((payment_id, transaction_id)),
-            Outcome::Duplicate { payment_id } => duplicates.push(payment_id),
+            Outcome::Duplicate { payment_id, .. } => duplicates.push(payment_id),
             other => panic!("unexpected outcome {other:?}"),
         }
     }
@@ -436,7 +438,7 @@ async fn a_failure_after_each_step_then_a_retry_charges_once() {
         let (second, _) = until_final(&rig.processor("healthy"), &cmd).await;
         let payment_id = rig.assert_charged_once(&key).await;
         match point {
-            FaultPoint::AfterCommit => assert_eq!(second, Outcome::Duplicate { payment_id }),
+            FaultPoint::AfterCommit => assert_duplicate_of(&second, payment_id),
             _ => assert!(
                 matches!(second, Outcome::Succeeded { payment_id: p, .. } if p == payment_id),
                 "{second:?}"
@@ -772,7 +774,7 @@ async fn a_declined_payment_is_final_and_a_replay_is_a_duplicate() {
         .processor("q")
         .process(&cmd, &CommandContext::default())
         .await;
-    assert_eq!(again, Outcome::Duplicate { payment_id });
+    assert_duplicate_of(&again, payment_id);
     assert_eq!(
         rig.gateway.charges(),
         1,
@@ -816,7 +818,7 @@ async fn a_slow_charge_renews_its_lease_so_a_second_worker_waits() {
     assert!(matches!(first, Outcome::Succeeded { .. }), "{first:?}");
     let (later, _) = until_final(&second, &cmd).await;
     let payment_id = rig.assert_charged_once(key).await;
-    assert_eq!(later, Outcome::Duplicate { payment_id });
+    assert_duplicate_of(&later, payment_id);
     assert_eq!(rig.token(key).await.unwrap().fence, 1, "never taken over");
 }
 
@@ -1001,7 +1003,7 @@ async fn after_redis_lost_the_token_postgres_answers_duplicate() {
         .process(&cmd, &CommandContext::default())
         .await;
     let payment_id = rig.assert_charged_once(key).await;
-    assert_eq!(again, Outcome::Duplicate { payment_id });
+    assert_duplicate_of(&again, payment_id);
     assert_eq!(
         (rig.gateway.charges(), rig.gateway.lookups()),
         (1, 0),
@@ -1077,7 +1079,7 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
         .processor("p")
         .process(&cmd, &CommandContext::default())
         .await;
-    assert_eq!(again, Outcome::Duplicate { payment_id });
+    assert_duplicate_of(&again, payment_id);
 
     // An issued token is charged the ordinary way.
     let cmd = command("issued-1", 800, "pm_card_visa");

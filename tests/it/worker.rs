@@ -529,3 +529,55 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
     .unwrap();
     assert_eq!(commands.len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_result_repeats_the_original_answer() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let command = |key: &str| {
+        serde_json::json!({"idempotency_key": key, "account_id": "acct_dup", "amount_minor": 700,
+            "currency": "EUR", "payment_method": "pm_card_visa"})
+        .to_string()
+        .into_bytes()
+    };
+    // The second copy is decided by the Redis tombstone, the third after the token
+    // is gone (Redis lost) by the payment row: both repeat the first answer.
+    let record = |key: &str| WorkloadRecord {
+        kind: RecordKind::Valid,
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(command(key)),
+        partition_hint: Some(0),
+    };
+    stack.produce(&[record("dup-1"), record("dup-1")]).await;
+    let worker = stack.start_worker("dup", &quick_worker_settings());
+    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    let mut redis = stack.redis.conn.clone();
+    let token = format!("{}:token:{{dup-1}}", stack.redis.prefix);
+    let _: () = redis::AsyncCommands::del(&mut redis, &token).await.unwrap();
+    stack.produce(&[record("dup-1")]).await;
+    let results = if results.len() < 3 {
+        stack.wait_for_results(3, Duration::from_secs(60)).await
+    } else {
+        results
+    };
+    stop_all(vec![worker]).await;
+    let first = results.iter().find(|r| r.outcome == "succeeded").unwrap();
+    let duplicates: Vec<_> = results
+        .iter()
+        .filter(|r| r.outcome == "duplicate")
+        .collect();
+    assert_eq!(duplicates.len(), 2, "{results:?}");
+    for duplicate in duplicates {
+        let original = duplicate.original.as_ref().expect("the original answer");
+        assert_eq!(original.outcome, "succeeded");
+        assert_eq!(Some(original.payment_id), first.payment_id);
+        assert_eq!(
+            original.gateway_transaction_id,
+            first.gateway_transaction_id
+        );
+        assert_eq!(duplicate.payment_id, first.payment_id);
+    }
+    assert!(results
+        .iter()
+        .all(|r| r.outcome != "succeeded" || r.original.is_none()));
+    assert_eq!(stack.ledger().len(), 1);
+}
