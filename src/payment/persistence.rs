@@ -156,6 +156,69 @@ pub(crate) async fn insert(
     .await
 }
 
+/// What [`insert_or_find`] found for the key.
+pub(crate) enum Insertion {
+    /// The new `processing` row.
+    Inserted(Uuid),
+    /// A row committed before this statement began decides the command.
+    Existing(PaymentRecord),
+    /// Another transaction committed the key while this statement waited on the
+    /// unique index: the row exists but this statement's snapshot cannot see it.
+    Raced,
+}
+
+/// The pre-existing check and the insert of the `processing` row in one round trip:
+/// inserts the row, or returns the row already there.
+pub(crate) async fn insert_or_find(
+    conn: &mut PgConnection,
+    command: &PaymentCommand,
+    fingerprint: &Fingerprint,
+    context: &RowContext<'_>,
+) -> Result<Insertion, sqlx::Error> {
+    // Under READ COMMITTED the whole statement reads one snapshot: the second branch
+    // sees a row committed before it began, never one it waited for (`Raced`).
+    let row = sqlx::query(
+        "WITH inserted AS (
+             INSERT INTO payments (id, idempotency_key, fingerprint, account_id, amount_minor,
+                 currency, description, status, gateway_transaction_id, source_topic,
+                 source_partition, source_offset, trace_id, fence, span_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'processing', NULL, $8, $9, $10, $11, $12, $13)
+             ON CONFLICT (idempotency_key) DO NOTHING
+             RETURNING id)
+         SELECT true AS inserted, id, NULL::text AS fingerprint, NULL::text AS status,
+                NULL::text AS gateway_transaction_id, NULL::text AS trace_id,
+                NULL::text AS span_id
+         FROM inserted
+         UNION ALL
+         SELECT false, id, fingerprint, status, gateway_transaction_id, trace_id, span_id
+         FROM payments
+         WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(command.idempotency_key.as_str())
+    .bind(fingerprint.as_str())
+    .bind(&command.account_id)
+    .bind(command.amount_minor)
+    .bind(&command.currency)
+    .bind(command.description.as_deref())
+    .bind(context.source.map(|s| s.topic.as_str()))
+    .bind(context.source.map(|s| s.partition))
+    .bind(context.source.map(|s| s.offset))
+    .bind(context.trace_id)
+    .bind(i64::try_from(context.fence).unwrap_or(i64::MAX))
+    .bind(context.span_id)
+    .fetch_optional(conn)
+    .instrument(statement_span("INSERT"))
+    .await?;
+    match row {
+        None => Ok(Insertion::Raced),
+        Some(row) if row.try_get::<bool, _>("inserted")? => {
+            Ok(Insertion::Inserted(row.try_get("id")?))
+        }
+        Some(row) => Ok(Insertion::Existing(record_from_row(&row)?)),
+    }
+}
+
 pub(crate) async fn record_charge(
     conn: &mut PgConnection,
     payment_id: Uuid,

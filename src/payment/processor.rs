@@ -12,7 +12,9 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::outcome::{ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
-use super::persistence::{self, PaymentRecord, PaymentStatus, RowContext, SourcePosition};
+use super::persistence::{
+    self, Insertion, PaymentRecord, PaymentStatus, RowContext, SourcePosition,
+};
 use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
 use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
@@ -34,6 +36,14 @@ pub enum GatewayLookup {
 pub struct CommandContext<'a> {
     pub source: Option<&'a SourcePosition>,
     pub trace_id: Option<&'a str>,
+}
+
+/// A reservation and how long it is certainly still ours.
+struct Lease<'a> {
+    claim: &'a Claim,
+    /// Half the lease after the reserve request was sent: whatever the network and
+    /// scheduling did since, the lease Redis granted runs at least until then.
+    surely_held_until: tokio::time::Instant,
 }
 
 /// What the transaction leaves for the token once it has ended.
@@ -226,6 +236,8 @@ impl Processor {
         let fingerprint = command.fingerprint();
         // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
         let owner = format!("{}:{}", self.worker_id, Uuid::new_v4().simple());
+        // Taken before the request: the lease Redis grants starts later than this.
+        let asked_at = tokio::time::Instant::now();
         let span = token_span("reserve");
         let reservation = match self
             .tokens
@@ -246,7 +258,11 @@ impl Processor {
         match reservation {
             Reservation::Reserved { fence } => {
                 let claim = Claim { owner, fence };
-                self.run_reserved(command, &fingerprint, context, &claim)
+                let lease = Lease {
+                    claim: &claim,
+                    surely_held_until: asked_at + self.tokens.policy().lease / 2,
+                };
+                self.run_reserved(command, &fingerprint, context, &lease)
                     .await
             }
             Reservation::InFlight { lease_left } => Outcome::Retry {
@@ -354,8 +370,9 @@ impl Processor {
         command: &PaymentCommand,
         fingerprint: &Fingerprint,
         context: &CommandContext<'_>,
-        claim: &Claim,
+        lease: &Lease<'_>,
     ) -> Outcome {
+        let claim = lease.claim;
         let key = &command.idempotency_key;
         let settlement = match self
             .faults
@@ -364,7 +381,7 @@ impl Processor {
         {
             Err(fault) => Settlement::Restore(retry(fault.to_string())),
             Ok(()) => {
-                self.transact(command, fingerprint, context, claim)
+                self.transact(command, fingerprint, context, lease)
                     .instrument(tracing::info_span!(
                         "payment transaction",
                         otel.kind = "internal",
@@ -446,8 +463,9 @@ impl Processor {
         command: &PaymentCommand,
         fingerprint: &Fingerprint,
         context: &CommandContext<'_>,
-        claim: &Claim,
+        lease: &Lease<'_>,
     ) -> Settlement {
+        let claim = lease.claim;
         let key = &command.idempotency_key;
         // Nothing was charged yet: a final database refusal restores the token too,
         // so a corrected command (or a redrive after a fix) can still go through.
@@ -462,11 +480,6 @@ impl Processor {
             Ok(tx) => tx,
             Err(error) => return before_charge("begin", error),
         };
-        match persistence::find_payment(&mut tx, key.as_str()).await {
-            Ok(Some(existing)) => return self.settle_existing(existing, fingerprint),
-            Ok(None) => {}
-            Err(error) => return before_charge("pre-existing check", error),
-        }
         // The row remembers the trace that charged, for links from later duplicates.
         let ids = crate::telemetry::trace_ids(&tracing::Span::current());
         let row = RowContext {
@@ -475,11 +488,16 @@ impl Processor {
             span_id: ids.as_ref().map(|(_, s)| s.as_str()),
             fence: claim.fence,
         };
-        let payment_id = match persistence::insert(&mut tx, command, fingerprint, &row, None).await
+        // The pre-existing check and the insert, one statement (I6).
+        let payment_id = match persistence::insert_or_find(&mut tx, command, fingerprint, &row)
+            .await
         {
-            Ok(Some(id)) => id,
+            Ok(Insertion::Inserted(id)) => id,
+            Ok(Insertion::Existing(existing)) => {
+                return self.settle_existing(existing, fingerprint)
+            }
             // Another holder committed this key while we waited on the unique index.
-            Ok(None) => {
+            Ok(Insertion::Raced) => {
                 drop(tx);
                 return match self.find_existing(key).await {
                     Ok(Some(existing)) => self.settle_existing(existing, fingerprint),
@@ -494,7 +512,7 @@ impl Processor {
         }
 
         let (charge, lease_kept) = self
-            .with_lease(key, claim, self.obtain_charge(command, claim))
+            .with_lease(key, claim, self.obtain_charge(command, lease))
             .await;
         let charge = match charge {
             Ok(charge) => charge,
@@ -564,8 +582,9 @@ impl Processor {
     async fn obtain_charge(
         &self,
         command: &PaymentCommand,
-        claim: &Claim,
+        lease: &Lease<'_>,
     ) -> Result<Charge, Settlement> {
+        let claim = lease.claim;
         let key = &command.idempotency_key;
         let look_first = self.lookup == GatewayLookup::Always || claim.fence > 1;
         // What a POST that charges nothing leaves known: "no charge" once the gateway
@@ -585,12 +604,18 @@ impl Processor {
         // The lease is checked right before the POST, not only renewed while it runs:
         // a worker paused, or blocked on another holder's row, since it reserved may
         // have been replaced, and then the new owner decides. No check, no POST.
-        match self
-            .tokens
-            .extend(key, claim)
-            .instrument(token_span("extend"))
-            .await
-        {
+        // A first attempt that reaches the POST well inside the lease it was just
+        // granted skips the round trip: nobody can have taken over a live lease.
+        let surely_held = !look_first && tokio::time::Instant::now() < lease.surely_held_until;
+        let checked = if surely_held {
+            Ok(Transition::Applied)
+        } else {
+            self.tokens
+                .extend(key, claim)
+                .instrument(token_span("extend"))
+                .await
+        };
+        match checked {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
                 return Err(Settlement::LeaveToLease(retry_knowing(
