@@ -662,14 +662,26 @@ impl DigitRun {
 }
 
 fn contains_card_number(value: &str) -> bool {
+    !card_runs(value, 1).is_empty()
+}
+
+/// The byte ranges (first digit to last digit) of up to `limit` card-number-like
+/// runs of `value`, in order.
+fn card_runs(value: &str, limit: usize) -> Vec<std::ops::Range<usize>> {
+    let mut found = Vec::new();
     // Cheap exit: most references hold far fewer than 13 digits.
     if value.bytes().filter(u8::is_ascii_digit).count() < 13 {
-        return false;
+        return found;
     }
     let mut run = DigitRun::default();
+    let mut span = 0..0;
     let mut after_separator = false;
-    for c in value.chars() {
+    for (at, c) in value.char_indices() {
         if c.is_ascii_digit() {
+            if run.digits.is_empty() {
+                span.start = at;
+            }
+            span.end = at + 1;
             run.digits.push(c as u8 - b'0');
             after_separator = false;
             continue;
@@ -684,7 +696,10 @@ fn contains_card_number(value: &str) -> bool {
             continue;
         }
         if run.looks_like_card() {
-            return true;
+            found.push(span.clone());
+            if found.len() == limit {
+                return found;
+            }
         }
         run.clear();
         after_separator = false;
@@ -692,24 +707,32 @@ fn contains_card_number(value: &str) -> bool {
     if !run.digits.is_empty() && !after_separator {
         run.groups.push(run.digits.len());
     }
-    run.looks_like_card()
+    if run.looks_like_card() {
+        found.push(span);
+    }
+    found
 }
 
 /// `value` with the digits of every card-number-like run replaced by `*`, all but
 /// the last four (separators kept): "4111 1111 1111 1111" → "**** **** **** 1111".
 /// Runs are found exactly as [`contains_card_number`] finds them.
 pub fn mask_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
-    if !contains_card_number(value) {
+    let runs = card_runs(value, usize::MAX);
+    if runs.is_empty() {
         return std::borrow::Cow::Borrowed(value);
     }
-    fn flush(out: &mut String, pending: &str, run: &DigitRun) {
-        if !run.looks_like_card() {
-            out.push_str(pending);
-            return;
-        }
-        let keep_from = run.digits.len().saturating_sub(4);
+    let mut out = String::with_capacity(value.len());
+    let mut copied = 0;
+    for run in runs {
+        out.push_str(&value[copied..run.start]);
+        let text = &value[run.clone()];
+        let keep_from = text
+            .bytes()
+            .filter(u8::is_ascii_digit)
+            .count()
+            .saturating_sub(4);
         let mut seen = 0;
-        for c in pending.chars() {
+        for c in text.chars() {
             if c.is_ascii_digit() {
                 out.push(if seen < keep_from { '*' } else { c });
                 seen += 1;
@@ -717,37 +740,9 @@ pub fn mask_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
                 out.push(c);
             }
         }
+        copied = run.end;
     }
-    let mut out = String::with_capacity(value.len());
-    let mut pending = String::new();
-    let mut run = DigitRun::default();
-    let mut after_separator = false;
-    for c in value.chars() {
-        if c.is_ascii_digit() {
-            run.digits.push(c as u8 - b'0');
-            pending.push(c);
-            after_separator = false;
-            continue;
-        }
-        let is_separator = c == ' ' || c == '-';
-        if !run.digits.is_empty() && !after_separator {
-            run.groups.push(run.digits.len());
-        }
-        if is_separator && !run.digits.is_empty() && !after_separator {
-            after_separator = true;
-            pending.push(c);
-            continue;
-        }
-        flush(&mut out, &pending, &run);
-        pending.clear();
-        run.clear();
-        after_separator = false;
-        out.push(c);
-    }
-    if !run.digits.is_empty() && !after_separator {
-        run.groups.push(run.digits.len());
-    }
-    flush(&mut out, &pending, &run);
+    out.push_str(&value[copied..]);
     std::borrow::Cow::Owned(out)
 }
 

@@ -20,8 +20,11 @@ async fn counted(stack: &Stack, command: &PaymentCommand) -> (Outcome, RoundTrip
     let counter = RoundTripCounter::default();
     // A per-layer filter, as the test binary's global subscriber has: spans of the
     // shared connection pools cross between the two registries.
-    let subscriber = tracing_subscriber::registry()
-        .with(counter.clone().with_filter(tracing_subscriber::filter::LevelFilter::TRACE));
+    let subscriber = tracing_subscriber::registry().with(
+        counter
+            .clone()
+            .with_filter(tracing_subscriber::filter::LevelFilter::TRACE),
+    );
     let outcome = stack
         .processor("round-trips")
         .process(command, &CommandContext::default())
