@@ -17,7 +17,7 @@ use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
 use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
 use crate::retry::is_transient_sqlx;
-use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
+use crate::token::{Claim, IdempotencyKey, Reservation, TokenError, TokenStore, Transition};
 
 /// When the processor asks the gateway for an existing charge before charging.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -49,6 +49,9 @@ enum Settlement {
     /// A charge may have happened and we could not find out: leave the token to its
     /// lease, so the next owner (fence + 1) looks the charge up before charging.
     LeaveToLease(Outcome),
+    /// The token store shares the payments database and the token was completed by
+    /// the payment's own transaction: nothing is left to do for the token.
+    Settled(Outcome),
 }
 
 pub struct Processor {
@@ -58,6 +61,13 @@ pub struct Processor {
     lookup: GatewayLookup,
     worker_id: String,
     faults: Faults,
+    /// Attempts running at once in this process, one per payment-pool connection.
+    /// An attempt holds at most one connection at any moment (the Postgres token
+    /// store settles inside the payment transaction and renews leases on its own
+    /// pool), so with no more attempts than connections the pool can never make one
+    /// wait. Commands beyond it queue here, before reserving their token, holding
+    /// nothing and with no acquire timeout to run into.
+    attempts: Arc<tokio::sync::Semaphore>,
 }
 
 fn retry(reason: impl Into<String>) -> Outcome {
@@ -111,11 +121,17 @@ impl Processor {
         Self {
             tokens,
             gateway,
-            pool,
             lookup,
             worker_id: worker_id.into(),
             faults: Faults::from_env(),
+            attempts: Arc::new(tokio::sync::Semaphore::new(attempt_slots(&pool))),
+            pool,
         }
+    }
+
+    /// How many attempts may run at once (the payment pool's size).
+    pub fn attempt_slots(&self) -> usize {
+        attempt_slots(&self.pool)
     }
 
     pub fn with_faults(mut self, faults: Faults) -> Self {
@@ -134,6 +150,8 @@ impl Processor {
     /// One attempt. Never panics and never returns an error: failures become
     /// `Outcome::Retry` (transient) or `Outcome::Rejected` (final).
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
+        // Never closed, so acquiring only fails if that changes: then run unbounded.
+        let _slot = self.attempts.acquire().await.ok();
         let outcome = self.decide(command, context).await;
         if let Outcome::Duplicate { payment_id } = &outcome {
             self.link_to_original(*payment_id).await;
@@ -311,11 +329,15 @@ impl Processor {
                     tracing::warn!(idempotency_key = %key, %fault, "token left processing");
                     return outcome;
                 }
-                let confirmed = self
-                    .tokens
-                    .confirm(key, claim, payment_id, fingerprint.as_str())
-                    .instrument(token_span("confirm"))
-                    .await;
+                let confirmed = (|| {
+                    self.tokens
+                        .confirm(key, claim, payment_id, fingerprint.as_str())
+                        .instrument(token_span("confirm"))
+                })
+                .retry(settle_backoff())
+                .when(TokenError::is_retryable)
+                .notify(|error, after| note_settle_retry("confirm", key, error, after))
+                .await;
                 match confirmed {
                     Ok(Transition::Applied) => {
                         tracing::debug!(idempotency_key = %key, "token processing -> completed")
@@ -338,12 +360,16 @@ impl Processor {
                 outcome
             }
             Settlement::Restore(outcome) => {
-                match self
-                    .tokens
-                    .restore(key, claim)
-                    .instrument(token_span("restore"))
-                    .await
-                {
+                let restored = (|| {
+                    self.tokens
+                        .restore(key, claim)
+                        .instrument(token_span("restore"))
+                })
+                .retry(settle_backoff())
+                .when(TokenError::is_retryable)
+                .notify(|error, after| note_settle_retry("restore", key, error, after))
+                .await;
+                match restored {
                     Ok(Transition::Applied) => {
                         tracing::debug!(idempotency_key = %key, "token processing -> pending")
                     }
@@ -362,6 +388,13 @@ impl Processor {
                 outcome
             }
             Settlement::LeaveToLease(outcome) => outcome,
+            Settlement::Settled(outcome) => {
+                if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit).await {
+                    // Token and payment were committed together: nothing is left behind.
+                    tracing::warn!(idempotency_key = %key, %fault, "stopped after commit; token already completed");
+                }
+                outcome
+            }
         }
     }
 
@@ -440,13 +473,25 @@ impl Processor {
                 "recording the charge failed: {error}"
             )));
         }
-        // Fencing (I5): only the current owner may commit.
-        match self
-            .tokens
-            .extend(key, claim)
-            .instrument(token_span("extend"))
-            .await
-        {
+        // Fencing (I5): only the current owner may commit. A store in the payments
+        // database checks the fence and completes the token inside this transaction
+        // (one atomic step with the payment); any other store renews the lease right
+        // before COMMIT and is confirmed after it.
+        let fence_check = match self.tokens.in_transaction() {
+            Some(settle) => {
+                settle
+                    .confirm_in(&mut tx, key, claim, payment_id, fingerprint.as_str())
+                    .instrument(token_span("confirm"))
+                    .await
+            }
+            None => {
+                self.tokens
+                    .extend(key, claim)
+                    .instrument(token_span("extend"))
+                    .await
+            }
+        };
+        match fence_check {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
                 return Settlement::LeaveToLease(retry("lease lost before commit"))
@@ -465,10 +510,14 @@ impl Processor {
             // A failed COMMIT may still have committed: only the next owner can tell.
             return Settlement::LeaveToLease(retry(format!("commit failed: {error}")));
         }
+        let outcome = final_outcome(payment_id, &charge);
+        if self.tokens.in_transaction().is_some() {
+            return Settlement::Settled(outcome);
+        }
         Settlement::Confirm {
             payment_id,
             fingerprint: fingerprint.clone(),
-            outcome: final_outcome(payment_id, &charge),
+            outcome,
         }
     }
 
@@ -580,6 +629,32 @@ fn charge_for(found: LedgerEntry, command: &PaymentCommand) -> Result<Charge, Se
     } else {
         Err(Settlement::Restore(key_reused()))
     }
+}
+
+fn attempt_slots(pool: &PgPool) -> usize {
+    usize::try_from(pool.options().get_max_connections())
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// Confirm and restore are retried briefly on a transient error (a Redis failover, a
+/// paused server, a dropped connection) before the token is left to its lease.
+fn settle_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .with_total_delay(Some(Duration::from_secs(4)))
+        .with_max_times(8)
+        .with_jitter()
+}
+
+fn note_settle_retry(
+    operation: &'static str,
+    key: &IdempotencyKey,
+    error: &TokenError,
+    after: Duration,
+) {
+    tracing::info!(idempotency_key = %key, %error, ?after, "token {operation} failed; trying again");
 }
 
 /// A client span for one token-store operation.

@@ -8,6 +8,7 @@ mod demo;
 mod gateway;
 mod helpers;
 mod multiprocess;
+mod postgres_store;
 mod processor;
 mod procs;
 mod security;
