@@ -186,13 +186,25 @@ async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_
             "--seed",
             "11",
         ],
-        // The worker's defaults: 48 payment connections, 32 in flight per partition.
+        // The worker's defaults: 48 payment connections, 32 in flight per partition;
+        // the purge runs more often than its default 30 s to finish within the run.
         &[
             ("TOKEN_STORE", "postgres"),
             ("DATABASE_MAX_CONNECTIONS", "48"),
+            ("TOKEN_PURGE_INTERVAL", "2s"),
+            ("TOKEN_PURGE_BATCH", "500"),
         ],
     )
     .await;
+    // Dead rows from an earlier life of the table: the workers' purge removes them.
+    sqlx::query(
+        "INSERT INTO idempotency_tokens (key, status, fence, expires_at, payment_id, fingerprint)
+         SELECT 'dead-' || g, 'completed', 1, now() - interval '1 day', gen_random_uuid(), 'fp'
+           FROM generate_series(1, 20000) AS g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let records = workload("pgstore");
     let (results, logs) = run_with_strikes(
         &mut deployment,
@@ -203,6 +215,12 @@ async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_
 
     let timeouts = logs.pool_timeouts();
     assert!(timeouts.is_empty(), "pool acquire timeouts: {timeouts:?}");
+    let dead: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_tokens WHERE key LIKE 'dead-%'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(dead, 0, "the workers purged every expired row");
     let tokens = postgres_token_statuses(&db.pool).await;
     let processing = tokens.values().filter(|s| *s == "processing").count();
     assert_eq!(processing, 0, "tokens left processing");
