@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use backon::Retryable;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -152,6 +153,28 @@ impl Processor {
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
         // Never closed, so acquiring only fails if that changes: then run unbounded.
         let _slot = self.attempts.acquire().await.ok();
+        self.attempt(command, context).await
+    }
+
+    /// `process`, unless `stop` is cancelled while the attempt still waits for its
+    /// slot: then nothing was started and `None` says so. A draining partition uses
+    /// it, so a command queued behind the slots is left to the partition's next owner
+    /// instead of starting on a partition that is going away.
+    pub async fn process_unless(
+        &self,
+        command: &PaymentCommand,
+        context: &CommandContext<'_>,
+        stop: &CancellationToken,
+    ) -> Option<Outcome> {
+        let _slot = tokio::select! {
+            biased;
+            slot = self.attempts.acquire() => slot.ok(),
+            _ = stop.cancelled() => return None,
+        };
+        Some(self.attempt(command, context).await)
+    }
+
+    async fn attempt(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
         let outcome = self.decide(command, context).await;
         if let Outcome::Duplicate { payment_id } = &outcome {
             self.link_to_original(*payment_id).await;

@@ -109,9 +109,18 @@ impl Handler {
         let attempt = || {
             attempts += 1;
             async {
-                match self.processor.process(command, &context).await {
-                    Outcome::Retry { after, reason } => Err(NotYet { after, reason }),
-                    outcome => Ok(outcome),
+                match self
+                    .processor
+                    .process_unless(command, &context, draining)
+                    .await
+                {
+                    Some(Outcome::Retry { after, reason }) => Err(NotYet { after, reason }),
+                    Some(outcome) => Ok(outcome),
+                    // Still queued for a payment slot when the drain began: not started.
+                    None => Err(NotYet {
+                        after: Duration::ZERO,
+                        reason: "draining before the attempt started".to_owned(),
+                    }),
                 }
             }
         };
