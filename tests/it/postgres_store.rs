@@ -330,3 +330,75 @@ async fn expired_token_rows_are_purged_in_bounded_batches_while_a_worker_runs() 
     assert_eq!(processing, 0, "the worker's own tokens were all settled");
     assert_eq!(purge_round(store.as_ref(), BATCH).await, 0);
 }
+
+/// `run` purges by itself: dead rows planted before a worker starts are gone after a
+/// few purge intervals, and the worker exports `payment_worker.tokens.purged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_worker_purges_expired_rows_and_exports_the_purge_metric() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let (otlp, received) = crate::telemetry::start_receiver().await;
+    sqlx::query(
+        "INSERT INTO idempotency_tokens (key, status, fence, expires_at, payment_id, fingerprint)
+         SELECT 'gone-' || g, 'completed', 1, now() - interval '1 hour', gen_random_uuid(), 'fp'
+           FROM generate_series(1, 3000) AS g",
+    )
+    .execute(&stack.db.pool)
+    .await
+    .unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("run")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("KAFKA_BROKERS", &stack.settings.brokers)
+        .env("KAFKA_GROUP_ID", &stack.settings.group_id)
+        .env("KAFKA_SESSION_TIMEOUT", "6s")
+        .env("DRAIN_DEADLINE", "3s")
+        .env("DATABASE_URL", &stack.db.url)
+        .env("DATABASE_MAX_CONNECTIONS", "4")
+        .env("TOKEN_STORE", "postgres")
+        .env("TOKEN_PURGE_INTERVAL", "200ms")
+        .env("TOKEN_PURGE_BATCH", "250")
+        .env("GATEWAY_URL", stack.simulator.url())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{otlp}"))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "500")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idempotency_tokens WHERE key LIKE 'gone-%'")
+                .fetch_one(&stack.db.pool)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{left} expired rows still there after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let one more metric export happen, then a graceful stop flushes the rest.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    kill(pid, Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let received = received.lock().unwrap();
+    assert!(
+        received
+            .metrics
+            .iter()
+            .any(|m| m == "payment_worker.tokens.purged"),
+        "{:?}",
+        received.metrics
+    );
+}

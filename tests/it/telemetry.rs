@@ -248,13 +248,13 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
 
 /// An OTLP/HTTP receiver that decodes what it gets.
 #[derive(Default)]
-struct Received {
-    spans: Vec<(String, HashMap<String, String>)>,
-    metrics: Vec<String>,
-    service_names: Vec<String>,
+pub(crate) struct Received {
+    pub(crate) spans: Vec<(String, HashMap<String, String>)>,
+    pub(crate) metrics: Vec<String>,
+    pub(crate) service_names: Vec<String>,
 }
 
-async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
+pub(crate) async fn start_receiver() -> (std::net::SocketAddr, Arc<Mutex<Received>>) {
     use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use prost::Message;
