@@ -383,6 +383,7 @@ impl Processor {
                 outcome
             }
             Settlement::Restore(outcome) => {
+                let retried = std::sync::atomic::AtomicBool::new(false);
                 let restored = (|| {
                     self.tokens
                         .restore(key, claim)
@@ -390,11 +391,21 @@ impl Processor {
                 })
                 .retry(settle_backoff())
                 .when(TokenError::is_retryable)
-                .notify(|error, after| note_settle_retry("restore", key, error, after))
+                .notify(|error, after| {
+                    retried.store(true, std::sync::atomic::Ordering::Relaxed);
+                    note_settle_retry("restore", key, error, after)
+                })
                 .await;
                 match restored {
                     Ok(Transition::Applied) => {
                         tracing::debug!(idempotency_key = %key, "token processing -> pending")
+                    }
+                    // The attempt that timed out may have reached the store and restored
+                    // the token already; nobody else is implied.
+                    Ok(Transition::Refused)
+                        if retried.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        tracing::debug!(idempotency_key = %key, "restore refused after a retry")
                     }
                     Ok(Transition::Refused) => {
                         crate::telemetry::record_token_inconsistency("processing", "not_owned");
