@@ -402,3 +402,42 @@ async fn a_running_worker_purges_expired_rows_and_exports_the_purge_metric() {
         received.metrics
     );
 }
+
+/// Lease renewal never waits for the payment pool: with every payment connection
+/// held by a transaction (here: the only one), `extend` still answers through the
+/// store's own pool; the same store without it times out waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_renewal_is_served_while_every_payment_connection_is_held() {
+    let db = TestDb::new().await;
+    let settings = DatabaseSettings::with_url(&db.url);
+    let payment_pool = settings.connect_with_size(1).await.unwrap();
+    let lease_pool = settings.connect_with_size(1).await.unwrap();
+    let policy = TokenPolicy::default();
+    let own_pool = PostgresTokenStore::new(payment_pool.clone(), policy)
+        .with_maintenance_pool(lease_pool)
+        .with_op_timeout(Duration::from_millis(800));
+    let shared_pool = PostgresTokenStore::new(payment_pool.clone(), policy)
+        .with_op_timeout(Duration::from_millis(800));
+    let key = IdempotencyKey::try_from("pg-renew-1").unwrap();
+    let Reservation::Reserved { fence } = own_pool.reserve(&key, "w:1").await.unwrap() else {
+        panic!("reserved");
+    };
+    let claim = payment_worker::token::Claim {
+        owner: "w:1".into(),
+        fence,
+    };
+    // A payment transaction holds the pool's only connection, as during a slow charge.
+    let mut tx = payment_pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+
+    assert_eq!(
+        own_pool.extend(&key, &claim).await.unwrap(),
+        payment_worker::token::Transition::Applied
+    );
+    let starved = shared_pool.extend(&key, &claim).await;
+    assert!(
+        matches!(starved, Err(ref e) if e.is_retryable()),
+        "without its own pool the renewal waits for the payment connection: {starved:?}"
+    );
+    tx.rollback().await.unwrap();
+}
