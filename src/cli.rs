@@ -152,7 +152,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let worker_id = worker.worker_id();
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
-            let processor = Arc::new(processor.build(&worker_id).await?);
+            let settings = processor;
+            let processor = Arc::new(settings.build(&worker_id).await?);
+            tracing::info!(
+                payments_at_once = processor.attempt_slots(),
+                admitted_per_partition = worker.max_in_flight,
+                "payments run at most one per payment-pool connection; admitted commands beyond that wait before reserving their token"
+            );
+            let _purge = startup::spawn_token_purge(
+                Arc::clone(processor.tokens()),
+                &settings.stores.token_table,
+            );
             let handler = startup::handler(processor, &kafka, &worker)?;
             worker::run_until(&kafka, &worker, handler, startup::shutdown_signal()).await
         }

@@ -102,8 +102,13 @@ impl DatabaseSettings {
     }
 
     pub async fn connect(&self) -> anyhow::Result<PgPool> {
+        self.connect_with_size(self.max_connections).await
+    }
+
+    /// A pool of `size` connections to the same database (the token store's own).
+    pub async fn connect_with_size(&self, size: u32) -> anyhow::Result<PgPool> {
         PgPoolOptions::new()
-            .max_connections(self.max_connections)
+            .max_connections(size)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(self.options()?)
             .await
@@ -188,6 +193,41 @@ impl TokenSettings {
     }
 }
 
+/// The Postgres token store's own pool and the purge of its expired rows (unused
+/// with the Redis store, whose keys expire by themselves).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TokenTableSettings {
+    /// Postgres token store: connections of its own pool for lease renewals and the
+    /// purge, apart from the payment pool (whose connections payments hold).
+    #[arg(
+        long = "token-lease-connections",
+        env = "TOKEN_LEASE_CONNECTIONS",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub lease_connections: u32,
+    /// Postgres token store: how often a worker deletes expired token rows.
+    #[arg(long = "token-purge-interval", env = "TOKEN_PURGE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub purge_interval: Duration,
+    /// Postgres token store: rows deleted per statement by the purge.
+    #[arg(
+        long = "token-purge-batch",
+        env = "TOKEN_PURGE_BATCH",
+        default_value_t = 1000
+    )]
+    pub purge_batch: usize,
+}
+
+impl Default for TokenTableSettings {
+    fn default() -> Self {
+        Self {
+            lease_connections: 4,
+            purge_interval: Duration::from_secs(30),
+            purge_batch: 1000,
+        }
+    }
+}
+
 /// Where payments and tokens live: what every command that touches them needs.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreSettings {
@@ -197,6 +237,8 @@ pub struct StoreSettings {
     pub redis: RedisSettings,
     #[command(flatten)]
     pub tokens: TokenSettings,
+    #[command(flatten)]
+    pub token_table: TokenTableSettings,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -163,6 +163,7 @@ pub struct Metrics {
     pub panics: Counter<u64>,
     pub gateway_failures: Counter<u64>,
     pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
+    pub tokens_purged: Counter<u64>,
 }
 
 fn build_metrics(meter: &Meter) -> Metrics {
@@ -215,6 +216,10 @@ fn build_metrics(meter: &Meter) -> Metrics {
         consumer_lag: meter
             .i64_gauge("payment_worker.consumer.lag")
             .with_description("Messages behind the high watermark, per partition")
+            .build(),
+        tokens_purged: meter
+            .u64_counter("payment_worker.tokens.purged")
+            .with_description("Expired token rows deleted by the purge (Postgres token store)")
             .build(),
     }
 }

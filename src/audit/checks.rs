@@ -214,15 +214,33 @@ pub async fn audit(
         .into_iter()
         .filter(|k| options.wants(k.as_str()))
         .collect();
+    // A token left to its lease with a final row is harmless: the next delivery (or
+    // `--repair`) finds the row and completes it. Without a final row nobody knows
+    // yet whether a charge happened: that one is a violation until settled.
+    let mut unsafe_keys = std::collections::HashSet::new();
     for key in &stuck {
-        let row = rows_by_key
-            .get(key.as_str())
-            .map_or("no payment row", |r| r.status.as_str());
-        report.stuck_tokens.push(
-            key.as_str(),
-            format!("processing past its lease; row: {row}"),
-        );
+        match rows_by_key.get(key.as_str()) {
+            Some(row) if row.status != "processing" => report.lease_left_tokens.push(
+                key.as_str(),
+                format!(
+                    "processing past its lease, {} row committed: settled on next touch",
+                    row.status
+                ),
+            ),
+            row => {
+                let row = row.map_or("no payment row", |r| r.status.as_str());
+                unsafe_keys.insert(key.as_str().to_owned());
+                report.stuck_tokens.push(
+                    key.as_str(),
+                    format!("processing past its lease; row: {row}"),
+                );
+            }
+        }
     }
+    report.token_table = tokens
+        .housekeeping()
+        .await
+        .context("reading the token table's size")?;
 
     if options.repair {
         for key in &stuck {
@@ -231,6 +249,11 @@ pub async fn audit(
             let repair = repair_stuck_token(key, charged_without_row, pool, tokens, gateway).await;
             report.repairs.push(repair);
         }
+        report.stuck_tokens_repaired = report
+            .repairs
+            .iter()
+            .filter(|r| r.action.resolves() && unsafe_keys.contains(&r.idempotency_key))
+            .count();
         report.token_inconsistencies_repaired = report
             .repairs
             .iter()

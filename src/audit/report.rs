@@ -55,8 +55,16 @@ pub struct AuditReport {
     pub rows_without_charge: Finding,
     /// I7: a final row whose status or transaction id matches none of its key's entries.
     pub rows_disagreeing: Finding,
-    /// I4: tokens in `processing` whose lease has run out (found before any repair).
+    /// I4: tokens in `processing` whose lease has run out and whose key has no final
+    /// payment row (found before any repair): stuck and unsafe, a violation.
     pub stuck_tokens: Finding,
+    /// Of `stuck_tokens`, how many `--repair` settled.
+    pub stuck_tokens_repaired: usize,
+    /// Warning: tokens left `processing` past their lease whose payment row is final;
+    /// the next delivery of the key (or `--repair`) completes them.
+    pub lease_left_tokens: Finding,
+    /// Size and age of the token store's own table (Postgres token store only).
+    pub token_table: Option<crate::token::Housekeeping>,
     /// True when the token store listed as many stuck tokens as were asked for.
     pub stuck_tokens_truncated: bool,
     /// I2/I6: a `completed` tombstone for a charged key without a payment row.
@@ -77,8 +85,14 @@ pub struct AuditReport {
 impl AuditReport {
     /// Stuck tokens that are still a problem after the repairs.
     pub fn unresolved_stuck_tokens(&self) -> usize {
-        let resolved = self.repairs.iter().filter(|r| r.action.resolves()).count();
-        self.stuck_tokens.count.saturating_sub(resolved)
+        self.stuck_tokens
+            .count
+            .saturating_sub(self.stuck_tokens_repaired)
+    }
+
+    /// Findings that need no operator: they settle on their own.
+    pub fn warnings(&self) -> usize {
+        self.lease_left_tokens.count
     }
 
     /// Violations of SPEC §2 left after the repairs; zero means the books are clean.
@@ -112,7 +126,7 @@ impl AuditReport {
                 &self.rows_disagreeing,
             ),
             (
-                "tokens processing past their lease (I4)",
+                "tokens stuck past lease, no final row (I4)",
                 &self.stuck_tokens,
             ),
             (
@@ -156,6 +170,36 @@ impl AuditReport {
         if self.stuck_tokens_truncated {
             let _ = writeln!(out, "(stuck tokens: the listing was truncated)");
         }
+        let _ = writeln!(
+            out,
+            "warning: {:<35} {:>7}",
+            "tokens lease-left with a final row", self.lease_left_tokens.count
+        );
+        for example in &self.lease_left_tokens.examples {
+            let _ = writeln!(
+                out,
+                "{:<44} {:>7}  {}: {}",
+                "", "", example.idempotency_key, example.detail
+            );
+        }
+        if let Some(table) = &self.token_table {
+            let oldest = table.oldest_expired_for.map_or_else(
+                || "none".to_owned(),
+                |d| {
+                    format!(
+                        "expired {} ago",
+                        humantime::format_duration(whole_seconds(d))
+                    )
+                },
+            );
+            let _ = writeln!(
+                out,
+                "token table: {} rows ({} expired, waiting for the purge), {} KiB; oldest expired row: {oldest}",
+                table.rows,
+                table.expired_rows,
+                table.table_bytes / 1024
+            );
+        }
         if !self.repairs.is_empty() {
             let _ = writeln!(out, "repairs:");
             for repair in &self.repairs {
@@ -182,14 +226,25 @@ impl AuditReport {
         } else {
             ""
         };
+        let warnings = match self.warnings() {
+            0 => String::new(),
+            n => format!(", {n} warning(s)"),
+        };
         match self.violations() {
             0 => {
-                let _ = writeln!(out, "result: CLEAN{repaired_note}");
+                let _ = writeln!(out, "result: CLEAN{repaired_note}{warnings}");
             }
             n => {
-                let _ = writeln!(out, "result: {n} invariant violation(s){repaired_note}");
+                let _ = writeln!(
+                    out,
+                    "result: {n} invariant violation(s){repaired_note}{warnings}"
+                );
             }
         }
         out
     }
+}
+
+fn whole_seconds(d: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_secs(d.as_secs())
 }

@@ -5,6 +5,7 @@ mod audit;
 mod ceiling;
 mod cpu;
 mod e2e;
+mod pg_tokens;
 mod report;
 mod rss;
 mod runner;

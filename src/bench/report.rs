@@ -14,6 +14,10 @@ pub const TARGET_RATIO_0MS: f64 = 0.8;
 pub const TARGET_TPS_20MS: f64 = 1000.0;
 pub const TARGET_P99_HALF_LOAD_MS: f64 = 25.0;
 pub const TARGET_PEAK_RSS_MIB: f64 = 150.0;
+/// The Postgres token store's end-to-end throughput ÷ the Redis store's.
+pub const TARGET_RATIO_POSTGRES_TOKENS: f64 = 0.7;
+/// Throughput while the purge runs ÷ without it (at most 10% slower).
+pub const TARGET_RATIO_PURGING: f64 = 0.9;
 
 /// Nearest-rank percentile of an ascending slice; 0 for an empty one.
 pub fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -44,6 +48,20 @@ impl LatencySummary {
             max_ms: values.last().copied().unwrap_or(0),
         }
     }
+}
+
+/// The purge running under the `e2e-0ms-pgtokens-purging` phase.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PurgeReport {
+    /// Dead token rows inserted before the phase.
+    pub expired_rows: u64,
+    pub purged_rows: u64,
+    /// From the phase's first reservation until the purge found nothing left.
+    pub purge_s: f64,
+    /// The phase's first to last result: the purge covered it when `purge_s` ≥ this.
+    pub phase_s: f64,
+    /// Rows per purge statement.
+    pub batch: usize,
 }
 
 /// One end-to-end phase.
@@ -145,6 +163,17 @@ pub struct BenchReport {
     /// VmHWM of the bench process itself: broker, simulator, reader and the
     /// in-process workers together.
     pub bench_process_peak_rss_mib: f64,
+    /// End to end at 0 ms with the Postgres token store (same worker, same pool).
+    pub e2e_tps_0ms_postgres_tokens: f64,
+    /// e2e_tps_0ms_postgres_tokens ÷ e2e_tps_0ms (the Redis store), same run.
+    pub ratio_postgres_tokens_to_redis: f64,
+    /// The Postgres-token phase again while the purge deletes expired rows.
+    pub e2e_tps_0ms_postgres_tokens_purging: f64,
+    /// e2e_tps_0ms_postgres_tokens_purging ÷ e2e_tps_0ms_postgres_tokens.
+    pub ratio_purging_to_postgres_tokens: f64,
+    pub purge: PurgeReport,
+    pub pass_ratio_postgres_tokens: bool,
+    pub pass_ratio_purging: bool,
     pub pass_ratio_0ms: bool,
     pub pass_tps_20ms: bool,
     pub pass_p99_half_load: bool,
@@ -187,6 +216,17 @@ impl BenchReport {
             .collect();
         let ceiling_postgres_ms = ceilings.iter().sum::<f64>() / ceilings.len().max(1) as f64;
         self.ratio_0ms_postgres_cpu_estimate = ratio(ceiling_postgres_ms, postgres_ms(zero_ms));
+        self.ratio_postgres_tokens_to_redis =
+            ratio(self.e2e_tps_0ms_postgres_tokens, self.e2e_tps_0ms);
+        self.ratio_purging_to_postgres_tokens = ratio(
+            self.e2e_tps_0ms_postgres_tokens_purging,
+            self.e2e_tps_0ms_postgres_tokens,
+        );
+        self.pass_ratio_postgres_tokens =
+            self.ratio_postgres_tokens_to_redis >= TARGET_RATIO_POSTGRES_TOKENS;
+        // Only a purge that ran through the phase says anything about slowing it.
+        self.pass_ratio_purging = self.ratio_purging_to_postgres_tokens >= TARGET_RATIO_PURGING
+            && self.purge.purge_s >= self.purge.phase_s;
         self.pass_ratio_0ms = self.ratio_0ms >= TARGET_RATIO_0MS;
         self.pass_tps_20ms = self.e2e_tps_20ms >= TARGET_TPS_20MS;
         // A p99 taken at a lower rate (--half-load-rate) does not show the target held.
@@ -270,6 +310,33 @@ impl BenchReport {
             format!("{:.2}", self.ratio_0ms_postgres_cpu_estimate),
             "",
             "",
+        );
+        row(
+            "end to end, 0 ms, Postgres token store (payments/s)",
+            format!("{:.0}", self.e2e_tps_0ms_postgres_tokens),
+            "",
+            "",
+        );
+        row(
+            "  ratio: Postgres token store ÷ Redis token store",
+            format!("{:.2}", self.ratio_postgres_tokens_to_redis),
+            &format!(">= {TARGET_RATIO_POSTGRES_TOKENS:.2}"),
+            verdict(self.pass_ratio_postgres_tokens),
+        );
+        row(
+            &format!(
+                "  same while purging {} expired rows in {:.1} s (payments/s)",
+                self.purge.purged_rows, self.purge.purge_s
+            ),
+            format!("{:.0}", self.e2e_tps_0ms_postgres_tokens_purging),
+            "",
+            "",
+        );
+        row(
+            "  ratio: purging ÷ not purging",
+            format!("{:.2}", self.ratio_purging_to_postgres_tokens),
+            &format!(">= {TARGET_RATIO_PURGING:.2}"),
+            verdict(self.pass_ratio_purging),
         );
         row(
             &format!(

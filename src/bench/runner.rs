@@ -109,7 +109,7 @@ fn phase_line(report: &PhaseReport) {
     );
 }
 
-async fn phase(
+pub(super) async fn phase(
     bed: &Bed,
     name: &str,
     latency_ms: u64,
@@ -165,6 +165,11 @@ async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> any
         .execute(pool)
         .await
         .context("deleting the run's payment rows")?;
+    sqlx::query("DELETE FROM idempotency_tokens WHERE starts_with(key, $1)")
+        .bind(format!("{run_prefix}-"))
+        .execute(pool)
+        .await
+        .context("deleting the run's Postgres tokens")?;
     let client = redis::Client::open(redis_url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let pattern = format!("{run_prefix}:*");
@@ -312,7 +317,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .set("compression.type", "lz4")
             .create()
             .context("creating the command producer")?;
-    let bed = Bed {
+    let mut bed = Bed {
         run_id: run_id.clone(),
         local,
         partitions: args.partitions,
@@ -341,7 +346,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         warmup,
         half_load_rate: args.half_load_rate,
     };
-    let phases = run_phases(&bed, &mut report, &plan).await;
+    let phases = run_phases(&mut bed, &mut report, &plan).await;
     let Bed {
         local, producer, ..
     } = bed;
@@ -406,7 +411,7 @@ struct Plan {
     half_load_rate: Option<f64>,
 }
 
-async fn run_phases(bed: &Bed, report: &mut BenchReport, plan: &Plan) -> anyhow::Result<()> {
+async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> anyhow::Result<()> {
     let Plan {
         ceiling_count,
         concurrency,
@@ -432,6 +437,7 @@ async fn run_phases(bed: &Bed, report: &mut BenchReport, plan: &Plan) -> anyhow:
     report.e2e_tps_0ms = zero.payments_per_s;
     report.phases.push(zero);
     report.ceiling_after = ceiling_after(bed, ceiling_count, concurrency).await?;
+    super::pg_tokens::postgres_token_phases(bed, report, e2e_commands, &mut audit).await?;
 
     let slow = phase(
         bed,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use backon::Retryable;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -19,7 +20,7 @@ use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
 use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
 use crate::retry::{classify_sqlx, DatabaseFailure};
-use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
+use crate::token::{Claim, IdempotencyKey, Reservation, TokenError, TokenStore, Transition};
 
 /// When the processor asks the gateway for an existing charge before charging.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -60,6 +61,9 @@ enum Settlement {
     /// longer ours: leave it to its lease, so the next owner (fence + 1) looks the
     /// charge up before charging.
     LeaveToLease(Outcome),
+    /// The token store shares the payments database and the token was completed by
+    /// the payment's own transaction: nothing is left to do for the token.
+    Settled(Outcome),
 }
 
 pub struct Processor {
@@ -69,6 +73,13 @@ pub struct Processor {
     lookup: GatewayLookup,
     worker_id: String,
     faults: Faults,
+    /// Attempts running at once in this process, one per payment-pool connection.
+    /// An attempt holds at most one connection at any moment (the Postgres token
+    /// store settles inside the payment transaction and renews leases on its own
+    /// pool), so with no more attempts than connections the pool can never make one
+    /// wait. Commands beyond it queue here, before reserving their token, holding
+    /// nothing and with no acquire timeout to run into.
+    attempts: Arc<tokio::sync::Semaphore>,
 }
 
 /// A retry that learnt nothing new about a charge at the gateway.
@@ -182,11 +193,17 @@ impl Processor {
         Self {
             tokens,
             gateway,
-            pool,
             lookup,
             worker_id: worker_id.into(),
             faults: Faults::from_env(),
+            attempts: Arc::new(tokio::sync::Semaphore::new(attempt_slots(&pool))),
+            pool,
         }
+    }
+
+    /// How many attempts may run at once (the payment pool's size).
+    pub fn attempt_slots(&self) -> usize {
+        attempt_slots(&self.pool)
     }
 
     pub fn with_faults(mut self, faults: Faults) -> Self {
@@ -205,6 +222,30 @@ impl Processor {
     /// One attempt. Never panics and never returns an error: failures become
     /// `Outcome::Retry` (transient) or `Outcome::Rejected` (final).
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
+        // Never closed, so acquiring only fails if that changes: then run unbounded.
+        let _slot = self.attempts.acquire().await.ok();
+        self.attempt(command, context).await
+    }
+
+    /// `process`, unless `stop` is cancelled while the attempt still waits for its
+    /// slot: then nothing was started and `None` says so. A draining partition uses
+    /// it, so a command queued behind the slots is left to the partition's next owner
+    /// instead of starting on a partition that is going away.
+    pub async fn process_unless(
+        &self,
+        command: &PaymentCommand,
+        context: &CommandContext<'_>,
+        stop: &CancellationToken,
+    ) -> Option<Outcome> {
+        let _slot = tokio::select! {
+            biased;
+            slot = self.attempts.acquire() => slot.ok(),
+            _ = stop.cancelled() => return None,
+        };
+        Some(self.attempt(command, context).await)
+    }
+
+    async fn attempt(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
         let mut outcome = self.decide(command, context).await;
         if let Outcome::Duplicate {
             payment_id,
@@ -403,11 +444,15 @@ impl Processor {
                     tracing::warn!(idempotency_key = %key, %fault, "token left processing");
                     return outcome;
                 }
-                let confirmed = self
-                    .tokens
-                    .confirm(key, claim, payment_id, fingerprint.as_str())
-                    .instrument(token_span("confirm"))
-                    .await;
+                let confirmed = (|| {
+                    self.tokens
+                        .confirm(key, claim, payment_id, fingerprint.as_str())
+                        .instrument(token_span("confirm"))
+                })
+                .retry(settle_backoff())
+                .when(TokenError::is_retryable)
+                .notify(|error, after| note_settle_retry("confirm", key, error, after))
+                .await;
                 match confirmed {
                     Ok(Transition::Applied) => {
                         tracing::debug!(idempotency_key = %key, "token processing -> completed")
@@ -430,14 +475,29 @@ impl Processor {
                 outcome
             }
             Settlement::Restore(outcome) => {
-                match self
-                    .tokens
-                    .restore(key, claim)
-                    .instrument(token_span("restore"))
-                    .await
-                {
+                let retried = std::sync::atomic::AtomicBool::new(false);
+                let restored = (|| {
+                    self.tokens
+                        .restore(key, claim)
+                        .instrument(token_span("restore"))
+                })
+                .retry(settle_backoff())
+                .when(TokenError::is_retryable)
+                .notify(|error, after| {
+                    retried.store(true, std::sync::atomic::Ordering::Relaxed);
+                    note_settle_retry("restore", key, error, after)
+                })
+                .await;
+                match restored {
                     Ok(Transition::Applied) => {
                         tracing::debug!(idempotency_key = %key, "token processing -> pending")
+                    }
+                    // The attempt that timed out may have reached the store and restored
+                    // the token already; nobody else is implied.
+                    Ok(Transition::Refused)
+                        if retried.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        tracing::debug!(idempotency_key = %key, "restore refused after a retry")
                     }
                     Ok(Transition::Refused) => {
                         crate::telemetry::record_token_inconsistency("processing", "not_owned");
@@ -454,6 +514,13 @@ impl Processor {
                 outcome
             }
             Settlement::LeaveToLease(outcome) => outcome,
+            Settlement::Settled(outcome) => {
+                if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit, key.as_str()).await {
+                    // Token and payment were committed together: nothing is left behind.
+                    tracing::warn!(idempotency_key = %key, %fault, "stopped after commit; token already completed");
+                }
+                outcome
+            }
         }
     }
 
@@ -533,13 +600,25 @@ impl Processor {
                 &error,
             ));
         }
-        // Fencing (I5): only the current owner may commit.
-        match self
-            .tokens
-            .extend(key, claim)
-            .instrument(token_span("extend"))
-            .await
-        {
+        // Fencing (I5): only the current owner may commit. A store in the payments
+        // database checks the fence and completes the token inside this transaction
+        // (one atomic step with the payment); any other store renews the lease right
+        // before COMMIT and is confirmed after it.
+        let fence_check = match self.tokens.in_transaction() {
+            Some(settle) => {
+                settle
+                    .confirm_in(&mut tx, key, claim, payment_id, fingerprint.as_str())
+                    .instrument(token_span("confirm"))
+                    .await
+            }
+            None => {
+                self.tokens
+                    .extend(key, claim)
+                    .instrument(token_span("extend"))
+                    .await
+            }
+        };
+        match fence_check {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
                 return Settlement::LeaveToLease(retry_unknown("lease lost before commit"))
@@ -558,10 +637,14 @@ impl Processor {
             // A failed COMMIT may still have committed: only the next owner can tell.
             return Settlement::LeaveToLease(retry_unknown(format!("commit failed: {error}")));
         }
+        let outcome = final_outcome(payment_id, &charge);
+        if self.tokens.in_transaction().is_some() {
+            return Settlement::Settled(outcome);
+        }
         Settlement::Confirm {
             payment_id,
             fingerprint: fingerprint.clone(),
-            outcome: final_outcome(payment_id, &charge),
+            outcome,
         }
     }
 
@@ -731,6 +814,32 @@ fn charge_for(found: LedgerEntry, command: &PaymentCommand) -> Result<Charge, Se
     } else {
         Err(Settlement::Restore(key_reused()))
     }
+}
+
+fn attempt_slots(pool: &PgPool) -> usize {
+    usize::try_from(pool.options().get_max_connections())
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// Confirm and restore are retried briefly on a transient error (a Redis failover, a
+/// paused server, a dropped connection) before the token is left to its lease.
+fn settle_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .with_total_delay(Some(Duration::from_secs(4)))
+        .with_max_times(8)
+        .with_jitter()
+}
+
+fn note_settle_retry(
+    operation: &'static str,
+    key: &IdempotencyKey,
+    error: &TokenError,
+    after: Duration,
+) {
+    tracing::info!(idempotency_key = %key, %error, ?after, "token {operation} failed; trying again");
 }
 
 /// A client span for one token-store operation.

@@ -1,5 +1,6 @@
 mod key;
 mod postgres;
+mod postgres_purge;
 mod redis;
 mod store;
 
@@ -8,6 +9,6 @@ pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
 
 pub use store::{
-    Claim, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode, TokenPolicy, TokenState,
-    TokenStore, TokenView, Transition,
+    Claim, Housekeeping, IssueOutcome, LockOutcome, Reservation, SettleInTransaction, TokenError,
+    TokenMode, TokenPolicy, TokenState, TokenStore, TokenView, Transition,
 };

@@ -13,9 +13,11 @@ use anyhow::anyhow;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::postgres_purge;
 use super::{
-    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode,
-    TokenPolicy, TokenState, TokenStore, TokenView, Transition,
+    Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Reservation,
+    SettleInTransaction, TokenError, TokenMode, TokenPolicy, TokenState, TokenStore, TokenView,
+    Transition,
 };
 
 /// Longest wait for one statement (pool acquisition included) before the store is
@@ -184,17 +186,35 @@ struct TokenRow {
 #[derive(Clone, Debug)]
 pub struct PostgresTokenStore {
     pool: PgPool,
+    /// Lease renewals and the purge: never the payment pool, whose connections are all
+    /// held by payment transactions at peak (a renewal waiting behind the very
+    /// transaction it protects would starve it).
+    maintenance: PgPool,
     policy: TokenPolicy,
     op_timeout: Duration,
 }
 
 impl PostgresTokenStore {
+    /// A store on one pool for everything (tools, tests). A worker gives lease
+    /// renewals their own pool with [`Self::with_maintenance_pool`].
     pub fn new(pool: PgPool, policy: TokenPolicy) -> Self {
         Self {
+            maintenance: pool.clone(),
             pool,
             policy,
             op_timeout: DEFAULT_OP_TIMEOUT,
         }
+    }
+
+    /// Lease renewals (`extend`) and the purge of expired rows use `pool` instead of
+    /// the payment pool.
+    pub fn with_maintenance_pool(mut self, pool: PgPool) -> Self {
+        self.maintenance = pool;
+        self
+    }
+
+    pub fn maintenance_pool(&self) -> &PgPool {
+        &self.maintenance
     }
 
     /// Caps how long one operation may wait for Postgres before it is `Unavailable`.
@@ -522,7 +542,7 @@ impl TokenStore for PostgresTokenStore {
                     .bind(&claim.owner)
                     .bind(fence)
                     .bind(millis(self.policy.lease))
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(&self.maintenance),
             )
             .await?;
         Ok(transition(applied.is_some()))
@@ -533,6 +553,29 @@ impl TokenStore for PostgresTokenStore {
             Some(row) => view_of(key, row).map(Some),
             None => Ok(None),
         }
+    }
+
+    fn in_transaction(&self) -> Option<&dyn SettleInTransaction> {
+        Some(self)
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<u64, TokenError> {
+        self.timed(
+            "purge",
+            "expired tokens",
+            postgres_purge::purge_batch(&self.maintenance, batch),
+        )
+        .await
+    }
+
+    async fn housekeeping(&self) -> Result<Option<Housekeeping>, TokenError> {
+        self.timed(
+            "housekeeping",
+            "token table",
+            postgres_purge::housekeeping(&self.pool),
+        )
+        .await
+        .map(Some)
     }
 
     async fn expired_leases(&self, limit: usize) -> Result<Vec<IdempotencyKey>, TokenError> {
@@ -552,5 +595,39 @@ impl TokenStore for PostgresTokenStore {
                 })
             })
             .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl SettleInTransaction for PostgresTokenStore {
+    async fn confirm_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        payment_id: Uuid,
+        fingerprint: &str,
+    ) -> Result<Transition, TokenError> {
+        let Some(fence) = Self::fence_param(claim) else {
+            return Ok(Transition::Refused);
+        };
+        // The same statement as `confirm`: its WHERE is the fence check (owner, fence,
+        // status), and the row lock the UPDATE takes is held until COMMIT, so no
+        // reservation can slip in between the check and the commit.
+        let applied = self
+            .timed(
+                "confirm",
+                key.as_str(),
+                sqlx::query_scalar::<_, i64>(CONFIRM)
+                    .bind(key.as_str())
+                    .bind(&claim.owner)
+                    .bind(fence)
+                    .bind(payment_id)
+                    .bind(fingerprint)
+                    .bind(millis(self.policy.completed_ttl))
+                    .fetch_optional(conn),
+            )
+            .await?;
+        Ok(transition(applied.is_some()))
     }
 }

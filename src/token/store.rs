@@ -202,4 +202,58 @@ pub trait TokenStore: Send + Sync + 'static {
 
     /// Keys whose token is `processing` with an expired lease (for `audit`), at most `limit`.
     async fn expired_leases(&self, limit: usize) -> Result<Vec<IdempotencyKey>, TokenError>;
+
+    /// A store whose tokens live in the payments database settles a token inside the
+    /// payment's own transaction (see [`SettleInTransaction`]); others answer `None`
+    /// and are confirmed after `COMMIT`.
+    fn in_transaction(&self) -> Option<&dyn SettleInTransaction> {
+        None
+    }
+
+    /// Deletes up to `batch` tokens whose life is over; returns how many went. Stores
+    /// whose keys expire by themselves (Redis TTLs) have nothing to do.
+    async fn purge_expired(&self, batch: usize) -> Result<u64, TokenError> {
+        let _ = batch;
+        Ok(0)
+    }
+
+    /// Size and age of what the store keeps, for `audit`; `None` when the store cannot
+    /// tell cheaply.
+    async fn housekeeping(&self) -> Result<Option<Housekeeping>, TokenError> {
+        Ok(None)
+    }
+}
+
+/// The token-side half of the payment transaction, for a store that shares the
+/// payments database: "the claim still holds the token" and "the payment is
+/// committed" become one atomic step.
+#[async_trait::async_trait]
+pub trait SettleInTransaction: Send + Sync {
+    /// On the payment transaction's connection, before `COMMIT`: `processing` (same
+    /// owner and fence) → `completed`, the row locked until the transaction ends.
+    /// `Applied` is also the fence check: the claim held the token at this point and
+    /// nobody can take it over before the commit. `Refused` means the caller must roll
+    /// back. If the transaction rolls back instead, the token is untouched.
+    async fn confirm_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        payment_id: Uuid,
+        fingerprint: &str,
+    ) -> Result<Transition, TokenError>;
+}
+
+/// What `audit` reports about a store's own table.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Housekeeping {
+    /// Rows in the token table (live and expired).
+    pub rows: u64,
+    /// Rows past their life, waiting for the purge.
+    pub expired_rows: u64,
+    /// On-disk size of the table with its indexes, in bytes.
+    pub table_bytes: u64,
+    /// How long ago the oldest expired row died; `None` when there is none.
+    #[serde(with = "humantime_serde_opt")]
+    pub oldest_expired_for: Option<Duration>,
 }

@@ -185,17 +185,26 @@ impl Handler {
         let attempt = || {
             attempts += 1;
             async {
-                match self.processor.process(command, &context).await {
-                    Outcome::Retry {
+                match self
+                    .processor
+                    .process_unless(command, &context, draining)
+                    .await
+                {
+                    Some(Outcome::Retry {
                         after,
                         reason,
                         charge,
-                    } => {
+                    }) => {
                         let earlier = charge_unknown.load(Ordering::Relaxed);
                         charge_unknown.store(charge.may_have_charged(earlier), Ordering::Relaxed);
                         Err(NotYet { after, reason })
                     }
-                    outcome => Ok(outcome),
+                    Some(outcome) => Ok(outcome),
+                    // Still queued for a payment slot when the drain began: not started.
+                    None => Err(NotYet {
+                        after: Duration::ZERO,
+                        reason: "draining before the attempt started".to_owned(),
+                    }),
                 }
             }
         };

@@ -62,6 +62,10 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "e2e_tps_20ms",
         "p99_ms_half_load",
         "peak_rss_mib",
+        "e2e_tps_0ms_postgres_tokens",
+        "ratio_postgres_tokens_to_redis",
+        "e2e_tps_0ms_postgres_tokens_purging",
+        "ratio_purging_to_postgres_tokens",
     ] {
         assert!(
             report[key].as_f64().is_some_and(|v| v > 0.0),
@@ -74,6 +78,8 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "pass_tps_20ms",
         "pass_p99_half_load",
         "pass_peak_rss",
+        "pass_ratio_postgres_tokens",
+        "pass_ratio_purging",
         "audit_ok",
     ] {
         assert!(report[key].is_boolean(), "{key}: {}", report[key]);
@@ -85,8 +91,19 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
     let names: Vec<&str> = phases.iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["e2e-0ms", "e2e-20ms", "half-load", "worker-process"]
+        [
+            "e2e-0ms",
+            "e2e-0ms-pgtokens",
+            "e2e-0ms-pgtokens-purging",
+            "e2e-20ms",
+            "half-load",
+            "worker-process"
+        ]
     );
+    // Every dead token row inserted for the purging phase was purged.
+    let purge = &report["purge"];
+    assert!(purge["expired_rows"].as_u64().is_some_and(|n| n >= 10_000));
+    assert_eq!(purge["purged_rows"], purge["expired_rows"], "{purge}");
     let mut commands = 0;
     for phase in phases {
         let sent = phase["commands"].as_u64().unwrap();
@@ -99,7 +116,7 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         );
         commands += sent;
     }
-    assert!(phases[3]["worker_peak_rss_mib"]
+    assert!(phases[5]["worker_peak_rss_mib"]
         .as_f64()
         .is_some_and(|m| m > 0.0));
 
@@ -118,6 +135,11 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         .await
         .unwrap();
     assert_eq!(rows, 0, "the run's rows were not deleted");
+    let pg_tokens: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_tokens")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(pg_tokens, 0, "the run's Postgres tokens were not deleted");
     let prefix = report["settings"]["redis_prefix"]
         .as_str()
         .unwrap()

@@ -15,6 +15,7 @@ mod metric_names;
 mod multiprocess;
 mod operations;
 mod poison;
+mod postgres_store;
 mod processor;
 mod procs;
 mod round_trips;

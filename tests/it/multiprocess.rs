@@ -1174,3 +1174,8 @@ async fn a_partition_paused_for_back_pressure_is_consumed_again_after_a_rebalanc
     );
     flush_prefix(&mut redis.conn, &redis.prefix).await;
 }
+
+/// Issue 11: the same deployment on the Postgres token store, and on a Redis paused
+/// mid-run (a child module, so it shares this file's fixture).
+#[path = "multiprocess_stores.rs"]
+mod stores;

@@ -288,6 +288,9 @@ async fn broker_faults_lose_nothing_and_charge_nothing_twice() {
     stack.wait_for_commits(Duration::from_secs(60)).await;
     stop_all(workers).await;
     // A rebalance forced by the outage may answer a command again; never differently.
+    // Not in order, though: a command abandoned at the drain deadline after its
+    // payment committed leaves its result queued in the old member's producer, which
+    // may deliver it after the new owner's `duplicate`.
     let mut answers: HashMap<(i32, i64), Vec<&worker::ResultRecord>> = HashMap::new();
     for r in &results {
         answers
@@ -297,12 +300,19 @@ async fn broker_faults_lose_nothing_and_charge_nothing_twice() {
     }
     assert_eq!(answers.len(), records.len(), "every command answered");
     for repeated in answers.values().filter(|a| a.len() > 1) {
-        for later in &repeated[1..] {
-            assert!(
-                later.outcome == "duplicate" || later.outcome == repeated[0].outcome,
-                "a repeated answer contradicts the first: {repeated:?}"
-            );
-        }
+        let mut distinct: Vec<(&str, Option<&str>)> = repeated
+            .iter()
+            .filter(|a| a.outcome != "duplicate")
+            .map(|a| (a.outcome.as_str(), a.reason.as_deref()))
+            .collect();
+        distinct.dedup();
+        assert!(
+            distinct.len() <= 1
+                && repeated
+                    .iter()
+                    .all(|a| a.payment_id == repeated[0].payment_id),
+            "repeated answers disagree: {repeated:?}"
+        );
     }
     let charged: HashSet<String> = stack
         .ledger()

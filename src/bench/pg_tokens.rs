@@ -1,0 +1,132 @@
+//! The Postgres token store in the bench: the 0 ms end-to-end phase again with
+//! `PostgresTokenStore` in place of Redis (same run, same pool, same worker), and
+//! once more while the purge deletes expired token rows. Both are read as ratios
+//! measured in the same run: Postgres tokens ÷ Redis tokens, purging ÷ not purging.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::audit::AuditReport;
+use super::e2e::{Bed, Load, WorkerKind};
+use super::report::{BenchReport, PurgeReport};
+use super::runner::phase;
+use crate::configuration::DatabaseSettings;
+use crate::startup::purge_round;
+use crate::token::{PostgresTokenStore, TokenPolicy, TokenStore};
+
+/// The worker's default lease-renewal pool.
+const LEASE_CONNECTIONS: u32 = 4;
+/// The worker's default purge statement size.
+const PURGE_BATCH: usize = 1000;
+
+pub(super) async fn postgres_token_phases(
+    bed: &mut Bed,
+    report: &mut BenchReport,
+    commands: usize,
+    audit: &mut AuditReport,
+) -> anyhow::Result<()> {
+    let maintenance = DatabaseSettings::with_url(&bed.database_url)
+        .connect_with_size(LEASE_CONNECTIONS)
+        .await?;
+    let postgres: Arc<dyn TokenStore> = Arc::new(
+        PostgresTokenStore::new(bed.pool.clone(), TokenPolicy::default())
+            .with_maintenance_pool(maintenance.clone()),
+    );
+    let redis = std::mem::replace(&mut bed.tokens, Arc::clone(&postgres));
+    let measured = measure(bed, report, commands, audit, &postgres).await;
+    bed.tokens = redis;
+    maintenance.close().await;
+    measured
+}
+
+async fn measure(
+    bed: &Bed,
+    report: &mut BenchReport,
+    commands: usize,
+    audit: &mut AuditReport,
+    postgres: &Arc<dyn TokenStore>,
+) -> anyhow::Result<()> {
+    let plain = phase(
+        bed,
+        "e2e-0ms-pgtokens",
+        0,
+        Load::Backlog(commands),
+        WorkerKind::InProcess,
+        audit,
+    )
+    .await?;
+    report.e2e_tps_0ms_postgres_tokens = plain.payments_per_s;
+    report.phases.push(plain);
+
+    // Dead rows enough to keep the purge busy for the whole phase: about ten times
+    // what the phase itself writes.
+    let expired = commands.saturating_mul(10).max(10_000);
+    let dead_prefix = format!("{}-", bed.key_prefix("expired"));
+    sqlx::query(
+        "INSERT INTO idempotency_tokens (key, status, fence, expires_at, payment_id, fingerprint)
+         SELECT $1 || g, 'completed', 1, now() - interval '1 hour', gen_random_uuid(), 'bench'
+           FROM generate_series(1, $2) AS g",
+    )
+    .bind(&dead_prefix)
+    .bind(i64::try_from(expired).unwrap_or(i64::MAX))
+    .execute(&bed.admin)
+    .await
+    .context("inserting expired token rows")?;
+
+    // The purge starts when the worker reserves its first token of the phase, not
+    // while the backlog is being produced.
+    let phase_name = "e2e-0ms-pgtokens-purging";
+    let first_key = format!("{}-%", bed.key_prefix(phase_name));
+    let admin = bed.admin.clone();
+    let store = Arc::clone(postgres);
+    let purge = tokio::spawn(async move {
+        loop {
+            let started: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM idempotency_tokens WHERE key LIKE $1)",
+            )
+            .bind(&first_key)
+            .fetch_one(&admin)
+            .await?;
+            if started {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let since = Instant::now();
+        let mut rows = 0;
+        loop {
+            match purge_round(store.as_ref(), PURGE_BATCH).await {
+                0 => break,
+                purged => rows += purged,
+            }
+        }
+        Ok::<_, sqlx::Error>((rows, since.elapsed()))
+    });
+    let purging = phase(
+        bed,
+        phase_name,
+        0,
+        Load::Backlog(commands),
+        WorkerKind::InProcess,
+        audit,
+    )
+    .await;
+    let purged = tokio::time::timeout(Duration::from_secs(600), purge).await;
+    let purging = purging?;
+    let (rows, took) = purged
+        .context("the purge did not finish")?
+        .context("the purge task failed")?
+        .context("waiting for the phase to start")?;
+    report.purge = PurgeReport {
+        expired_rows: expired as u64,
+        purged_rows: rows,
+        purge_s: took.as_secs_f64(),
+        phase_s: purging.first_to_last_result_s,
+        batch: PURGE_BATCH,
+    };
+    report.e2e_tps_0ms_postgres_tokens_purging = purging.payments_per_s;
+    report.phases.push(purging);
+    Ok(())
+}
