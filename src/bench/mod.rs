@@ -6,7 +6,9 @@ mod ceiling;
 mod cpu;
 mod e2e;
 mod pg_tokens;
+mod plot;
 mod report;
+mod round_trips;
 mod rss;
 mod runner;
 

@@ -14,6 +14,31 @@ pub const TARGET_RATIO_0MS: f64 = 0.8;
 pub const TARGET_TPS_20MS: f64 = 1000.0;
 pub const TARGET_P99_HALF_LOAD_MS: f64 = 25.0;
 pub const TARGET_PEAK_RSS_MIB: f64 = 150.0;
+pub const TARGET_WORKER_CPU_MS: f64 = 0.3;
+pub const TARGET_BASELINE_MULTIPLE_20MS: f64 = 8.0;
+/// Round trips of one fresh payment at most: Postgres, Redis, gateway.
+pub const TARGET_ROUND_TRIPS: RoundTripsPerPayment = RoundTripsPerPayment {
+    postgres: 4.0,
+    redis: 3.0,
+    gateway: 1.0,
+};
+
+/// Round trips per fresh payment, counted from the client spans of each request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct RoundTripsPerPayment {
+    pub postgres: f64,
+    pub redis: f64,
+    pub gateway: f64,
+}
+
+impl RoundTripsPerPayment {
+    fn within(&self, target: &Self) -> bool {
+        self.postgres > 0.0
+            && self.postgres <= target.postgres
+            && self.redis <= target.redis
+            && self.gateway <= target.gateway
+    }
+}
 /// The Postgres token store's end-to-end throughput ÷ the Redis store's.
 pub const TARGET_RATIO_POSTGRES_TOKENS: f64 = 0.7;
 /// Throughput while the purge runs ÷ without it (at most 10% slower).
@@ -178,6 +203,16 @@ pub struct BenchReport {
     pub pass_tps_20ms: bool,
     pub pass_p99_half_load: bool,
     pub pass_peak_rss: bool,
+    /// CPU time of the `run` child per payment while it drains the backlog (ms).
+    pub worker_cpu_ms_per_payment: f64,
+    pub pass_worker_cpu: bool,
+    pub round_trips: RoundTripsPerPayment,
+    pub pass_round_trips: bool,
+    /// The same worker with `--max-in-flight 1` (a plain one-record-at-a-time loop)
+    /// at 20 ms, and how many times faster the real settings are.
+    pub baseline_tps_20ms: f64,
+    pub baseline_multiple_20ms: f64,
+    pub pass_baseline_multiple: bool,
     pub audit_ok: bool,
     pub all_pass: bool,
     pub settings: Settings,
@@ -234,8 +269,23 @@ impl BenchReport {
             && self.half_load_rate > 0.0
             && self.half_load_rate >= 0.99 * self.e2e_tps_0ms / 2.0;
         self.pass_peak_rss = self.peak_rss_mib > 0.0 && self.peak_rss_mib <= TARGET_PEAK_RSS_MIB;
+        self.worker_cpu_ms_per_payment = self
+            .phases
+            .iter()
+            .find(|p| p.name == "worker-process")
+            .and_then(|p| p.cpu.as_ref())
+            .and_then(|c| c.ms_per_operation.get("worker_process").copied())
+            .unwrap_or(0.0);
+        self.pass_worker_cpu = self.worker_cpu_ms_per_payment > 0.0
+            && self.worker_cpu_ms_per_payment <= TARGET_WORKER_CPU_MS;
+        self.pass_round_trips = self.round_trips.within(&TARGET_ROUND_TRIPS);
+        self.baseline_multiple_20ms = ratio(self.e2e_tps_20ms, self.baseline_tps_20ms);
+        self.pass_baseline_multiple = self.baseline_multiple_20ms >= TARGET_BASELINE_MULTIPLE_20MS;
         self.audit_ok = self.audit.ok;
         self.all_pass = self.pass_ratio_0ms
+            && self.pass_worker_cpu
+            && self.pass_round_trips
+            && self.pass_baseline_multiple
             && self.pass_tps_20ms
             && self.pass_p99_half_load
             && self.pass_peak_rss
@@ -378,6 +428,38 @@ impl BenchReport {
             "",
         );
         row(
+            "  that worker process's CPU per payment (ms)",
+            format!("{:.3}", self.worker_cpu_ms_per_payment),
+            &format!("<= {TARGET_WORKER_CPU_MS:.1}"),
+            verdict(self.pass_worker_cpu),
+        );
+        let trips = &self.round_trips;
+        let target = &TARGET_ROUND_TRIPS;
+        row(
+            "round trips per fresh payment: Postgres / Redis / gateway",
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                trips.postgres, trips.redis, trips.gateway
+            ),
+            &format!(
+                "<= {:.0}/{:.0}/{:.0}",
+                target.postgres, target.redis, target.gateway
+            ),
+            verdict(self.pass_round_trips),
+        );
+        row(
+            "baseline: one record per partition at a time, 20 ms (payments/s)",
+            format!("{:.0}", self.baseline_tps_20ms),
+            "",
+            "",
+        );
+        row(
+            "  ratio: end to end at 20 ms ÷ baseline",
+            format!("{:.1}", self.baseline_multiple_20ms),
+            &format!(">= {TARGET_BASELINE_MULTIPLE_20MS:.0}"),
+            verdict(self.pass_baseline_multiple),
+        );
+        row(
             "bench process peak RSS, all in one (MiB)",
             format!("{:.1}", self.bench_process_peak_rss_mib),
             "",
@@ -491,14 +573,36 @@ mod tests {
             half_load_rate: 400.0,
             p99_ms_half_load: 25,
             peak_rss_mib: 150.0,
+            round_trips: TARGET_ROUND_TRIPS,
+            baseline_tps_20ms: 125.0,
             audit: AuditReport {
                 ok: true,
                 ..AuditReport::default()
             },
             ..BenchReport::default()
         };
+        let mut worker = PhaseReport {
+            name: "worker-process".into(),
+            ..PhaseReport::default()
+        };
+        worker.cpu = Some(super::super::cpu::CpuCost {
+            operations: 100,
+            wall_s: 1.0,
+            machine_idle_share: 0.0,
+            ms_per_operation: [("worker_process".to_owned(), 0.3)].into(),
+        });
+        report.phases.push(worker);
         report.judge();
         assert!(report.all_pass, "{report:?}");
+        assert_eq!(report.worker_cpu_ms_per_payment, 0.3);
+        assert_eq!(report.baseline_multiple_20ms, 8.0);
+        report.round_trips.redis = 4.0;
+        report.judge();
+        assert!(
+            !report.pass_round_trips && !report.all_pass,
+            "four Redis round trips"
+        );
+        report.round_trips = TARGET_ROUND_TRIPS;
         assert_eq!(report.ceiling_tps, 1000.0, "the mean of before and after");
         assert!((report.ratio_20ms_to_sequential - 1000.0 / 150.0).abs() < 1e-9);
         report.half_load_rate = 300.0;
@@ -527,8 +631,17 @@ mod tests {
             "e2e_tps_20ms",
             "p99_ms_half_load",
             "peak_rss_mib",
+            "worker_cpu_ms_per_payment",
+            "baseline_tps_20ms",
+            "baseline_multiple_20ms",
         ] {
             assert!(json[key].is_number(), "{key} missing");
+        }
+        for key in ["postgres", "redis", "gateway"] {
+            assert!(
+                json["round_trips"][key].is_number(),
+                "round_trips.{key} missing"
+            );
         }
         for key in [
             "pass_ratio_0ms",

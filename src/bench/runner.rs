@@ -29,6 +29,10 @@ pub struct BenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Also draw throughput and latency per phase, against the ceiling and the
+    /// baseline, as an SVG picture in this file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// A short run (about a minute) for smoke checks; its figures are noisier.
     #[arg(long)]
     pub quick: bool,
@@ -364,6 +368,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("report written to {}", path.display());
     }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, super::plot::svg(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("picture written to {}", path.display());
+    }
     anyhow::ensure!(
         report.audit.ok,
         "ledger audit FAILED: {:?} (rows and tokens of run {run_id} kept for inspection)",
@@ -450,6 +459,32 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
     .await?;
     report.e2e_tps_20ms = slow.payments_per_s;
     report.phases.push(slow);
+
+    // What a plain consumer loop would do: one record of a partition at a time.
+    let admitted = bed.worker.max_in_flight;
+    bed.worker.max_in_flight = 1;
+    let baseline = phase(
+        bed,
+        "baseline-20ms",
+        SLOW_GATEWAY_MS,
+        Load::Backlog((e2e_commands / 10).max(300)),
+        WorkerKind::InProcess,
+        &mut audit,
+    )
+    .await;
+    bed.worker.max_in_flight = admitted;
+    let baseline = baseline?;
+    report.baseline_tps_20ms = baseline.payments_per_s;
+    report.phases.push(baseline);
+
+    report.round_trips = super::round_trips::per_fresh_payment(bed, 200).await?;
+    eprintln!(
+        "{:<16} {:.1} Postgres / {:.1} Redis / {:.1} gateway per fresh payment",
+        "round trips",
+        report.round_trips.postgres,
+        report.round_trips.redis,
+        report.round_trips.gateway
+    );
 
     let rate = half_load_rate.unwrap_or(report.e2e_tps_0ms / 2.0).max(1.0);
     let half = phase(

@@ -66,6 +66,9 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "ratio_postgres_tokens_to_redis",
         "e2e_tps_0ms_postgres_tokens_purging",
         "ratio_purging_to_postgres_tokens",
+        "worker_cpu_ms_per_payment",
+        "baseline_tps_20ms",
+        "baseline_multiple_20ms",
     ] {
         assert!(
             report[key].as_f64().is_some_and(|v| v > 0.0),
@@ -80,10 +83,18 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "pass_peak_rss",
         "pass_ratio_postgres_tokens",
         "pass_ratio_purging",
+        "pass_worker_cpu",
+        "pass_round_trips",
+        "pass_baseline_multiple",
         "audit_ok",
     ] {
         assert!(report[key].is_boolean(), "{key}: {}", report[key]);
     }
+    // Counted, not timed: a fresh payment's round trips are the same on any machine.
+    assert_eq!(
+        report["round_trips"],
+        serde_json::json!({"postgres": 4.0, "redis": 3.0, "gateway": 1.0})
+    );
     assert_eq!(report["ceiling"]["failures"], 0);
     assert_eq!(report["tokens"]["failures"], 0);
 
@@ -96,6 +107,7 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
             "e2e-0ms-pgtokens",
             "e2e-0ms-pgtokens-purging",
             "e2e-20ms",
+            "baseline-20ms",
             "half-load",
             "worker-process"
         ]
@@ -116,7 +128,7 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         );
         commands += sent;
     }
-    assert!(phases[5]["worker_peak_rss_mib"]
+    assert!(phases[6]["worker_peak_rss_mib"]
         .as_f64()
         .is_some_and(|m| m > 0.0));
 
