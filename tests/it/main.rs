@@ -2,6 +2,8 @@
 mod audit;
 mod bench;
 mod cli;
+mod cli_docs;
+mod cli_kafka;
 mod compose;
 mod corpus;
 mod demo;
