@@ -170,7 +170,7 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
     GatewaySim {
-        #[arg(long, default_value = "127.0.0.1:8080")]
+        #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         #[command(flatten)]
         config: SimulatorConfig,

@@ -25,4 +25,5 @@ mod telemetry;
 mod token_contract;
 mod token_postgres;
 mod token_redis;
+mod walkthrough;
 mod worker;
