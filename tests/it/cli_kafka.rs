@@ -215,4 +215,11 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     assert!(text.contains("examined 10 of 65 records"), "{text}");
     // Dry runs never reach the gateway: it holds the 60 charges of the two runs.
     assert_eq!(stack.ledger().len(), 60);
+
+    // `dlq redrive` with nothing dead-lettered succeeds and says so.
+    let output = pw(&stack, &["dlq", "redrive"]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "redrove 0 records\n"
+    );
 }
