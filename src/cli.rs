@@ -20,7 +20,7 @@ use crate::token::{IdempotencyKey, IssueOutcome};
 use crate::worker::{self, LocalKafka};
 
 /// The exit statuses of every command, in one place: `exit_code` maps errors to
-/// them and `--help` lists them (keep [`EXIT_STATUS_HELP`] in step).
+/// them, `--help` and the manual list them from [`EXIT_STATUSES`].
 pub mod exit_status {
     pub const SUCCESS: u8 = 0;
     /// Any failure not listed below (a service unreachable, a bad setting, …).
@@ -37,17 +37,66 @@ pub mod exit_status {
     pub const TEMPORARY_FAILURE: u8 = 75;
 }
 
-/// The exit-status table shown at the end of `payment-worker --help`.
-pub const EXIT_STATUS_HELP: &str = "\
-Exit status:
-  0   success; for `process`, a final outcome (succeeded, declined, duplicate, or
-      rejected as key_reused/token_missing)
-  1   failure (a service unreachable, a bad setting, ...); `tokens show`: no such token
-  2   usage error (unknown flag, missing argument)
-  3   `audit`: invariant violations found
-  4   `run`: fatal Kafka error (authentication, authorisation, fenced member)
-  65  `process`: the command is invalid (malformed JSON or a broken rule)
-  75  `process`: no final outcome yet (gateway or store unavailable); try again later";
+/// Every exit status and what it means, for `--help` and the manual.
+const EXIT_STATUSES: [(u8, &str); 7] = [
+    (
+        exit_status::SUCCESS,
+        "success; for `process`, a final outcome (succeeded, declined, duplicate, or rejected as key_reused/token_missing)",
+    ),
+    (
+        exit_status::FAILURE,
+        "failure (a service unreachable, a bad setting, ...); `tokens show`: no such token",
+    ),
+    (
+        exit_status::USAGE,
+        "usage error (unknown flag, missing or malformed argument)",
+    ),
+    (exit_status::VIOLATIONS, "`audit`: invariant violations found"),
+    (
+        exit_status::FATAL_BROKER,
+        "`run`: fatal Kafka error (authentication, authorisation, fenced member)",
+    ),
+    (
+        exit_status::DATA_ERROR,
+        "`process`: the command is invalid (malformed JSON or a broken rule)",
+    ),
+    (
+        exit_status::TEMPORARY_FAILURE,
+        "`process`: no final outcome yet (gateway or store unavailable); try again later",
+    ),
+];
+
+/// The exit-status table shown at the end of `payment-worker --help`, wrapped to
+/// 80 columns.
+pub fn exit_status_help() -> String {
+    const INDENT: usize = 6;
+    let mut out = String::from("Exit status:");
+    for (code, meaning) in EXIT_STATUSES {
+        let mut line = format!("  {code:<3} ");
+        for word in meaning.split(' ') {
+            if line.len() + word.len() > 80 && line.trim().len() > 3 {
+                out.push('\n');
+                out.push_str(line.trim_end());
+                line = " ".repeat(INDENT);
+            }
+            line.push_str(word);
+            line.push(' ');
+        }
+        out.push('\n');
+        out.push_str(line.trim_end());
+    }
+    out
+}
+
+/// The manual's EXIT STATUS section (roff), from the same table.
+fn exit_status_roff() -> String {
+    let mut out = String::from(".SH \"EXIT STATUS\"\n");
+    for (code, meaning) in EXIT_STATUSES {
+        let meaning = meaning.replace('\\', "\\e").replace('-', "\\-");
+        out.push_str(&format!(".TP\n\\fB{code}\\fR\n{meaning}\n"));
+    }
+    out
+}
 
 const PROCESS_EXIT_HELP: &str = "\
 Exit status: 0 a final outcome (succeeded, declined, duplicate, rejected as
@@ -96,7 +145,7 @@ impl CommandFailure {
     name = "payment-worker",
     version,
     about = "Charges each payment command exactly once",
-    after_help = EXIT_STATUS_HELP
+    after_help = exit_status_help()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -256,7 +305,16 @@ fn write_manual(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
     let command = <Cli as clap::CommandFactory>::command();
     match out_dir {
         None => {
-            clap_mangen::Man::new(command).render(&mut std::io::stdout().lock())?;
+            // The exit-status table as a real EXIT STATUS section (with .TP
+            // entries), not as the reflowed text of `--help`.
+            let mut page = Vec::new();
+            clap_mangen::Man::new(command.after_help(None::<&str>)).render(&mut page)?;
+            let page = String::from_utf8(page).context("the manual is not UTF-8")?;
+            let at = page.find(".SH VERSION").unwrap_or(page.len());
+            let mut out = std::io::stdout().lock();
+            out.write_all(page[..at].as_bytes())?;
+            out.write_all(exit_status_roff().as_bytes())?;
+            out.write_all(page[at..].as_bytes())?;
         }
         Some(dir) => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -411,5 +469,29 @@ mod tests {
     #[test]
     fn command_line_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn each_typed_error_has_its_documented_exit_status() {
+        use super::{exit_code, CommandFailure, EXIT_STATUSES};
+        let errors: Vec<anyhow::Error> = vec![
+            CommandFailure::InvalidInput("x".into()).into(),
+            CommandFailure::TryAgainLater("x".into()).into(),
+            CommandFailure::NotFound("x".into()).into(),
+            crate::audit::ViolationsFound(2).into(),
+            crate::worker::WorkerFailure::FatalBroker("x".into()).into(),
+            crate::worker::WorkerFailure::PollLoopEnded.into(),
+            anyhow::anyhow!("anything else"),
+            // Context added on the way up keeps the status.
+            anyhow::Error::from(CommandFailure::TryAgainLater("x".into())).context("processing"),
+        ];
+        let codes: Vec<u8> = errors.iter().map(exit_code).collect();
+        assert_eq!(codes, [65, 75, 1, 3, 4, 1, 1, 75]);
+        let documented: Vec<u8> = EXIT_STATUSES.iter().map(|(code, _)| *code).collect();
+        for code in codes {
+            assert!(documented.contains(&code), "{code} is not documented");
+        }
+        let help = super::exit_status_help();
+        assert!(help.lines().all(|l| l.len() <= 80), "{help}");
     }
 }

@@ -471,7 +471,13 @@ fn the_manual_documents_every_command_and_its_exit_status() {
     let (status, page) = run_isolated(&["man".into()]);
     assert_eq!(status, 0, "{page}");
     assert!(page.contains(".TH payment-worker 1"), "{page}");
-    assert!(page.contains("Exit status:"), "{page}");
+    assert!(page.contains(".SH \"EXIT STATUS\""), "{page}");
+    for code in [0, 1, 2, 3, 4, 65, 75] {
+        assert!(
+            page.contains(&format!(".TP\n\\fB{code}\\fR\n")),
+            "{code}: {page}"
+        );
+    }
     for name in subcommand_names() {
         assert!(page.contains(&format!("payment\\-worker\\-{}", name.replace('-', "\\-"))));
     }
