@@ -312,9 +312,9 @@ fn write_manual(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
             let page = String::from_utf8(page).context("the manual is not UTF-8")?;
             let at = page.find(".SH VERSION").unwrap_or(page.len());
             let mut out = std::io::stdout().lock();
-            out.write_all(page[..at].as_bytes())?;
+            out.write_all(&page.as_bytes()[..at])?;
             out.write_all(exit_status_roff().as_bytes())?;
-            out.write_all(page[at..].as_bytes())?;
+            out.write_all(&page.as_bytes()[at..])?;
         }
         Some(dir) => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
