@@ -14,16 +14,138 @@ use crate::configuration::{
     parse_duration, DatabaseSettings, KafkaSettings, StoreSettings, WorkerSettings,
 };
 use crate::gateway::SimulatorConfig;
-use crate::payment::{CommandContext, PaymentCommand};
+use crate::payment::{CommandContext, Outcome, PaymentCommand, RejectionKind};
 use crate::startup::{self, ProcessorSettings};
 use crate::token::{IdempotencyKey, IssueOutcome};
 use crate::worker::{self, LocalKafka};
+
+/// The exit statuses of every command, in one place: `exit_code` maps errors to
+/// them, `--help` and the manual list them from [`EXIT_STATUSES`].
+pub mod exit_status {
+    pub const SUCCESS: u8 = 0;
+    /// Any failure not listed below (a service unreachable, a bad setting, …).
+    pub const FAILURE: u8 = 1;
+    /// clap's own: an unknown flag or a missing argument.
+    pub const USAGE: u8 = 2;
+    /// `audit` found invariant violations.
+    pub const VIOLATIONS: u8 = 3;
+    /// `run`: a fatal Kafka error that restarting the same way cannot fix.
+    pub const FATAL_BROKER: u8 = 4;
+    /// sysexits.h `EX_DATAERR`: the input is invalid; sending it again will not help.
+    pub const DATA_ERROR: u8 = 65;
+    /// sysexits.h `EX_TEMPFAIL`: nothing final happened; try again later.
+    pub const TEMPORARY_FAILURE: u8 = 75;
+}
+
+/// Every exit status and what it means, for `--help` and the manual.
+const EXIT_STATUSES: [(u8, &str); 7] = [
+    (
+        exit_status::SUCCESS,
+        "success; for `process`, a final outcome (succeeded, declined, duplicate, or rejected as key_reused/token_missing)",
+    ),
+    (
+        exit_status::FAILURE,
+        "failure (a service unreachable, a bad setting, ...); `tokens show`: no such token",
+    ),
+    (
+        exit_status::USAGE,
+        "usage error (unknown flag, missing or malformed argument)",
+    ),
+    (exit_status::VIOLATIONS, "`audit`: invariant violations found"),
+    (
+        exit_status::FATAL_BROKER,
+        "`run`: fatal Kafka error (authentication, authorisation, fenced member)",
+    ),
+    (
+        exit_status::DATA_ERROR,
+        "`process`: the command is invalid (malformed JSON or a broken rule)",
+    ),
+    (
+        exit_status::TEMPORARY_FAILURE,
+        "`process`: no final outcome yet (gateway or store unavailable); try again later",
+    ),
+];
+
+/// The exit-status table shown at the end of `payment-worker --help`, wrapped to
+/// 80 columns.
+pub fn exit_status_help() -> String {
+    const INDENT: usize = 6;
+    let mut out = String::from("Exit status:");
+    for (code, meaning) in EXIT_STATUSES {
+        let mut line = format!("  {code:<3} ");
+        for word in meaning.split(' ') {
+            if line.len() + word.len() > 80 && line.trim().len() > 3 {
+                out.push('\n');
+                out.push_str(line.trim_end());
+                line = " ".repeat(INDENT);
+            }
+            line.push_str(word);
+            line.push(' ');
+        }
+        out.push('\n');
+        out.push_str(line.trim_end());
+    }
+    out
+}
+
+/// The manual's EXIT STATUS section (roff), from the same table.
+fn exit_status_roff() -> String {
+    let mut out = String::from(".SH \"EXIT STATUS\"\n");
+    for (code, meaning) in EXIT_STATUSES {
+        let meaning = meaning.replace('\\', "\\e").replace('-', "\\-");
+        out.push_str(&format!(".TP\n\\fB{code}\\fR\n{meaning}\n"));
+    }
+    out
+}
+
+const PROCESS_EXIT_HELP: &str = "\
+Exit status: 0 a final outcome (succeeded, declined, duplicate, rejected as
+key_reused/token_missing); 65 the command is invalid; 75 no final outcome yet
+(`retry`: gateway or store unavailable), send it again later; 1 any other failure.
+The outcome is printed as one JSON line on standard output in every case but 1.";
+
+const TOKENS_SHOW_EXIT_HELP: &str = "\
+Exit status: 0 the token exists; 1 no such token (`{\"state\":\"missing\"}` is
+printed) or the store failed.";
+
+const AUDIT_EXIT_HELP: &str = "\
+Exit status: 0 no violation; 3 invariant violations found (the report says which);
+1 the audit could not run.";
+
+const REPLAY_EXIT_HELP: &str = "\
+Exit status: 0 the group was rewound, or (--dry-run) the report was printed,
+whatever the verdicts; 1 a failure (other live members, Kafka unreachable, ...).";
+
+/// Fails a command in a way scripts tell apart by exit status (see [`exit_code`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandFailure {
+    /// The input can never succeed as it is.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// Nothing final happened; the same input may succeed later.
+    #[error("no final outcome, try again later: {0}")]
+    TryAgainLater(String),
+    /// What was asked about does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+}
+
+impl CommandFailure {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::InvalidInput(_) => exit_status::DATA_ERROR,
+            Self::TryAgainLater(_) => exit_status::TEMPORARY_FAILURE,
+            Self::NotFound(_) => exit_status::FAILURE,
+        }
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
     name = "payment-worker",
     version,
-    about = "Charges each payment command exactly once"
+    about = "Charges each payment command exactly once",
+    after_help = exit_status_help()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -55,6 +177,7 @@ pub enum Command {
         command: TokensCommand,
     },
     /// Process one command (JSON) without Kafka and print its outcome.
+    #[command(after_help = PROCESS_EXIT_HELP)]
     Process {
         /// The command as JSON; `-` reads it from standard input.
         json: String,
@@ -64,9 +187,11 @@ pub enum Command {
     /// Publish commands from a JSON-lines file or a generated workload.
     Produce(crate::worker::ProduceArgs),
     /// Rewind a consumer group (the group must have no live members).
+    #[command(after_help = REPLAY_EXIT_HELP)]
     Replay(crate::worker::ReplayArgs),
     /// Reconcile Redis tokens, Postgres payments and the gateway ledger; exits
     /// non-zero on any invariant violation. `--repair` settles stuck tokens.
+    #[command(after_help = AUDIT_EXIT_HELP)]
     Audit(crate::audit::AuditArgs),
     /// Dead-letter topic tools.
     Dlq {
@@ -90,14 +215,25 @@ pub enum Command {
         #[command(flatten)]
         kafka: KafkaSettings,
     },
-    /// Throughput, latency and memory against a Postgres ceiling (SPEC §8).
+    /// Throughput, latency and memory against a Postgres ceiling measured in the same run.
     Bench(crate::bench::BenchArgs),
-    /// HTTP gateway simulator (SPEC §7).
+    /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
     GatewaySim {
-        #[arg(long, default_value = "127.0.0.1:8080")]
+        #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         #[command(flatten)]
         config: SimulatorConfig,
+    },
+    /// Print a shell completion script: `payment-worker completions bash > /etc/bash_completion.d/payment-worker`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff): `payment-worker man | man -l -`. With
+    /// `--out-dir`, write one page per command there instead.
+    Man {
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
     },
 }
 
@@ -109,13 +245,14 @@ pub enum TokensCommand {
         ttl: Duration,
         #[arg(long, default_value_t = 1)]
         count: usize,
-        keys: Vec<String>,
+        keys: Vec<IdempotencyKey>,
         #[command(flatten)]
         store: StoreSettings,
     },
     /// Print a token's state, owner, fence, lease left and TTL as JSON.
+    #[command(after_help = TOKENS_SHOW_EXIT_HELP)]
     Show {
-        key: String,
+        key: IdempotencyKey,
         #[command(flatten)]
         store: StoreSettings,
     },
@@ -127,20 +264,66 @@ pub enum DlqCommand {
     Redrive(crate::worker::RedriveArgs),
 }
 
-/// The process exit code for a command that failed: 3 when `audit` found
-/// violations, 4 for a fatal broker error, 1 for any other error (clap exits with 2
-/// on a usage error before a command runs).
+/// The process exit code for a command that failed, from the error's type (the
+/// table is [`exit_status`]): 3 when `audit` found violations, 4 for a fatal broker
+/// error, 65/75/1 for a [`CommandFailure`], 1 for any other error (clap exits with
+/// 2 on a usage error before a command runs).
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     if let Some(failure) = error.downcast_ref::<worker::WorkerFailure>() {
+        return failure.exit_code();
+    }
+    if let Some(failure) = error.downcast_ref::<CommandFailure>() {
         return failure.exit_code();
     }
     if error
         .downcast_ref::<crate::audit::ViolationsFound>()
         .is_some()
     {
-        return 3;
+        return exit_status::VIOLATIONS;
     }
-    1
+    exit_status::FAILURE
+}
+
+/// The exit status `process` ends with for `outcome`: final outcomes succeed, an
+/// invalid command is a data error, a retry a temporary failure.
+fn process_result(outcome: &Outcome) -> Result<(), CommandFailure> {
+    match outcome {
+        Outcome::Retry { reason, .. } => Err(CommandFailure::TryAgainLater(reason.clone())),
+        Outcome::Rejected {
+            kind: RejectionKind::Invalid,
+            reason,
+        } => Err(CommandFailure::InvalidInput(reason.clone())),
+        Outcome::Succeeded { .. }
+        | Outcome::Declined { .. }
+        | Outcome::Duplicate { .. }
+        | Outcome::Rejected { .. } => Ok(()),
+    }
+}
+
+/// Writes the roff manual of `command` (and, into `out_dir`, of each subcommand).
+fn write_manual(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let command = <Cli as clap::CommandFactory>::command();
+    match out_dir {
+        None => {
+            // The exit-status table as a real EXIT STATUS section (with .TP
+            // entries), not as the reflowed text of `--help`.
+            let mut page = Vec::new();
+            clap_mangen::Man::new(command.after_help(None::<&str>)).render(&mut page)?;
+            let page = String::from_utf8(page).context("the manual is not UTF-8")?;
+            let at = page.find(".SH VERSION").unwrap_or(page.len());
+            let mut out = std::io::stdout().lock();
+            out.write_all(&page.as_bytes()[..at])?;
+            out.write_all(exit_status_roff().as_bytes())?;
+            out.write_all(&page.as_bytes()[at..])?;
+        }
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(command, &dir)
+                .with_context(|| format!("writing manual pages to {}", dir.display()))?;
+            println!("manual pages written to {}", dir.display());
+        }
+    }
+    Ok(())
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -192,12 +375,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                             })
                             .collect::<Result<_, _>>()?
                     } else {
-                        keys.into_iter()
-                            .map(|k| {
-                                IdempotencyKey::try_from(k.as_str())
-                                    .with_context(|| format!("key {k:?}"))
-                            })
-                            .collect::<anyhow::Result<_>>()?
+                        keys
                     };
                     for key in keys {
                         match store.issue(&key, ttl).await? {
@@ -208,15 +386,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                         }
                     }
                 }
-                TokensCommand::Show { key, .. } => {
-                    let key = IdempotencyKey::try_from(key.as_str())?;
-                    match store.show(&key).await? {
-                        Some(view) => writeln!(out, "{}", serde_json::to_string(&view)?)?,
-                        None => {
-                            writeln!(out, "{{\"state\":\"missing\"}}")?;
-                        }
+                TokensCommand::Show { key, .. } => match store.show(&key).await? {
+                    Some(view) => writeln!(out, "{}", serde_json::to_string(&view)?)?,
+                    None => {
+                        writeln!(out, "{{\"state\":\"missing\"}}")?;
+                        return Err(CommandFailure::NotFound(format!("token {key}")).into());
                     }
-                }
+                },
             }
             Ok(())
         }
@@ -226,19 +402,27 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 json
             };
-            let command = PaymentCommand::parse(json.as_bytes())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", e.code()))?;
-            let processor = processor
-                .build(&WorkerSettings::default().worker_id())
-                .await?;
-            let outcome = processor
-                .process(&command, &CommandContext::default())
-                .await;
+            // An invalid command is answered as the worker would (a `rejected`
+            // outcome), before any service is needed.
+            let outcome = match PaymentCommand::parse(json.as_bytes()) {
+                Ok(command) => {
+                    let processor = processor
+                        .build(&WorkerSettings::default().worker_id())
+                        .await?;
+                    processor
+                        .process(&command, &CommandContext::default())
+                        .await
+                }
+                Err(invalid) => Outcome::Rejected {
+                    kind: RejectionKind::Invalid,
+                    reason: format!("{}: {invalid}", invalid.code()),
+                },
+            };
             println!(
                 "{}",
                 serde_json::to_string(&crate::worker::OutcomeView::from(&outcome))?
             );
-            Ok(())
+            Ok(process_result(&outcome)?)
         }
         Command::Produce(args) => worker::produce(args).await,
         Command::Replay(args) => worker::replay(args).await,
@@ -275,6 +459,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::GatewaySim { listen, config } => {
             crate::gateway::run_simulator(listen, config).await
         }
+        Command::Completions { shell } => {
+            // Rendered into memory first: clap_complete panics on a failed write
+            // (a closed pipe), a write here is an ordinary error.
+            let mut script = Vec::new();
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "payment-worker", &mut script);
+            std::io::stdout().lock().write_all(&script)?;
+            Ok(())
+        }
+        Command::Man { out_dir } => write_manual(out_dir),
     }
 }
 
@@ -285,5 +479,29 @@ mod tests {
     #[test]
     fn command_line_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn each_typed_error_has_its_documented_exit_status() {
+        use super::{exit_code, CommandFailure, EXIT_STATUSES};
+        let errors: Vec<anyhow::Error> = vec![
+            CommandFailure::InvalidInput("x".into()).into(),
+            CommandFailure::TryAgainLater("x".into()).into(),
+            CommandFailure::NotFound("x".into()).into(),
+            crate::audit::ViolationsFound(2).into(),
+            crate::worker::WorkerFailure::FatalBroker("x".into()).into(),
+            crate::worker::WorkerFailure::PollLoopEnded.into(),
+            anyhow::anyhow!("anything else"),
+            // Context added on the way up keeps the status.
+            anyhow::Error::from(CommandFailure::TryAgainLater("x".into())).context("processing"),
+        ];
+        let codes: Vec<u8> = errors.iter().map(exit_code).collect();
+        assert_eq!(codes, [65, 75, 1, 3, 4, 1, 1, 75]);
+        let documented: Vec<u8> = EXIT_STATUSES.iter().map(|(code, _)| *code).collect();
+        for code in codes {
+            assert!(documented.contains(&code), "{code} is not documented");
+        }
+        let help = super::exit_status_help();
+        assert!(help.lines().all(|l| l.len() <= 80), "{help}");
     }
 }

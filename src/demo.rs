@@ -3,7 +3,7 @@
 //! workload with duplicates and bad input; a worker group; a full replay; a report.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -90,6 +90,63 @@ fn start_results_reader(
     }))
 }
 
+/// How often a pass reports its progress when stderr is not a terminal: a log file
+/// or a pipe gets a plain line at this steady pace instead of redraws.
+const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// A pass's progress on stderr: a progress bar on a terminal; elsewhere a plain
+/// line every [`PLAIN_PROGRESS_EVERY`] and one when the pass is done.
+enum PassProgress {
+    Bar(indicatif::ProgressBar),
+    Lines { last: Option<Instant> },
+}
+
+impl PassProgress {
+    fn new(label: &str, target: usize) -> Self {
+        if !std::io::stderr().is_terminal() {
+            return Self::Lines { last: None };
+        }
+        let bar = indicatif::ProgressBar::new(target as u64);
+        let style = indicatif::ProgressStyle::with_template(
+            "  {prefix}: [{bar:30.green/dim}] {pos}/{len} results ({elapsed})",
+        )
+        .map(|style| style.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.set_prefix(label.to_owned());
+        Self::Bar(bar)
+    }
+
+    fn update(&mut self, label: &str, done: usize, target: usize, elapsed: Duration) {
+        match self {
+            Self::Bar(bar) => bar.set_position(done as u64),
+            Self::Lines { last } => {
+                let due = last.is_none_or(|at| at.elapsed() >= PLAIN_PROGRESS_EVERY);
+                if due && done < target {
+                    eprintln!(
+                        "  {label}: {done}/{target} results ({:.1}s)",
+                        elapsed.as_secs_f64()
+                    );
+                    *last = Some(Instant::now());
+                }
+            }
+        }
+    }
+
+    fn finish(self, label: &str, done: usize, target: usize, elapsed: Duration) {
+        match self {
+            Self::Bar(bar) => {
+                bar.set_position(done as u64);
+                bar.finish();
+            }
+            Self::Lines { .. } => eprintln!(
+                "  {label}: {done}/{target} results in {:.1}s",
+                elapsed.as_secs_f64()
+            ),
+        }
+    }
+}
+
 async fn wait_for_results(
     tally: &Mutex<Tally>,
     target: usize,
@@ -97,17 +154,14 @@ async fn wait_for_results(
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(600);
+    let mut progress = PassProgress::new(label, target);
     loop {
         let done = tally.lock().unwrap_or_else(|p| p.into_inner()).results;
-        eprint!(
-            "\r  {label}: {done}/{target} results ({:.1}s)   ",
-            started.elapsed().as_secs_f64()
-        );
-        let _ = std::io::stderr().flush();
         if done >= target {
-            eprintln!();
+            progress.finish(label, done, target, started.elapsed());
             return Ok(started.elapsed());
         }
+        progress.update(label, done, target, started.elapsed());
         anyhow::ensure!(
             Instant::now() < deadline,
             "{label} did not finish within 10 minutes"

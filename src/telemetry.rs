@@ -97,8 +97,12 @@ pub fn init(default_filter: &str) -> Telemetry {
     if let Some(provider) = &meter_provider {
         opentelemetry::global::set_meter_provider(provider.clone());
     }
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // Postgres notices (`relation "_sqlx_migrations" already exists, skipping` on
+    // every start) are routine: sqlx logs them at info, so without `RUST_LOG` they
+    // are held back; `RUST_LOG=debug` (or `sqlx::postgres::notice=info`) shows them.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!("{default_filter},sqlx::postgres::notice=warn"))
+    });
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let logs = if json {
         tracing_subscriber::fmt::layer()
@@ -110,7 +114,11 @@ pub fn init(default_filter: &str) -> Telemetry {
             .with_filter(filter)
             .boxed()
     } else {
+        // Colours only for a person at a terminal: a log file or a pipe gets plain text.
+        let colours = std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
         tracing_subscriber::fmt::layer()
+            .with_ansi(colours)
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed()

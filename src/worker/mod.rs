@@ -21,11 +21,15 @@ pub use messages::{
 pub use offsets::OffsetTracker;
 pub use publisher::Publisher;
 pub use supervision::WorkerFailure;
+mod dry_run;
 mod tools;
 mod workload;
 
+pub use dry_run::{
+    dry_run_report, dry_run_verdicts, DryRunReport, DryRunScope, DryRunVerdict, VERDICTS,
+};
 pub use tools::{
-    dry_run_verdicts, partition_count, produce, publish_records, read_partitions, redrive, replay,
-    rewind_group, DryRunVerdict, OutcomeView, ProduceArgs, RedriveArgs, ReplayArgs,
+    partition_count, produce, publish_records, read_partitions, read_ranges, redrive, replay,
+    rewind_group, OutcomeView, PartitionRange, ProduceArgs, RedriveArgs, ReplayArgs,
 };
 pub use workload::{generate, RecordKind, WorkloadRecord, WorkloadSpec};

@@ -13,8 +13,9 @@ use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use uuid::Uuid;
 
+use super::dry_run::{dry_run_report, DryRunScope};
 use super::kafka::{base_config, consumer_config, producer_config};
-use super::messages::{decode, without_dead_letter_headers, ERROR_KIND};
+use super::messages::{without_dead_letter_headers, ERROR_KIND};
 use super::workload::{generate, WorkloadRecord, WorkloadSpec};
 use crate::configuration::{KafkaSettings, StoreSettings};
 use crate::payment::Outcome;
@@ -59,11 +60,28 @@ pub struct ProduceArgs {
     pub invalid_ratio: f64,
     #[arg(long, default_value_t = 0.05)]
     pub decline_ratio: f64,
+    /// Seed of the generated workload (amounts, duplicates, invalid records).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Prefix of generated idempotency keys.
-    #[arg(long, default_value = "cmd")]
-    pub key_prefix: String,
+    /// Prefix of generated idempotency keys, which are `PREFIX-000000`,
+    /// `PREFIX-000001`, ... Default: `cmd-` and a fresh run id (`cmd-1a2b3c4d`), so
+    /// each run's commands are new payments; give the same prefix (and --seed) to
+    /// send the same commands again.
+    #[arg(long, value_parser = parse_key_prefix)]
+    pub key_prefix: Option<String>,
+}
+
+/// A prefix is usable when the keys made from it are valid idempotency keys.
+fn parse_key_prefix(prefix: &str) -> Result<String, String> {
+    crate::token::IdempotencyKey::try_from(format!("{prefix}-bad-000000"))
+        .map(|_| prefix.to_owned())
+        .map_err(|e| format!("keys made from this prefix would be refused: {e}"))
+}
+
+/// The default key prefix: `cmd-` and 8 hex digits new on every run.
+fn run_key_prefix() -> String {
+    let run_id = Uuid::new_v4().simple().to_string();
+    format!("cmd-{}", &run_id[..8])
 }
 
 /// Publishes `records` to `topic` and waits for every acknowledgement.
@@ -124,18 +142,24 @@ pub fn partition_count(settings: &KafkaSettings, topic: &str) -> anyhow::Result<
 }
 
 pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
+    let mut generated_keys = None;
     let records = match &args.file {
         Some(path) => read_json_lines(path)?,
-        None => generate(
-            &WorkloadSpec {
-                count: args.count,
-                duplicate_ratio: args.duplicate_ratio,
-                invalid_ratio: args.invalid_ratio,
-                decline_ratio: args.decline_ratio,
-                seed: args.seed.unwrap_or_else(rand::random),
-            },
-            &args.key_prefix,
-        ),
+        None => {
+            let prefix = args.key_prefix.clone().unwrap_or_else(run_key_prefix);
+            let records = generate(
+                &WorkloadSpec {
+                    count: args.count,
+                    duplicate_ratio: args.duplicate_ratio,
+                    invalid_ratio: args.invalid_ratio,
+                    decline_ratio: args.decline_ratio,
+                    seed: args.seed.unwrap_or_else(rand::random),
+                },
+                &prefix,
+            );
+            generated_keys = Some(prefix);
+            records
+        }
     };
     let producer: FutureProducer = producer_config(&args.kafka).create()?;
     let topic = args.kafka.commands_topic.clone();
@@ -145,7 +169,13 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || partition_count(&kafka, &topic)).await??
     };
     publish_records(&producer, &topic, partitions, &records).await?;
-    println!("produced {} records to {topic}", records.len());
+    match generated_keys {
+        Some(prefix) => println!(
+            "produced {} records to {topic} (keys {prefix}-NNNNNN)",
+            records.len()
+        ),
+        None => println!("produced {} records to {topic}", records.len()),
+    }
     Ok(())
 }
 
@@ -194,9 +224,28 @@ pub struct ReplayArgs {
     /// Rewind every partition to this offset (clamped to what the topic holds).
     #[arg(long)]
     pub to_offset: Option<i64>,
-    /// Report what each command would do, without touching the group or the gateway.
+    /// Report what replaying would do (counts per verdict: would_charge,
+    /// would_look_up, duplicate, key_reused, in_flight, token_missing, invalid),
+    /// without touching the group or the gateway.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run: print the report as one JSON document.
+    #[arg(long, requires = "dry_run")]
+    pub json: bool,
+    /// With --dry-run: also give each record's verdict (one line, or a `records` list in JSON).
+    #[arg(long, requires = "dry_run")]
+    pub list: bool,
+    /// With --dry-run: examine at most N records, shared evenly between the partitions.
+    #[arg(long, value_name = "N", requires = "dry_run")]
+    pub limit: Option<usize>,
+    /// With --dry-run: the workers' `--gateway-lookup` (`always`: every charge is a look-up first).
+    #[arg(
+        long = "gateway-lookup",
+        env = "GATEWAY_LOOKUP",
+        value_enum,
+        default_value = "uncertain"
+    )]
+    pub gateway_lookup: crate::payment::GatewayLookup,
     #[command(flatten)]
     pub stores: StoreSettings,
 }
@@ -234,6 +283,34 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let rewound = tokio::task::spawn_blocking(move || rewind_group(&kafka, to_offset)).await??;
     println!("rewound {rewound} partitions");
+    Ok(())
+}
+
+async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
+    let (pool, store) = args.stores.open().await?;
+    let scope = DryRunScope {
+        to_offset: if args.to_beginning {
+            None
+        } else {
+            args.to_offset
+        },
+        limit: args.limit,
+        lookup: args.gateway_lookup,
+    };
+    let report = dry_run_report(
+        kafka,
+        &scope,
+        &pool,
+        store.as_ref(),
+        args.stores.tokens.mode,
+        args.list,
+    )
+    .await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_text());
+    }
     Ok(())
 }
 
@@ -277,111 +354,46 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     Ok(targets.len())
 }
 
-/// What `replay --dry-run` says one command would do.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DryRunVerdict {
+/// Where to read one partition: `[from, to)`; `available` is what the partition
+/// holds from `from` on (more than `to - from` when a limit cut the range short).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionRange {
     pub partition: i32,
-    pub offset: i64,
-    /// `invalid`, `duplicate`, `key_reused`, `in_flight`, `token_missing` or `would_charge`.
-    pub verdict: &'static str,
-    pub detail: String,
+    pub from: i64,
+    pub to: i64,
+    pub available: i64,
 }
 
-async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
-    let (pool, store) = args.stores.open().await?;
-    let to_offset = if args.to_beginning {
-        None
-    } else {
-        args.to_offset
-    };
-    let verdicts = dry_run_verdicts(
-        kafka,
-        to_offset,
-        &pool,
-        store.as_ref(),
-        args.stores.tokens.mode,
-    )
-    .await?;
-    let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-    for v in &verdicts {
-        *counts.entry(v.verdict).or_default() += 1;
-        println!(
-            "{}/{}@{} {} {}",
-            kafka.commands_topic, v.partition, v.offset, v.verdict, v.detail
-        );
-    }
-    println!("dry-run summary: {}", serde_json::to_string(&counts)?);
-    Ok(())
-}
-
-/// Decides, read-only, what each command from `to_offset` (or the beginning) would
-/// do if replayed: Postgres first (the truth), then the token. The gateway is not asked.
-pub async fn dry_run_verdicts(
-    kafka: &KafkaSettings,
-    to_offset: Option<i64>,
-    pool: &sqlx::PgPool,
-    store: &dyn crate::token::TokenStore,
-    mode: crate::token::TokenMode,
-) -> anyhow::Result<Vec<DryRunVerdict>> {
-    use crate::token::{TokenMode, TokenState};
-    let kafka_settings = kafka.clone();
-    let records =
-        tokio::task::spawn_blocking(move || read_topic(&kafka_settings, to_offset)).await??;
-    let mut verdicts = Vec::with_capacity(records.len());
-    for record in &records {
-        let (verdict, detail) = match decode(record) {
-            Err(reason) => ("invalid", reason.to_string()),
-            Ok(command) => {
-                let mut conn = pool.acquire().await?;
-                let existing =
-                    crate::payment::find_payment(&mut conn, command.idempotency_key.as_str())
-                        .await?;
-                match existing {
-                    Some(row) if row.fingerprint == command.fingerprint() => {
-                        ("duplicate", format!("payment {}", row.id))
-                    }
-                    Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
-                    None => match store.show(&command.idempotency_key).await?.map(|v| v.state) {
-                        Some(TokenState::Processing) => {
-                            ("in_flight", "another worker holds the token".to_owned())
-                        }
-                        Some(TokenState::Completed) => ("duplicate", "completed token".to_owned()),
-                        None if mode == TokenMode::Issued => (
-                            "token_missing",
-                            "never issued, expired or consumed".to_owned(),
-                        ),
-                        Some(TokenState::Pending) | None => ("would_charge", String::new()),
-                    },
-                }
-            }
-        };
-        verdicts.push(DryRunVerdict {
-            partition: record.partition(),
-            offset: record.offset(),
-            verdict,
-            detail,
-        });
-    }
-    Ok(verdicts)
-}
-
-/// Reads every partition of the commands topic from `to_offset` (or the beginning)
-/// up to the high watermark, without a consumer group.
-fn read_topic(
-    kafka: &KafkaSettings,
-    to_offset: Option<i64>,
-) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
-    read_partitions(kafka, &kafka.commands_topic, |_p, low| {
-        to_offset.unwrap_or(low)
-    })
-}
-
+/// Reads every partition of `topic` from `start(partition, low watermark)` up to
+/// the high watermark, without a consumer group.
 pub fn read_partitions(
     kafka: &KafkaSettings,
     topic: &str,
     start: impl Fn(i32, i64) -> i64,
 ) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
     let partitions = partition_count(kafka, topic)?;
+    let probe: BaseConsumer = base_config(kafka).create()?;
+    let mut ranges = Vec::with_capacity(partitions as usize);
+    for partition in 0..partitions {
+        let (low, high) = probe.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        let from = start(partition, low).clamp(low, high);
+        ranges.push(PartitionRange {
+            partition,
+            from,
+            to: high,
+            available: high - from,
+        });
+    }
+    drop(probe);
+    read_ranges(kafka, topic, &ranges)
+}
+
+/// Reads `[from, to)` of each partition of `topic`, without a consumer group.
+pub fn read_ranges(
+    kafka: &KafkaSettings,
+    topic: &str,
+    ranges: &[PartitionRange],
+) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
     let mut config = base_config(kafka);
     config
         .set(
@@ -394,12 +406,15 @@ pub fn read_partitions(
     let mut list = TopicPartitionList::new();
     let mut remaining = 0i64;
     let mut ends = std::collections::HashMap::new();
-    for p in 0..partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        let from = start(p, low).clamp(low, high);
-        list.add_partition_offset(topic, p, Offset::Offset(from))?;
-        remaining += high - from;
-        ends.insert(p, high);
+    for range in ranges.iter().filter(|r| r.to > r.from) {
+        list.add_partition_offset(topic, range.partition, Offset::Offset(range.from))?;
+        remaining += range.to - range.from;
+        ends.insert(range.partition, range.to);
+    }
+    if remaining == 0 {
+        drop(list);
+        drop(consumer);
+        return Ok(Vec::new());
     }
     consumer.assign(&list)?;
     drop(list);

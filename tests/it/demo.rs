@@ -23,4 +23,18 @@ async fn the_demo_charges_once_replays_without_charging_and_audits_clean() {
         "{stdout}"
     );
     assert!(stdout.contains("pass 2 (replay): 400 results"), "{stdout}");
+    // Output captured by a pipe is plain lines: no redraws, no colours; each pass
+    // ends with one line saying it is done.
+    for text in [&stdout, &stderr] {
+        assert!(
+            !text.contains('\r') && !text.contains('\u{1b}'),
+            "terminal control characters in piped output: {text:?}"
+        );
+    }
+    for pass in ["pass 1", "pass 2"] {
+        assert!(
+            stderr.contains(&format!("  {pass}: 400/400 results in ")),
+            "{stderr}"
+        );
+    }
 }

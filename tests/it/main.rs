@@ -2,6 +2,8 @@
 mod audit;
 mod bench;
 mod cli;
+mod cli_docs;
+mod cli_kafka;
 mod compose;
 mod corpus;
 mod demo;
@@ -25,4 +27,5 @@ mod telemetry;
 mod token_contract;
 mod token_postgres;
 mod token_redis;
+mod walkthrough;
 mod worker;

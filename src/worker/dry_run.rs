@@ -1,0 +1,423 @@
+//! `replay --dry-run`: what replaying the commands topic would do, decided
+//! read-only from Postgres (the truth) and the token store. Neither the group's
+//! offsets nor the gateway are touched.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+
+use super::kafka::base_config;
+use super::messages::decode;
+use super::tools::{partition_count, read_ranges, PartitionRange};
+use crate::configuration::KafkaSettings;
+use crate::payment::GatewayLookup;
+use crate::token::{TokenMode, TokenState, TokenStore};
+
+/// Every verdict, in the order the summary prints them.
+pub const VERDICTS: [&str; 7] = [
+    WOULD_CHARGE,
+    WOULD_LOOK_UP,
+    "duplicate",
+    "key_reused",
+    "in_flight",
+    "token_missing",
+    "invalid",
+];
+const WOULD_CHARGE: &str = "would_charge";
+const WOULD_LOOK_UP: &str = "would_look_up";
+
+/// What each verdict means, for the human summary.
+fn meaning(verdict: &str) -> &'static str {
+    match verdict {
+        WOULD_CHARGE => "charged at the gateway",
+        WOULD_LOOK_UP => "gateway asked by key first; charged only if it holds none",
+        "duplicate" => "answered from the recorded payment",
+        "key_reused" => "refused: the key was used for another request",
+        "in_flight" => "a live worker holds the token; retried later",
+        "token_missing" => "refused unless the gateway holds its charge",
+        "invalid" => "refused: not a valid command",
+        _ => "",
+    }
+}
+
+/// What `replay --dry-run` says one command would do.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DryRunVerdict {
+    pub partition: i32,
+    pub offset: i64,
+    /// The command's key; `None` for a record that is not a valid command.
+    pub idempotency_key: Option<String>,
+    /// One of [`VERDICTS`].
+    pub verdict: &'static str,
+    pub detail: String,
+}
+
+/// Which records a dry run examines and how the worker would be configured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DryRunScope {
+    /// Start of every partition (`None`: the beginning), clamped to what it holds.
+    pub to_offset: Option<i64>,
+    /// Examine at most this many records, shared evenly between the partitions.
+    pub limit: Option<usize>,
+    /// The workers' `--gateway-lookup`: with `always` every charge is a look-up first.
+    pub lookup: GatewayLookup,
+}
+
+/// The answer to "what would a replay do": counts per verdict (zeros included).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DryRunReport {
+    pub topic: String,
+    /// `null`: from the beginning of every partition.
+    pub from_offset: Option<i64>,
+    /// Records between the start offsets and the end of the topic.
+    pub records_in_range: u64,
+    /// Records examined (fewer than `records_in_range` under `--limit`).
+    pub examined: usize,
+    pub counts: BTreeMap<&'static str, usize>,
+    /// Every examined record (`--list`), in partition and offset order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<Vec<DryRunVerdict>>,
+}
+
+impl DryRunReport {
+    fn new(
+        topic: &str,
+        scope: &DryRunScope,
+        records_in_range: u64,
+        verdicts: Vec<DryRunVerdict>,
+        list: bool,
+    ) -> Self {
+        let mut counts: BTreeMap<&'static str, usize> = VERDICTS.iter().map(|v| (*v, 0)).collect();
+        for verdict in &verdicts {
+            *counts.entry(verdict.verdict).or_default() += 1;
+        }
+        Self {
+            topic: topic.to_owned(),
+            from_offset: scope.to_offset,
+            records_in_range,
+            examined: verdicts.len(),
+            counts,
+            records: list.then_some(verdicts),
+        }
+    }
+
+    /// The human report: one line per record (with `--list`), then the counts.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for v in self.records.iter().flatten() {
+            let key = v.idempotency_key.as_deref().unwrap_or("-");
+            let line = format!(
+                "{}/{}@{} {key} {}",
+                self.topic, v.partition, v.offset, v.verdict
+            );
+            if v.detail.is_empty() {
+                out.push_str(&format!("{line}\n"));
+            } else {
+                out.push_str(&format!("{line} {}\n", v.detail));
+            }
+        }
+        let from = match self.from_offset {
+            Some(offset) => format!("offset {offset}"),
+            None => "the beginning".to_owned(),
+        };
+        out.push_str(&format!(
+            "dry run: replaying {} from {from} ({} records)\n",
+            self.topic, self.records_in_range
+        ));
+        for verdict in VERDICTS {
+            let count = self.counts.get(verdict).copied().unwrap_or(0);
+            out.push_str(&format!(
+                "  {verdict:<14}{count:>8}  {}\n",
+                meaning(verdict)
+            ));
+        }
+        if (self.examined as u64) < self.records_in_range {
+            out.push_str(&format!(
+                "examined {} of {} records (--limit)\n",
+                self.examined, self.records_in_range
+            ));
+        }
+        out
+    }
+}
+
+/// Runs a dry run and builds its report.
+pub async fn dry_run_report(
+    kafka: &KafkaSettings,
+    scope: &DryRunScope,
+    pool: &sqlx::PgPool,
+    store: &dyn TokenStore,
+    mode: TokenMode,
+    list: bool,
+) -> anyhow::Result<DryRunReport> {
+    let (in_range, verdicts) = examine(kafka, scope, pool, store, mode).await?;
+    Ok(DryRunReport::new(
+        &kafka.commands_topic,
+        scope,
+        in_range,
+        verdicts,
+        list,
+    ))
+}
+
+/// Decides, read-only, what each command from `to_offset` (or the beginning) would
+/// do if replayed by workers with the default `--gateway-lookup uncertain`.
+pub async fn dry_run_verdicts(
+    kafka: &KafkaSettings,
+    to_offset: Option<i64>,
+    pool: &sqlx::PgPool,
+    store: &dyn TokenStore,
+    mode: TokenMode,
+) -> anyhow::Result<Vec<DryRunVerdict>> {
+    let scope = DryRunScope {
+        to_offset,
+        ..DryRunScope::default()
+    };
+    Ok(examine(kafka, &scope, pool, store, mode).await?.1)
+}
+
+/// The records in range and the verdict of each one examined, in partition and
+/// offset order.
+async fn examine(
+    kafka: &KafkaSettings,
+    scope: &DryRunScope,
+    pool: &sqlx::PgPool,
+    store: &dyn TokenStore,
+    mode: TokenMode,
+) -> anyhow::Result<(u64, Vec<DryRunVerdict>)> {
+    let kafka_settings = kafka.clone();
+    let scope_copy = *scope;
+    let (in_range, records) = tokio::task::spawn_blocking(move || {
+        let ranges = replay_ranges(&kafka_settings, &scope_copy)?;
+        let in_range = ranges.iter().map(|r| r.available).sum::<i64>().max(0) as u64;
+        let records = read_ranges(&kafka_settings, &kafka_settings.commands_topic, &ranges)?;
+        anyhow::Ok((in_range, records))
+    })
+    .await??;
+    let mut verdicts = Vec::with_capacity(records.len());
+    for record in &records {
+        let mut idempotency_key = None;
+        let (verdict, detail) = match decode(record) {
+            Err(reason) => ("invalid", reason.to_string()),
+            Ok(command) => {
+                idempotency_key = Some(command.idempotency_key.as_str().to_owned());
+                let mut conn = pool.acquire().await?;
+                let existing =
+                    crate::payment::find_payment(&mut conn, command.idempotency_key.as_str())
+                        .await?;
+                drop(conn);
+                match existing {
+                    Some(row) if row.fingerprint == command.fingerprint() => {
+                        ("duplicate", format!("payment {}", row.id))
+                    }
+                    Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
+                    None => {
+                        let token = store.show(&command.idempotency_key).await?;
+                        token_verdict(token.as_ref(), mode, scope.lookup)
+                    }
+                }
+            }
+        };
+        verdicts.push(DryRunVerdict {
+            partition: record.partition(),
+            offset: record.offset(),
+            idempotency_key,
+            verdict,
+            detail,
+        });
+    }
+    verdicts.sort_by_key(|v| (v.partition, v.offset));
+    Ok((in_range, verdicts))
+}
+
+/// The verdict for a command with no payment row, from its token: the processor
+/// looks the charge up first whenever its reservation is not the first (fence > 1),
+/// which is so for a token restored after an attempt or taken over after its
+/// lease expired, and always under `--gateway-lookup always`.
+fn token_verdict(
+    token: Option<&crate::token::TokenView>,
+    mode: TokenMode,
+    lookup: GatewayLookup,
+) -> (&'static str, String) {
+    let charge = || {
+        if lookup == GatewayLookup::Always {
+            (WOULD_LOOK_UP, "--gateway-lookup always".to_owned())
+        } else {
+            (WOULD_CHARGE, String::new())
+        }
+    };
+    match token {
+        None if mode == TokenMode::Issued => (
+            "token_missing",
+            "never issued, expired or consumed".to_owned(),
+        ),
+        None => charge(),
+        Some(view) => match view.state {
+            TokenState::Completed => ("duplicate", "completed token".to_owned()),
+            TokenState::Processing if view.lease_left.is_some_and(|l| l > Duration::ZERO) => {
+                ("in_flight", "another worker holds the token".to_owned())
+            }
+            TokenState::Processing => (
+                WOULD_LOOK_UP,
+                format!("lease expired (fence {}): taken over", view.fence),
+            ),
+            TokenState::Pending if view.fence >= 1 => (
+                WOULD_LOOK_UP,
+                format!("{} earlier reservation(s)", view.fence),
+            ),
+            TokenState::Pending => charge(),
+        },
+    }
+}
+
+/// Per partition, where a replay starts and, under a limit, where reading stops.
+fn replay_ranges(
+    kafka: &KafkaSettings,
+    scope: &DryRunScope,
+) -> anyhow::Result<Vec<PartitionRange>> {
+    let topic = kafka.commands_topic.as_str();
+    let partitions = partition_count(kafka, topic)?;
+    let consumer: BaseConsumer = base_config(kafka).create()?;
+    let mut ranges = Vec::with_capacity(partitions as usize);
+    for partition in 0..partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        let from = scope.to_offset.map_or(low, |o| o.clamp(low, high));
+        ranges.push(PartitionRange {
+            partition,
+            from,
+            to: high,
+            available: high - from,
+        });
+    }
+    drop(consumer);
+    if let Some(limit) = scope.limit {
+        share_limit(&mut ranges, limit);
+    }
+    Ok(ranges)
+}
+
+/// Shortens the ranges so that at most `limit` records are read in all, shared
+/// evenly: a partition with fewer records than its share leaves the rest to others.
+fn share_limit(ranges: &mut [PartitionRange], limit: usize) {
+    let mut left = limit as i64;
+    let mut taken = vec![0i64; ranges.len()];
+    loop {
+        let open: Vec<usize> = (0..ranges.len())
+            .filter(|&i| taken[i] < ranges[i].available)
+            .collect();
+        if open.is_empty() || left == 0 {
+            break;
+        }
+        let share = (left / open.len() as i64).max(1);
+        for i in open {
+            let take = share.min(ranges[i].available - taken[i]).min(left);
+            taken[i] += take;
+            left -= take;
+        }
+    }
+    for (range, taken) in ranges.iter_mut().zip(taken) {
+        range.to = range.from + taken;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(partition: i32, available: i64) -> PartitionRange {
+        PartitionRange {
+            partition,
+            from: 10,
+            to: 10 + available,
+            available,
+        }
+    }
+
+    #[test]
+    fn a_limit_is_shared_evenly_and_small_partitions_leave_their_rest() {
+        let mut ranges = vec![range(0, 100), range(1, 2), range(2, 100)];
+        share_limit(&mut ranges, 20);
+        let taken: Vec<i64> = ranges.iter().map(|r| r.to - r.from).collect();
+        assert_eq!(taken.iter().sum::<i64>(), 20);
+        assert_eq!(taken[1], 2);
+        assert_eq!(taken[0], 9);
+        assert_eq!(taken[2], 9);
+
+        let mut ranges = vec![range(0, 3), range(1, 4)];
+        share_limit(&mut ranges, 1000);
+        assert_eq!(ranges[0].to, 13);
+        assert_eq!(ranges[1].to, 14);
+
+        let mut ranges = vec![range(0, 5), range(1, 5)];
+        share_limit(&mut ranges, 0);
+        assert!(ranges.iter().all(|r| r.to == r.from));
+    }
+
+    #[test]
+    fn a_token_with_an_earlier_holder_is_looked_up_before_any_charge() {
+        let view = |state, fence, lease_left| crate::token::TokenView {
+            state,
+            owner: None,
+            fence,
+            lease_left,
+            ttl: None,
+            payment_id: None,
+        };
+        let verdict = |token: Option<crate::token::TokenView>, mode, lookup| {
+            token_verdict(token.as_ref(), mode, lookup).0
+        };
+        let (implicit, uncertain) = (TokenMode::Implicit, GatewayLookup::Uncertain);
+        assert_eq!(verdict(None, implicit, uncertain), WOULD_CHARGE);
+        assert_eq!(
+            verdict(None, implicit, GatewayLookup::Always),
+            WOULD_LOOK_UP
+        );
+        assert_eq!(verdict(None, TokenMode::Issued, uncertain), "token_missing");
+        assert_eq!(
+            verdict(
+                Some(view(TokenState::Pending, 0, None)),
+                implicit,
+                uncertain
+            ),
+            WOULD_CHARGE
+        );
+        assert_eq!(
+            verdict(
+                Some(view(TokenState::Pending, 2, None)),
+                implicit,
+                uncertain
+            ),
+            WOULD_LOOK_UP
+        );
+        assert_eq!(
+            verdict(
+                Some(view(
+                    TokenState::Processing,
+                    1,
+                    Some(Duration::from_secs(5))
+                )),
+                implicit,
+                uncertain
+            ),
+            "in_flight"
+        );
+        assert_eq!(
+            verdict(
+                Some(view(TokenState::Processing, 1, Some(Duration::ZERO))),
+                implicit,
+                uncertain
+            ),
+            WOULD_LOOK_UP
+        );
+        assert_eq!(
+            verdict(
+                Some(view(TokenState::Completed, 1, None)),
+                implicit,
+                uncertain
+            ),
+            "duplicate"
+        );
+    }
+}
