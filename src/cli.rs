@@ -1,4 +1,4 @@
-//! The command line of SPEC §6. Each command parses its flags and hands over to
+//! The command line. Each command parses its flags and hands over to
 //! the library; nothing here decides anything about payments.
 
 use std::io::Write;

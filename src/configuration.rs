@@ -1,4 +1,4 @@
-//! Every setting is a flag with an environment variable (SPEC §6). Secrets inside
+//! Every setting is a flag with an environment variable (docs/CONTRACT.md, "Command line"). Secrets inside
 //! URLs are redacted by every `Debug` here, so a config can be logged whole.
 
 use std::time::Duration;
@@ -377,7 +377,7 @@ pub struct WorkerSettings {
     /// one key strictly in order).
     #[arg(long = "max-in-flight", env = "MAX_IN_FLIGHT", default_value_t = 32)]
     pub max_in_flight: usize,
-    /// Transient failures are retried this long before dead-lettering (SPEC §5).
+    /// Transient failures are retried this long before dead-lettering.
     #[arg(long = "retry-budget", env = "RETRY_BUDGET", default_value = "5m", value_parser = parse_duration)]
     pub retry_budget: Duration,
     /// On revoke or shutdown, in-flight commands get this long to finish. Must stay

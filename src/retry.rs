@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use backon::ExponentialBuilder;
 
-/// Exponential backoff with full jitter, bounded by a total budget (SPEC §5:
-/// retries exhausted after 5 minutes by default).
+/// Exponential backoff with full jitter, bounded by a total budget (retries are
+/// exhausted after 5 minutes by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     pub min_delay: Duration,

@@ -31,7 +31,7 @@ pub struct AuditArgs {
     pub json: bool,
 }
 
-/// Prints the report; fails (non-zero exit) when any SPEC §2 invariant is violated.
+/// Prints the report; fails (non-zero exit) when any invariant (docs/CONTRACT.md) is violated.
 pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
     let (pool, tokens) = args.stores.open().await?;
     let gateway = HttpGateway::new(

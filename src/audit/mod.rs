@@ -1,5 +1,5 @@
 //! `payment-worker audit`: reconciles the gateway ledger, the `payments` table and
-//! the token store against the invariants of SPEC §2, and repairs stuck tokens.
+//! the token store against the invariants I1–I7 (docs/CONTRACT.md), and repairs stuck tokens.
 mod args;
 mod checks;
 mod repair;

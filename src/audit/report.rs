@@ -95,7 +95,7 @@ impl AuditReport {
         self.lease_left_tokens.count
     }
 
-    /// Violations of SPEC §2 left after the repairs; zero means the books are clean.
+    /// Invariant violations left after the repairs; zero means the books are clean.
     pub fn violations(&self) -> usize {
         self.double_charges.count
             + self.charges_without_row.count

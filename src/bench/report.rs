@@ -1,4 +1,4 @@
-//! What a bench run found: per-phase statistics, the SPEC §8 targets with their
+//! What a bench run found: per-phase statistics, the performance targets with their
 //! verdicts, the table printed at the end and the JSON written for comparisons.
 
 use std::collections::BTreeMap;
@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::audit::AuditReport;
 use super::cpu::CpuCost;
 
-/// The SPEC §8 targets.
+/// The performance targets (docs/CONTRACT.md).
 pub const TARGET_RATIO_0MS: f64 = 0.8;
 pub const TARGET_TPS_20MS: f64 = 1000.0;
 pub const TARGET_P99_HALF_LOAD_MS: f64 = 25.0;

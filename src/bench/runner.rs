@@ -21,7 +21,7 @@ use crate::worker::{self, LocalKafka};
 
 pub const DEFAULT_BENCH_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments_bench";
 
-/// The latency of the slow-gateway phase, fixed by SPEC §8.
+/// The latency of the slow-gateway phase, fixed by the performance targets.
 const SLOW_GATEWAY_MS: u64 = 20;
 
 #[derive(Debug, clap::Args)]
@@ -72,7 +72,7 @@ pub struct BenchArgs {
     /// Write every phase's per-command timings to DIR/<phase>.csv (profiling).
     #[arg(long, value_name = "DIR")]
     pub samples_dir: Option<PathBuf>,
-    /// Exit non-zero when a SPEC §8 target is missed too (the audit always does).
+    /// Exit non-zero when a performance target is missed too (the audit always does).
     #[arg(long)]
     pub strict: bool,
     /// Keep this run's payment rows and Redis tokens instead of deleting them.
@@ -385,7 +385,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(
         !args.strict || report.all_pass,
-        "a SPEC §8 target was missed (--strict)"
+        "a performance target was missed (--strict)"
     );
     Ok(())
 }

@@ -2,7 +2,7 @@ use chrono::{DateTime, Utc};
 
 use crate::token::IdempotencyKey;
 
-/// The body of `POST /charges` (SPEC §7). The idempotency key travels as a header.
+/// The body of `POST /charges` (the gateway contract, docs/CONTRACT.md). The idempotency key travels as a header.
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChargeRequest {
     pub amount_minor: i64,
@@ -35,7 +35,7 @@ pub struct Charge {
     pub status: ChargeStatus,
 }
 
-/// One row of `GET /charges` (SPEC §7), and the answer of `GET /charges/{key}`.
+/// One row of `GET /charges` (the gateway contract, docs/CONTRACT.md), and the answer of `GET /charges/{key}`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LedgerEntry {
     pub idempotency_key: String,

@@ -1,4 +1,4 @@
-//! An in-memory payment gateway speaking SPEC §7, with fault injection, so the
+//! An in-memory payment gateway speaking the gateway contract (docs/CONTRACT.md), with fault injection, so the
 //! worker's exactly-once behaviour can be tested against timeouts, outages,
 //! declines and a gateway that ignores idempotency keys.
 //!

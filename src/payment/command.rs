@@ -1,4 +1,4 @@
-//! A payment command as it arrives on the commands topic (SPEC §4): parsed once,
+//! A payment command as it arrives on the commands topic (docs/CONTRACT.md, "Messages"): parsed once,
 //! validated completely, and from then on only handled as a [`PaymentCommand`].
 //!
 //! The payment method is treated as a credential reference. It lives in a private
@@ -27,7 +27,7 @@ pub const MAX_PAYMENT_METHOD_LEN: usize = 128;
 /// Longest `description` accepted, in characters.
 pub const MAX_DESCRIPTION_LEN: usize = 512;
 
-/// A payment command that passed every rule of SPEC §4.
+/// A payment command that passed every rule of a command.
 #[derive(Clone)]
 pub struct PaymentCommand {
     pub idempotency_key: IdempotencyKey,

@@ -6,7 +6,7 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectionKind {
-    /// The command breaks a rule of SPEC §4.
+    /// The command breaks a rule of a command.
     Invalid,
     /// `issued` mode: the token was never issued, expired, or was consumed.
     TokenMissing,
@@ -41,7 +41,7 @@ pub struct OriginalAnswer {
     pub gateway_transaction_id: Option<String>,
 }
 
-/// What happened to one command (SPEC §5). Only `Retry` is not final.
+/// What happened to one command Only `Retry` is not final.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Succeeded {

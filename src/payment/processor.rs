@@ -1,4 +1,4 @@
-//! SPEC §5 for one command: reserve the token, run the one Postgres transaction
+//! One attempt at one command: reserve the token, run the one Postgres transaction
 //! around the gateway charge, then confirm or restore the token.
 
 use std::future::Future;
@@ -161,7 +161,7 @@ fn key_reused() -> Outcome {
     }
 }
 
-/// A row that already exists for the key decides the command (SPEC §5, I6).
+/// A row that already exists for the key decides the command (invariant I6).
 fn outcome_for_existing(existing: &PaymentRecord, fingerprint: &Fingerprint) -> Outcome {
     if &existing.fingerprint != fingerprint {
         key_reused()
@@ -356,7 +356,7 @@ impl Processor {
         persistence::find_payment(&mut conn, key.as_str()).await
     }
 
-    /// `issued` mode, token missing (SPEC §5): Postgres, then the gateway, decide.
+    /// `issued` mode, token missing (docs/CONTRACT.md, "Outcomes"): Postgres, then the gateway, decide.
     async fn recover_missing(
         &self,
         command: &PaymentCommand,

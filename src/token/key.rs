@@ -1,9 +1,9 @@
 use std::fmt;
 
-/// Longest idempotency key accepted (SPEC §4).
+/// Longest idempotency key accepted (docs/CONTRACT.md, "Messages").
 pub const MAX_KEY_LEN: usize = 128;
 
-/// An idempotency key that passed SPEC §4: 1–128 characters of `[A-Za-z0-9._:-]`.
+/// An idempotency key that passed the command rules: 1–128 characters of `[A-Za-z0-9._:-]`.
 ///
 /// Parsed once at the edge; everything inside the worker takes this type, so a
 /// key can never smuggle a Redis hash tag (`{`/`}`) or a wildcard into a store.

@@ -1,4 +1,4 @@
-//! The Postgres token store (SPEC §3, `--token-store postgres`), in the seed's style:
+//! The Postgres token store (`--token-store postgres`), for those who run no Redis:
 //! every decision is ONE statement on ONE row with `status` and the deadlines checked
 //! in its `WHERE`, so concurrent callers are serialised by the row lock and each one
 //! re-evaluates the condition on the row as the previous one left it. Time is the

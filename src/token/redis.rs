@@ -1,4 +1,4 @@
-//! The Redis token store (SPEC §3): every operation is ONE Lua script on ONE key, so each
+//! The Redis token store (docs/CONTRACT.md, "Token lifecycle"): every operation is ONE Lua script on ONE key, so each
 //! decision is atomic on the server and Redis Cluster can route it (the idempotency key
 //! is the hash tag). Deadlines come from `redis.call('TIME')`, never from this host.
 

@@ -4,7 +4,7 @@ use uuid::Uuid;
 
 use super::IdempotencyKey;
 
-/// What `reserve` found (SPEC §3, scheme 3). Never a bool: the caller branches on it.
+/// What `reserve` found (scheme 3). Never a bool: the caller branches on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reservation {
     /// This caller now owns the token under `fence`, until its lease runs out.
@@ -42,7 +42,7 @@ pub enum LockOutcome {
     Held,
 }
 
-/// How a key the store has never seen is treated by `reserve` (SPEC §3).
+/// How a key the store has never seen is treated by `reserve` (docs/CONTRACT.md, "Token lifecycle").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum TokenMode {
     /// The command's idempotency key is the token: an unknown key is created in
@@ -156,7 +156,7 @@ impl TokenError {
     }
 }
 
-/// The token lifecycle of SPEC §3. Every method is ONE atomic step on ONE key:
+/// The token lifecycle (docs/CONTRACT.md). Every method is ONE atomic step on ONE key:
 /// there is no check-then-act across round trips anywhere behind this trait.
 #[async_trait::async_trait]
 pub trait TokenStore: Send + Sync + 'static {

@@ -1,5 +1,5 @@
 //! One command record, from bytes to an acknowledged result: decode, process with
-//! retries (SPEC §5), publish the result and any dead letter.
+//! retries, publish the result and any dead letter.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -17,7 +17,7 @@ pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
     config
 }
 
-/// At-least-once consumption with our own offset discipline (SPEC I3): librdkafka
+/// At-least-once consumption with our own offset discipline (invariant I3): librdkafka
 /// commits only offsets the worker stored, and the worker stores an offset only when
 /// every command below it is settled and its result acknowledged.
 pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {

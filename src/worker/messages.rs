@@ -1,4 +1,4 @@
-//! The wire formats of SPEC §4: decoding a command record, and the result and
+//! The wire formats of the topics (docs/CONTRACT.md, "Messages"): decoding a command record, and the result and
 //! dead-letter records that answer it.
 
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};

@@ -1,4 +1,4 @@
-//! The Kafka consumer-group worker (SPEC §1, I3).
+//! The Kafka consumer-group worker (invariant I3: offsets move only past finished commands).
 mod consumer;
 mod handler;
 pub mod headers;

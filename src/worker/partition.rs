@@ -1,6 +1,6 @@
 //! One assigned partition: commands of different keys run concurrently (bounded),
 //! commands of one key strictly in order, and the stored offset never passes a
-//! command that is not finished (SPEC I3).
+//! command that is not finished (invariant I3).
 //!
 //! A panic while handling one record is caught here, counted and treated as an
 //! unknown outcome: the record is handled again after a pause (its token was left

@@ -64,7 +64,7 @@ impl Publisher {
 
     /// Sends one record and waits for the broker's acknowledgement. librdkafka retries
     /// within `message.timeout.ms`; past that we retry forever, because the offset of
-    /// this command must not move until the record is durable (SPEC I3). A revoke or
+    /// this command must not move until the record is durable (invariant I3). A revoke or
     /// shutdown ends the wait by cancelling the task. Only a record that can never be
     /// accepted (too large) comes back as an error.
     pub async fn send(

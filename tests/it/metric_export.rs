@@ -45,6 +45,9 @@ const ALLOWED_ATTRIBUTES: &[&str] = &[
     "expected",
     "actual",
     "partition",
+    // payment_worker.gateway.failures: a failure class and the HTTP status (bounded).
+    "class",
+    "http.response.status_code",
 ];
 
 fn command(key: &str) -> String {

@@ -670,9 +670,18 @@ impl Books<'_> {
                 .unwrap_or_default()
                 .is_empty());
             assert_eq!(letter.key().map(<[u8]>::to_vec), *key, "original key kept");
+            // The original value, but a card number in it masked (all but its last four).
+            let kept = match header(letter, "x-payload-redacted").as_deref() {
+                Some("card_number") => value.as_deref().map(|v| {
+                    payment_worker::payment::mask_card_numbers(&String::from_utf8_lossy(v))
+                        .into_owned()
+                        .into_bytes()
+                }),
+                _ => value.clone(),
+            };
             assert_eq!(
                 letter.payload().map(<[u8]>::to_vec),
-                *value,
+                kept,
                 "original value kept"
             );
             lettered.insert(position);
