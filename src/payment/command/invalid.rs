@@ -1,0 +1,151 @@
+//! Why a command is refused: one variant per rule, each with a stable code.
+
+use super::{
+    MAX_ACCOUNT_ID_LEN, MAX_AMOUNT_MINOR, MAX_DESCRIPTION_LEN, MAX_PAYMENT_METHOD_LEN,
+    MIN_AMOUNT_MINOR,
+};
+use crate::token::InvalidKey;
+
+pub(super) const IDEMPOTENCY_KEY: &str = "idempotency_key";
+pub(super) const ACCOUNT_ID: &str = "account_id";
+pub(super) const AMOUNT_MINOR: &str = "amount_minor";
+pub(super) const CURRENCY: &str = "currency";
+pub(super) const PAYMENT_METHOD: &str = "payment_method";
+pub(super) const DESCRIPTION: &str = "description";
+
+/// What is wrong with a free-text field. Never carries the text itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TextProblem {
+    #[error("is empty or blank")]
+    Empty,
+    #[error("is longer than {max} characters ({length})")]
+    TooLong { length: usize, max: usize },
+    #[error("contains a control character at position {position}")]
+    ControlCharacter { position: usize },
+}
+
+/// Why a command was refused. `Display` names the field and the rule, and never
+/// contains the payment method or anything that looked like a card number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCommand {
+    #[error("payload is empty")]
+    EmptyPayload,
+    #[error("payload is not valid UTF-8 (first invalid byte at offset {valid_up_to})")]
+    NotUtf8 { valid_up_to: usize },
+    #[error("payload is not well-formed JSON ({problem} at line {line}, column {column})")]
+    MalformedJson {
+        problem: &'static str,
+        line: usize,
+        column: usize,
+    },
+    #[error("payload must be a JSON object, found {found}")]
+    NotAnObject { found: &'static str },
+    #[error("field `{field}` appears more than once")]
+    DuplicateField { field: &'static str },
+    #[error("field `{field}` is missing")]
+    MissingField { field: &'static str },
+    #[error("field `{field}` is null")]
+    NullField { field: &'static str },
+    #[error("field `{field}` must be {expected}, found {found}")]
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("{0}")]
+    InvalidIdempotencyKey(InvalidKey),
+    #[error("field `account_id` {0} (1 to {MAX_ACCOUNT_ID_LEN} characters)")]
+    InvalidAccountId(TextProblem),
+    #[error("field `account_id` contains what looks like a card number; the value was discarded")]
+    CardNumberInAccountId,
+    #[error(
+        "field `amount_minor` must be an integer number of minor units (no fraction, no exponent)"
+    )]
+    AmountNotInteger,
+    #[error("field `amount_minor` must be between {MIN_AMOUNT_MINOR} and {MAX_AMOUNT_MINOR}")]
+    AmountOutOfRange,
+    #[error("field `currency` must be an ISO-4217 alpha-3 code: exactly three letters A-Z")]
+    InvalidCurrencyFormat,
+    #[error("field `currency` must be upper case ({currency:?}); ISO-4217 codes are")]
+    CurrencyNotUpperCase { currency: String },
+    #[error("field `currency` {currency:?} is not an active ISO-4217 currency code")]
+    UnknownCurrency { currency: String },
+    #[error("field `currency` {currency:?} is an ISO-4217 fund, metal or special code, not a currency a payment can be made in")]
+    CurrencyNotPayable { currency: String },
+    #[error("field `payment_method` looks like a card number; send a tokenised reference instead (the value was discarded)")]
+    CardNumberAsPaymentMethod,
+    #[error("field `payment_method` {0} (an opaque reference of 1 to {MAX_PAYMENT_METHOD_LEN} characters)")]
+    InvalidPaymentMethod(TextProblem),
+    #[error("field `description` is longer than {MAX_DESCRIPTION_LEN} characters ({length})")]
+    DescriptionTooLong { length: usize },
+    #[error("field `description` contains what looks like a card number; the value was discarded")]
+    CardNumberInDescription,
+    #[error("field `description` contains a control character at position {position}")]
+    DescriptionControlCharacter { position: usize },
+}
+
+impl InvalidCommand {
+    /// A stable, specific, machine-readable reason (`x-error-reason` prefix).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::EmptyPayload => "empty_payload",
+            Self::NotUtf8 { .. } => "not_utf8",
+            Self::MalformedJson { .. } => "malformed_json",
+            Self::NotAnObject { .. } => "not_an_object",
+            Self::DuplicateField { .. } => "duplicate_field",
+            Self::MissingField { .. } => "missing_field",
+            Self::NullField { .. } => "null_field",
+            Self::WrongType { .. } => "wrong_type",
+            Self::InvalidIdempotencyKey(_) => "invalid_idempotency_key",
+            Self::InvalidAccountId(_) => "invalid_account_id",
+            Self::CardNumberInAccountId => "card_number_in_account_id",
+            Self::AmountNotInteger => "amount_not_integer",
+            Self::AmountOutOfRange => "amount_out_of_range",
+            Self::InvalidCurrencyFormat => "invalid_currency_format",
+            Self::CurrencyNotUpperCase { .. } => "currency_not_upper_case",
+            Self::UnknownCurrency { .. } => "unknown_currency",
+            Self::CurrencyNotPayable { .. } => "currency_not_payable",
+            Self::CardNumberAsPaymentMethod => "card_number_as_payment_method",
+            Self::InvalidPaymentMethod(_) => "invalid_payment_method",
+            Self::DescriptionTooLong { .. } => "description_too_long",
+            Self::CardNumberInDescription => "card_number_in_description",
+            Self::DescriptionControlCharacter { .. } => "description_control_character",
+        }
+    }
+
+    /// Whether the command was refused for carrying a card-number-like value, so
+    /// every copy of it (dead letter included) must be masked.
+    pub fn holds_card_number(&self) -> bool {
+        matches!(
+            self,
+            Self::CardNumberInAccountId
+                | Self::CardNumberAsPaymentMethod
+                | Self::CardNumberInDescription
+        )
+    }
+
+    /// The offending field, when the problem is with one field.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::EmptyPayload
+            | Self::NotUtf8 { .. }
+            | Self::MalformedJson { .. }
+            | Self::NotAnObject { .. } => None,
+            Self::DuplicateField { field }
+            | Self::MissingField { field }
+            | Self::NullField { field }
+            | Self::WrongType { field, .. } => Some(*field),
+            Self::InvalidIdempotencyKey(_) => Some(IDEMPOTENCY_KEY),
+            Self::InvalidAccountId(_) | Self::CardNumberInAccountId => Some(ACCOUNT_ID),
+            Self::AmountNotInteger | Self::AmountOutOfRange => Some(AMOUNT_MINOR),
+            Self::InvalidCurrencyFormat
+            | Self::CurrencyNotUpperCase { .. }
+            | Self::UnknownCurrency { .. }
+            | Self::CurrencyNotPayable { .. } => Some(CURRENCY),
+            Self::CardNumberAsPaymentMethod | Self::InvalidPaymentMethod(_) => Some(PAYMENT_METHOD),
+            Self::DescriptionTooLong { .. }
+            | Self::CardNumberInDescription
+            | Self::DescriptionControlCharacter { .. } => Some(DESCRIPTION),
+        }
+    }
+}
