@@ -17,6 +17,7 @@ mod operations;
 mod poison;
 mod processor;
 mod procs;
+mod rebalance;
 mod scripted_gateway;
 mod security;
 mod telemetry;
