@@ -329,3 +329,71 @@ fn membership_events(worker: &Proc) -> usize {
         .filter(|l| membership(l).is_some())
         .count()
 }
+
+/// In process: a member that gives up half its partitions to a newcomer keeps the
+/// other half, stays a group member (`/readyz`'s view) throughout, and commits what
+/// it drained, so the newcomer answers nothing a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_incremental_revoke_keeps_the_rest_of_the_assignment_and_the_membership() {
+    use crate::helpers::{quick_worker_settings, stop_all, wait_for_stable_group, Stack};
+    use payment_worker::gateway::SimulatorConfig;
+
+    let stack = Stack::new(
+        PARTITIONS,
+        SimulatorConfig {
+            latency_ms: 20,
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
+    let spec = WorkloadSpec {
+        count: 600,
+        duplicate_ratio: 0.0,
+        invalid_ratio: 0.0,
+        decline_ratio: 0.0,
+        seed: 174,
+    };
+    let records = worker::generate(&spec, &unique("incr"));
+    let (first, second) = records.split_at(300);
+    stack.produce(first).await;
+    let settings = quick_worker_settings();
+    let a = stack.start_worker("a", &settings);
+    stack
+        .wait_for_results(first.len(), Duration::from_secs(60))
+        .await;
+    assert_eq!(a.assigned_partitions(), PARTITIONS as usize);
+
+    // B joins while A works on more commands; A is sampled all along.
+    stack.produce(second).await;
+    let b = stack.start_worker("b", &settings);
+    let mut held_by_a = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.assigned_partitions() == 0 || a.assigned_partitions() == PARTITIONS as usize {
+        assert!(
+            a.liveness().in_group(),
+            "A left the group during an incremental revoke"
+        );
+        held_by_a.push(a.assigned_partitions());
+        assert!(Instant::now() < deadline, "B never got partitions");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held_by_a.push(a.assigned_partitions());
+    assert!(
+        held_by_a.iter().all(|n| *n > 0),
+        "A held no partition at some point: {held_by_a:?}"
+    );
+    let workers = vec![a, b];
+    wait_for_stable_group(&workers, PARTITIONS as usize).await;
+    stack
+        .wait_for_results(records.len(), Duration::from_secs(60))
+        .await;
+    stack.wait_for_commits(Duration::from_secs(15)).await;
+    stop_all(workers).await;
+    let results = stack.results().await;
+    let repeated = by_position(&results)
+        .values()
+        .filter(|l| l.len() > 1)
+        .count();
+    assert_eq!(repeated, 0, "positions answered twice across the rebalance");
+    stack.assert_books_balance().await;
+}
