@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaResult;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
@@ -22,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::handler::Handler;
 use super::health::{serve_health, HealthChecks, Liveness};
 use super::partition::PartitionTask;
-use super::rebalance::{Commits, PartitionId};
+use super::rebalance::{Commits, Committer, PartitionId};
 use super::supervision::{is_fatal_broker_error, panic_message, WorkerFailure};
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
@@ -44,7 +43,7 @@ pub(super) struct Partitions {
     /// The group's current assignment to this member (a partition is here before
     /// its first record arrives, unlike in `assigned`).
     owned: Mutex<HashSet<PartitionId>>,
-    pub(super) commits: Commits,
+    pub(super) commits: Arc<Commits>,
     handler: Arc<Handler>,
     runtime: Handle,
     max_in_flight: usize,
@@ -265,10 +264,6 @@ impl ConsumerContext for MemberContext {
     ) {
         self.on_rebalance(consumer, err, list);
     }
-
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        self.partitions.commits.answered(&result);
-    }
 }
 
 /// A running group member.
@@ -351,7 +346,7 @@ pub fn start(
     let partitions = Arc::new(Partitions {
         assigned: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashSet::new()),
-        commits: Commits::default(),
+        commits: Arc::new(Commits::default()),
         handler,
         runtime: Handle::current(),
         max_in_flight: worker.max_in_flight,
@@ -373,6 +368,8 @@ pub fn start(
         .context("subscribing to the commands topic")?;
     let consumer = Arc::new(consumer);
     let _ = partitions.consumer.set(Arc::downgrade(&consumer));
+    let committer = Committer::start(&partitions.commits, Arc::clone(&consumer))
+        .context("spawning the commit thread")?;
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stopping);
     let (report, failure) = watch::channel(None);
@@ -380,7 +377,7 @@ pub fn start(
         .name("kafka-poll".into())
         .spawn(move || {
             let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                poll_loop(consumer, partitions, &flag)
+                poll_loop(consumer, partitions, committer, &flag)
             }));
             let failure = match polled {
                 Ok(Ok(())) if flag.load(Ordering::SeqCst) => None,
@@ -408,6 +405,7 @@ pub fn start(
 fn poll_loop(
     consumer: Arc<Member>,
     partitions: Arc<Partitions>,
+    mut committer: Committer,
     stopping: &AtomicBool,
 ) -> Result<(), WorkerFailure> {
     let stall_after_first_record = crate::fault::Faults::stalls_poll_loop();
@@ -442,9 +440,9 @@ fn poll_loop(
         if let Some((topic, partition)) = partitions.dead() {
             return Err(WorkerFailure::PartitionTaskEnded { topic, partition });
         }
-        partitions.commits.commit_progress(&consumer);
     }
     // Shutdown: drain everything, commit synchronously, then leave the group.
+    committer.stop();
     partitions.drain(&partitions.ids());
     partitions
         .commits

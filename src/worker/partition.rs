@@ -233,8 +233,8 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let Some(next) = offsets.advance() else {
             return;
         };
-        // The member commits stored offsets as soon as they move (one asynchronous
-        // commit in flight at a time), and synchronously after a drain and on shutdown.
+        // The member's commit thread commits stored offsets as soon as they move (one
+        // commit at a time); a drain and the shutdown commit too.
         let _span = tracing::info_span!(
             "offset commit",
             otel.kind = "client",

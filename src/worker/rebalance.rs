@@ -8,8 +8,8 @@
 //! (set by an operator through `KAFKA_CONFIG_PARTITION_ASSIGNMENT_STRATEGY`) every
 //! revoke is of everything, and `assign` / `unassign` apply.
 //!
-//! Offsets are committed as soon as they move (asynchronously, one commit in flight
-//! at a time), synchronously after every drain, and before the member leaves. A
+//! Offsets are committed as soon as they move (by a commit thread, one commit at a
+//! time), after every drain, and before the member leaves. A
 //! drain whose commit failed leaves its offsets here: if the partition comes back
 //! to this member and the group's committed offset is still behind, the member
 //! resumes from where it got and commits that once the group is stable again.
@@ -28,30 +28,21 @@ use super::consumer::MemberContext;
 
 pub(super) type PartitionId = (String, i32);
 
-/// An async commit without an answer after this long counts as failed: librdkafka
-/// does not report every commit it drops while the group rebalances.
-const COMMIT_ANSWER_WAIT: Duration = Duration::from_secs(2);
 /// Even without new progress, stored offsets are offered for commit this often, so a
-/// commit lost without an answer is made good (librdkafka sends only offsets that
-/// are ahead of the committed ones; otherwise the call costs nothing).
+/// commit refused during a rebalance is made good (librdkafka sends only offsets
+/// ahead of the committed ones; otherwise the call returns at once).
 const COMMIT_SWEEP: Duration = Duration::from_secs(1);
 /// After a failed commit, the next attempt waits this long.
 const COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// How often the committer looks for progress.
+const COMMIT_LOOK: Duration = Duration::from_millis(10);
 
 #[derive(Default)]
 pub(super) struct Commits {
     /// Set by a partition task whenever it stored a higher offset.
     progress: Arc<AtomicBool>,
-    state: Mutex<CommitState>,
     /// Offsets a drain reached whose commit failed.
     unsettled: Mutex<HashMap<PartitionId, i64>>,
-}
-
-#[derive(Default)]
-struct CommitState {
-    in_flight_since: Option<Instant>,
-    not_before: Option<Instant>,
-    last_sent: Option<Instant>,
 }
 
 impl Commits {
@@ -59,70 +50,39 @@ impl Commits {
         Arc::clone(&self.progress)
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, CommitState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn unsettled(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, i64>> {
         self.unsettled.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// From the poll loop: commits the stored offsets asynchronously when one moved
-    /// and no commit is in flight (and, as a sweep, every `COMMIT_SWEEP`).
-    pub(super) fn commit_progress<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
-        let now = Instant::now();
-        {
-            let mut state = self.state();
-            if let Some(since) = state.in_flight_since {
-                if now.duration_since(since) < COMMIT_ANSWER_WAIT {
-                    return;
+    /// The committer thread: commits the stored offsets as soon as one moved, one
+    /// commit at a time. Synchronous commits on a thread of their own: librdkafka
+    /// reports the outcome of an application's asynchronous commit only to an
+    /// `offset_commit_cb`, which rdkafka does not install, so "no commit in flight"
+    /// could not be known otherwise. Ends when `stop` is raised.
+    pub(super) fn spawn_committer<C: ConsumerContext + 'static>(
+        self: &Arc<Self>,
+        consumer: Arc<BaseConsumer<C>>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let commits = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("kafka-commit".into())
+            .spawn(move || {
+                let mut last = Instant::now();
+                while !stop.load(Ordering::SeqCst) {
+                    let moved = commits.progress.swap(false, Ordering::SeqCst);
+                    if !moved && last.elapsed() < COMMIT_SWEEP {
+                        std::thread::sleep(COMMIT_LOOK);
+                        continue;
+                    }
+                    last = Instant::now();
+                    if let Err(error) = commits.commit_now(&consumer) {
+                        tracing::debug!(%error, "commit failed; retried shortly");
+                        commits.progress.store(true, Ordering::SeqCst);
+                        std::thread::sleep(COMMIT_RETRY_PAUSE);
+                    }
                 }
-                state.in_flight_since = None;
-            }
-            if state.not_before.is_some_and(|t| now < t) {
-                return;
-            }
-            let moved = self.progress.swap(false, Ordering::SeqCst);
-            let sweep = state
-                .last_sent
-                .is_none_or(|t| now.duration_since(t) >= COMMIT_SWEEP);
-            if !moved && !sweep {
-                return;
-            }
-            state.in_flight_since = Some(now);
-            state.last_sent = Some(now);
-        }
-        match consumer.commit_consumer_state(CommitMode::Async) {
-            Ok(()) => {}
-            Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {
-                self.state().in_flight_since = None;
-            }
-            Err(error) => {
-                tracing::debug!(%error, "asynchronous commit not sent");
-                self.failed();
-            }
-        }
-    }
-
-    /// The answer to a commit (from librdkafka's commit callback).
-    pub(super) fn answered(&self, result: &KafkaResult<()>) {
-        match result {
-            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {
-                self.state().in_flight_since = None;
-            }
-            Err(error) => {
-                tracing::debug!(%error, "commit failed; retried shortly");
-                self.failed();
-            }
-        }
-    }
-
-    fn failed(&self) {
-        let mut state = self.state();
-        state.in_flight_since = None;
-        state.not_before = Some(Instant::now() + COMMIT_RETRY_PAUSE);
-        // What was stored is still to be committed.
-        self.progress.store(true, Ordering::SeqCst);
+            })
     }
 
     /// Synchronously commits what was stored. "No offset" just means nothing moved.
@@ -412,5 +372,55 @@ impl MemberContext {
         if let Err(error) = applied {
             tracing::error!(%error, "giving up the revoked partitions failed");
         }
+    }
+}
+
+/// The running committer thread; stopped and joined on drop, so it never outlives
+/// the poll loop (it holds the consumer, which must be closed last).
+pub(super) struct Committer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Committer {
+    pub(super) fn start<C: ConsumerContext + 'static>(
+        commits: &Arc<Commits>,
+        consumer: Arc<BaseConsumer<C>>,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = commits.spawn_committer(consumer, Arc::clone(&stop))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub(super) fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_drain_bound_is_one_attempt_per_round_of_database_connections() {
+        let gateway = Duration::from_secs(5);
+        // Every in-flight command has a connection: one attempt, look-up and charge.
+        assert_eq!(drain_bound(32, gateway, 48), Duration::from_secs(11));
+        // 64 commands over 16 connections: four rounds.
+        assert_eq!(drain_bound(64, gateway, 16), Duration::from_secs(44));
+        // At the tests' 20 ms gateway, far inside a 3 s deadline.
+        assert!(drain_bound(32, Duration::from_millis(20), 16) < Duration::from_secs(3));
     }
 }
