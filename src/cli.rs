@@ -335,6 +335,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let worker_id = worker.worker_id();
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
+            check_drain_deadline(&worker, &processor);
             let settings = processor;
             let processor = Arc::new(settings.build(&worker_id).await?);
             tracing::info!(
@@ -469,6 +470,26 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Man { out_dir } => write_manual(out_dir),
+    }
+}
+
+/// A drain that can outlast its deadline abandons in-flight commands at every
+/// rebalance (safe, but they are redone by the next owner after their lease).
+fn check_drain_deadline(worker: &WorkerSettings, processor: &ProcessorSettings) {
+    let bound = worker::drain_bound(
+        worker.max_in_flight,
+        processor.gateway.timeout,
+        processor.stores.database.max_connections,
+    );
+    if worker.drain_deadline < bound {
+        tracing::warn!(
+            drain_deadline = ?worker.drain_deadline,
+            drain_bound = ?bound,
+            "a drain may outlast --drain-deadline when the gateway answers at its timeout: \
+             lower --gateway-timeout or --max-in-flight, or raise --drain-deadline (below the session timeout)"
+        );
+    } else {
+        tracing::info!(drain_deadline = ?worker.drain_deadline, drain_bound = ?bound, "drains fit their deadline");
     }
 }
 

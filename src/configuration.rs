@@ -291,10 +291,34 @@ pub struct KafkaSettings {
     /// A member that stops heart-beating this long is removed from the group.
     #[arg(long = "kafka-session-timeout", env = "KAFKA_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub session_timeout: Duration,
+    /// Static group membership (KIP-345): a stable name for this member, e.g. the
+    /// pod name of a StatefulSet. A member restarted under the same name within the
+    /// session timeout gets its partitions back without a rebalance. Unset: a
+    /// dynamic member (every join and leave rebalances the group).
+    #[arg(long = "kafka-group-instance-id", env = "KAFKA_GROUP_INSTANCE_ID")]
+    pub group_instance_id: Option<String>,
+    /// `classic`: the JoinGroup/SyncGroup protocol with the cooperative-sticky
+    /// assignor (incremental rebalancing). `consumer`: the broker-driven protocol of
+    /// KIP-848 (Kafka 4.0+ brokers); session timeout and assignor are then the
+    /// broker's settings.
+    #[arg(
+        long = "kafka-group-protocol",
+        env = "KAFKA_GROUP_PROTOCOL",
+        value_enum,
+        default_value = "classic"
+    )]
+    pub group_protocol: GroupProtocol,
     /// Extra librdkafka settings, `key=value` (repeatable); `KAFKA_CONFIG_SASL_MECHANISM=…`
     /// style environment variables are read too (`_` becomes `.`, lower-cased).
     #[arg(id = "kafka_config", long = "kafka-config", value_parser = parse_key_value)]
     pub extra: Vec<(String, String)>,
+}
+
+/// Which consumer-group protocol the member speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupProtocol {
+    Classic,
+    Consumer,
 }
 
 fn parse_key_value(value: &str) -> Result<(String, String), String> {
@@ -327,6 +351,8 @@ impl KafkaSettings {
             results_topic: "payments.results".into(),
             dlq_topic: "payments.dlq".into(),
             session_timeout: Duration::from_secs(6),
+            group_instance_id: None,
+            group_protocol: GroupProtocol::Classic,
             extra: Vec::new(),
         }
     }
@@ -366,6 +392,8 @@ impl std::fmt::Debug for KafkaSettings {
             .field("results_topic", &self.results_topic)
             .field("dlq_topic", &self.dlq_topic)
             .field("session_timeout", &self.session_timeout)
+            .field("group_instance_id", &self.group_instance_id)
+            .field("group_protocol", &self.group_protocol)
             .field("extra", &extra)
             .finish()
     }

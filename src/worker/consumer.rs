@@ -2,16 +2,16 @@
 //! rebalance callback may block while revoked partitions drain; the commands
 //! themselves run on the tokio runtime.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::handler::Handler;
 use super::health::{serve_health, HealthChecks, Liveness};
 use super::partition::PartitionTask;
+use super::rebalance::{Commits, Committer, PartitionId};
 use super::supervision::{is_fatal_broker_error, panic_message, WorkerFailure};
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
@@ -31,20 +32,28 @@ struct Assigned {
     /// Records the inbox had no room for; the partition is paused meanwhile.
     overflow: VecDeque<OwnedMessage>,
     abandon: CancellationToken,
-    task: JoinHandle<()>,
+    /// Ends with the last offset the task stored, if any.
+    task: JoinHandle<Option<i64>>,
 }
 
 /// Partitions this member is working on. Touched only from the poll thread (the
 /// rebalance callbacks run there too); the mutex only satisfies `Sync`.
-struct Partitions {
+pub(super) struct Partitions {
     assigned: Mutex<HashMap<(String, i32), Assigned>>,
+    /// The group's current assignment to this member (a partition is here before
+    /// its first record arrives, unlike in `assigned`).
+    owned: Mutex<HashSet<PartitionId>>,
+    pub(super) commits: Arc<Commits>,
     handler: Arc<Handler>,
     runtime: Handle,
     max_in_flight: usize,
     drain_deadline: Duration,
     consumer: OnceLock<std::sync::Weak<Member>>,
     group_id: Arc<str>,
-    liveness: Arc<Liveness>,
+    pub(super) liveness: Arc<Liveness>,
+    /// A static member (`group.instance.id`) does not leave the group on shutdown.
+    static_member: bool,
+    session_timeout: Duration,
 }
 
 impl Partitions {
@@ -72,6 +81,7 @@ impl Partitions {
                 handler: Arc::clone(&self.handler),
                 group_id: Arc::clone(&self.group_id),
                 max_in_flight: self.max_in_flight.max(1),
+                progress: self.commits.progress_flag(),
             };
             let task = self.runtime.spawn(task.run());
             Assigned {
@@ -119,36 +129,73 @@ impl Partitions {
         }
     }
 
-    /// Stops taking records for `ids`, lets what runs finish within the drain
-    /// deadline (abandoning the rest), and leaves the final offsets stored.
-    fn drain(&self, ids: &[(String, i32)]) {
-        let drained: Vec<Assigned> = {
+    /// Stops taking records for `ids` at once (queued records are not started),
+    /// lets what runs finish within the drain deadline (abandoning the rest), and
+    /// leaves the final offsets stored; returns them.
+    pub(super) fn drain(&self, ids: &[(String, i32)]) -> HashMap<PartitionId, i64> {
+        let drained: Vec<(PartitionId, Assigned)> = {
             let mut assigned = self.lock();
-            ids.iter().filter_map(|id| assigned.remove(id)).collect()
+            ids.iter()
+                .filter_map(|id| assigned.remove_entry(id))
+                .collect()
         };
         if drained.is_empty() {
-            return;
+            return HashMap::new();
         }
         let deadline = tokio::time::Instant::now() + self.drain_deadline;
         self.runtime.block_on(async move {
-            // Closing the inboxes first tells every task to start nothing new.
-            let tasks: Vec<(CancellationToken, JoinHandle<()>)> = drained
+            // Dropping the inboxes (with the overflow) tells every task to start
+            // nothing new; only commands already running go on.
+            let tasks: Vec<(PartitionId, CancellationToken, JoinHandle<Option<i64>>)> = drained
                 .into_iter()
-                .map(|entry| (entry.abandon, entry.task))
+                .map(|(id, entry)| (id, entry.abandon, entry.task))
                 .collect();
-            for (abandon, mut task) in tasks {
+            let mut reached = HashMap::new();
+            for (id, abandon, mut task) in tasks {
                 // Each handle is awaited to completion exactly once.
-                if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                    tracing::warn!("drain deadline passed; abandoning in-flight commands");
-                    abandon.cancel();
-                    let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+                let stored = match tokio::time::timeout_at(deadline, &mut task).await {
+                    Ok(joined) => joined.ok().flatten(),
+                    Err(_) => {
+                        tracing::warn!(
+                            partition = id.1,
+                            "drain deadline passed; abandoning in-flight commands"
+                        );
+                        abandon.cancel();
+                        tokio::time::timeout(Duration::from_secs(2), task)
+                            .await
+                            .ok()
+                            .and_then(Result::ok)
+                            .flatten()
+                    }
+                };
+                if let Some(offset) = stored {
+                    reached.insert(id, offset);
                 }
             }
-        });
+            reached
+        })
     }
 
-    fn ids(&self) -> Vec<(String, i32)> {
-        self.lock().keys().cloned().collect()
+    /// Adds (`owned`) or removes `ids` from this member's assignment; returns how
+    /// many partitions it holds now.
+    pub(super) fn own(&self, ids: &[PartitionId], owned: bool) -> usize {
+        let mut set = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            if owned {
+                set.insert(id.clone());
+            } else {
+                set.remove(id);
+            }
+        }
+        set.len()
+    }
+
+    /// Every partition of the current assignment.
+    pub(super) fn ids(&self) -> Vec<(String, i32)> {
+        let owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids: HashSet<PartitionId> = owned.iter().cloned().collect();
+        ids.extend(self.lock().keys().cloned());
+        ids.into_iter().collect()
     }
 
     /// A partition whose task ended while still assigned: only a drain ends a task
@@ -175,8 +222,8 @@ fn pause(consumer: &Member, id: &(String, i32), paused: bool) {
 }
 
 pub struct MemberContext {
-    partitions: Arc<Partitions>,
-    assigned: Arc<AtomicUsize>,
+    pub(super) partitions: Arc<Partitions>,
+    pub(super) assigned: Arc<AtomicUsize>,
 }
 
 impl ClientContext for MemberContext {
@@ -206,45 +253,16 @@ impl ClientContext for MemberContext {
 }
 
 impl ConsumerContext for MemberContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(list) = rebalance {
-            let ids: Vec<(String, i32)> = list
-                .elements()
-                .iter()
-                .map(|e| (e.topic().to_owned(), e.partition()))
-                .collect();
-            tracing::info!(partitions = ids.len(), "revoked; draining");
-            self.assigned.store(0, Ordering::SeqCst);
-            self.partitions.liveness.set_in_group(false);
-            self.partitions.drain(&ids);
-            commit_stored(consumer);
-        }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(list) = rebalance {
-            // librdkafka keeps a partition's pause across a revoke and a later
-            // re-assignment, while the overflow that would have resumed it was dropped
-            // with the revoke: without this a partition paused for back pressure when
-            // it was revoked comes back paused and is never consumed again.
-            if list.count() > 0 {
-                if let Err(error) = consumer.resume(list) {
-                    tracing::warn!(%error, "resuming the assigned partitions failed");
-                }
-            }
-            tracing::info!(partitions = list.count(), "assigned");
-            self.assigned.store(list.count(), Ordering::SeqCst);
-            self.partitions.liveness.set_in_group(true);
-        }
-    }
-}
-
-/// Synchronously commits what was stored. "No offset" just means nothing moved.
-fn commit_stored(consumer: &BaseConsumer<MemberContext>) {
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        Ok(()) => {}
-        Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-        Err(error) => tracing::warn!(%error, "synchronous commit failed"),
+    /// Replaces rdkafka's default, which ignores the outcome of (incremental)
+    /// assign/unassign and cannot drain before giving partitions up; see
+    /// `rebalance.rs`.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        list: &mut TopicPartitionList,
+    ) {
+        self.on_rebalance(consumer, err, list);
     }
 }
 
@@ -327,6 +345,8 @@ pub fn start(
     liveness.polled();
     let partitions = Arc::new(Partitions {
         assigned: Mutex::new(HashMap::new()),
+        owned: Mutex::new(HashSet::new()),
+        commits: Arc::new(Commits::default()),
         handler,
         runtime: Handle::current(),
         max_in_flight: worker.max_in_flight,
@@ -334,6 +354,8 @@ pub fn start(
         consumer: OnceLock::new(),
         group_id: Arc::from(kafka.group_id.as_str()),
         liveness: Arc::clone(&liveness),
+        static_member: kafka.group_instance_id.is_some(),
+        session_timeout: kafka.session_timeout,
     });
     let consumer: Member = super::kafka::consumer_config(kafka)
         .create_with_context(MemberContext {
@@ -346,6 +368,8 @@ pub fn start(
         .context("subscribing to the commands topic")?;
     let consumer = Arc::new(consumer);
     let _ = partitions.consumer.set(Arc::downgrade(&consumer));
+    let committer = Committer::start(&partitions.commits, Arc::clone(&consumer))
+        .context("spawning the commit thread")?;
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stopping);
     let (report, failure) = watch::channel(None);
@@ -353,7 +377,7 @@ pub fn start(
         .name("kafka-poll".into())
         .spawn(move || {
             let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                poll_loop(consumer, partitions, &flag)
+                poll_loop(consumer, partitions, committer, &flag)
             }));
             let failure = match polled {
                 Ok(Ok(())) if flag.load(Ordering::SeqCst) => None,
@@ -381,6 +405,7 @@ pub fn start(
 fn poll_loop(
     consumer: Arc<Member>,
     partitions: Arc<Partitions>,
+    mut committer: Committer,
     stopping: &AtomicBool,
 ) -> Result<(), WorkerFailure> {
     let stall_after_first_record = crate::fault::Faults::stalls_poll_loop();
@@ -417,11 +442,21 @@ fn poll_loop(
         }
     }
     // Shutdown: drain everything, commit synchronously, then leave the group.
+    committer.stop();
     partitions.drain(&partitions.ids());
-    commit_stored(&consumer);
-    consumer.unsubscribe();
-    // Serve the final revoke callback so the group sees us leave now, not at timeout.
-    let _ = consumer.poll(Duration::from_millis(100));
+    partitions
+        .commits
+        .commit_before_leaving(&consumer, partitions.session_timeout);
+    if partitions.static_member {
+        // Unsubscribing would send a LeaveGroup and rebalance the group; a static
+        // member that closes stays in it for the session timeout, so its restart
+        // under the same instance id gets the same partitions back.
+        tracing::info!("static member: leaving the group to its session timeout");
+    } else {
+        consumer.unsubscribe();
+        // Serve the final revoke callback so the group sees us leave now, not at timeout.
+        let _ = consumer.poll(Duration::from_millis(100));
+    }
     drop(partitions);
     match Arc::try_unwrap(consumer) {
         Ok(consumer) => drop(consumer),

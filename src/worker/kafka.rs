@@ -6,7 +6,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 
-use crate::configuration::KafkaSettings;
+use crate::configuration::{GroupProtocol, KafkaSettings};
 
 pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
     let mut config = ClientConfig::new();
@@ -20,23 +20,48 @@ pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
 /// At-least-once consumption with our own offset discipline (invariant I3): librdkafka
 /// commits only offsets the worker stored, and the worker stores an offset only when
 /// every command below it is settled and its result acknowledged.
+///
+/// Offsets are committed by the worker itself (see `rebalance.rs`): as soon as they
+/// move, after every drain and before leaving.
 pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
     let session_ms = settings.session_timeout.as_millis().max(1000);
     let mut config = base_config(settings);
     config
         .set("group.id", &settings.group_id)
         .set("enable.auto.offset.store", "false")
-        .set("enable.auto.commit", "true")
-        // Frequent commits keep the replay window of a lost revoke-commit small.
-        .set("auto.commit.interval.ms", "250")
+        .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("session.timeout.ms", session_ms.to_string())
-        .set(
-            "heartbeat.interval.ms",
-            (session_ms / 4).max(250).to_string(),
-        )
-        .set("max.poll.interval.ms", "300000")
+        .set("max.poll.interval.ms", "300000");
+    match settings.group_protocol {
+        GroupProtocol::Classic => {
+            config
+                .set("session.timeout.ms", session_ms.to_string())
+                .set(
+                    "heartbeat.interval.ms",
+                    (session_ms / 4).max(250).to_string(),
+                );
+            // Incremental rebalancing (KIP-429): a join or leave moves only the
+            // partitions that must move. An operator may still choose an eager
+            // assignor through KAFKA_CONFIG_PARTITION_ASSIGNMENT_STRATEGY (needed
+            // while members of an older eager release are in the group).
+            let chosen = settings
+                .passthrough()
+                .iter()
+                .any(|(k, _)| k == "partition.assignment.strategy");
+            if !chosen {
+                config.set("partition.assignment.strategy", "cooperative-sticky");
+            }
+        }
+        // KIP-848: the broker assigns (always incrementally) and owns the timeouts.
+        GroupProtocol::Consumer => {
+            config.set("group.protocol", "consumer");
+        }
+    }
+    if let Some(instance) = &settings.group_instance_id {
+        config.set("group.instance.id", instance);
+    }
+    config
         // Bounded prefetch keeps memory flat with a deep backlog.
         .set("queued.max.messages.kbytes", "16384");
     if crate::telemetry::metrics_exported() {
@@ -79,6 +104,10 @@ impl LocalKafka {
             // The mock waits 3 s before the first rebalance by default; tests and the
             // demo would spend most of their time there.
             rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(raw, 0);
+            // Groups of the KIP-848 protocol (`--kafka-group-protocol consumer`) take
+            // their timeouts from the broker: as short as the tests' classic groups.
+            rdkafka_sys::rd_kafka_mock_set_group_consumer_session_timeout_ms(raw, 6000);
+            rdkafka_sys::rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(raw, 1000);
         }
         Ok(Self { producer })
     }

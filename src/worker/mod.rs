@@ -8,6 +8,7 @@ mod messages;
 mod offsets;
 mod partition;
 mod publisher;
+mod rebalance;
 mod supervision;
 
 pub use consumer::{run_until, start, RunningWorker};
@@ -20,6 +21,7 @@ pub use messages::{
 };
 pub use offsets::OffsetTracker;
 pub use publisher::Publisher;
+pub use rebalance::drain_bound;
 pub use supervision::WorkerFailure;
 mod dry_run;
 mod tools;

@@ -38,6 +38,11 @@ impl OffsetTracker {
         Some(committable)
     }
 
+    /// The last offset `advance` returned.
+    pub fn stored(&self) -> Option<i64> {
+        self.stored
+    }
+
     pub fn in_flight(&self) -> usize {
         self.pending.len()
     }

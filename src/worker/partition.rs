@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,10 +61,13 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
     pub handler: Arc<Handler>,
     pub group_id: Arc<str>,
     pub max_in_flight: usize,
+    /// Raised whenever this task stored a higher offset: the member commits soon.
+    pub progress: Arc<AtomicBool>,
 }
 
 impl<C: ConsumerContext + 'static> PartitionTask<C> {
-    pub async fn run(mut self) {
+    /// Returns the last offset stored (where the next owner should start).
+    pub async fn run(mut self) -> Option<i64> {
         let mut offsets = OffsetTracker::default();
         let mut panics: HashMap<i64, u32> = HashMap::new();
         let mut waiting: HashMap<Lane, VecDeque<OwnedMessage>> = HashMap::new();
@@ -149,6 +153,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         }
         self.store(&mut offsets);
         tracing::debug!(topic = %self.topic, partition = self.partition, "partition drained");
+        offsets.stored()
     }
 
     fn start(
@@ -228,8 +233,8 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let Some(next) = offsets.advance() else {
             return;
         };
-        // librdkafka commits stored offsets within `auto.commit.interval.ms`, and
-        // synchronously on revoke and shutdown.
+        // The member's commit thread commits stored offsets as soon as they move (one
+        // commit at a time); a drain and the shutdown commit too.
         let _span = tracing::info_span!(
             "offset commit",
             otel.kind = "client",
@@ -247,8 +252,9 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             return;
         }
         // Fails only once the partition is no longer ours; the new owner decides then.
-        if let Err(error) = self.consumer.store_offsets(&list) {
-            tracing::debug!(%error, partition = self.partition, "offset not stored");
+        match self.consumer.store_offsets(&list) {
+            Ok(()) => self.progress.store(true, Ordering::SeqCst),
+            Err(error) => tracing::debug!(%error, partition = self.partition, "offset not stored"),
         }
     }
 }

@@ -20,6 +20,7 @@ mod poison;
 mod postgres_store;
 mod processor;
 mod procs;
+mod rebalance;
 mod round_trips;
 mod scripted_gateway;
 mod security;

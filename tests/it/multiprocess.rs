@@ -23,27 +23,27 @@ use sqlx::PgPool;
 use crate::helpers::{unique, TestDb, TestRedis, REDIS_URL};
 use crate::procs::{self, current_membership, Membership, PrivatePostgres, Proc};
 
-const PARTITIONS: i32 = 6;
+pub(crate) const PARTITIONS: i32 = 6;
 const WORKERS: usize = 3;
 /// Workers ask for this; the group's first assignment after a SIGKILL waits for it.
-const SESSION_TIMEOUT: &str = "6s";
+pub(crate) const SESSION_TIMEOUT: &str = "6s";
 
 /// The deployment of one test: a dev-kafka process, a gateway-sim process and the
 /// worker processes of one consumer group, all sharing one database and Redis prefix.
-struct Deployment {
+pub(crate) struct Deployment {
     partitions: i32,
     _kafka: Proc,
     _gateway: Proc,
-    settings: KafkaSettings,
+    pub(crate) settings: KafkaSettings,
     gateway: HttpGateway,
-    worker_env: HashMap<String, String>,
-    workers: Vec<Proc>,
+    pub(crate) worker_env: HashMap<String, String>,
+    pub(crate) workers: Vec<Proc>,
     started: usize,
     kills: usize,
 }
 
 impl Deployment {
-    async fn start(
+    pub(crate) async fn start(
         partitions: i32,
         database_url: &str,
         redis_prefix: &str,
@@ -92,7 +92,7 @@ impl Deployment {
         }
     }
 
-    fn spawn_worker(&mut self) -> Proc {
+    pub(crate) fn spawn_worker(&mut self) -> Proc {
         self.started += 1;
         let name = format!("worker-{}", self.started);
         let mut env = self.worker_env.clone();
@@ -105,7 +105,7 @@ impl Deployment {
         self.workers.push(worker);
     }
 
-    fn start_workers(&mut self) {
+    pub(crate) fn start_workers(&mut self) {
         for _ in 0..WORKERS {
             let worker = self.spawn_worker();
             self.workers.push(worker);
@@ -128,7 +128,7 @@ impl Deployment {
     /// restart: a worker that exited before it ever joined the group because Redis
     /// or Postgres could not be reached (start-up fails fast by design; the shared
     /// Redis of this machine may be restarted by someone else meanwhile).
-    fn assert_workers_running(&mut self) {
+    pub(crate) fn assert_workers_running(&mut self) {
         self.assert_workers_running_except(None);
     }
 
@@ -156,7 +156,7 @@ impl Deployment {
     }
 
     /// SIGTERM to every worker: drain, final commit, leave the group, exit 0.
-    async fn stop_workers(&mut self) {
+    pub(crate) async fn stop_workers(&mut self) {
         for worker in &mut self.workers {
             worker.signal(nix::sys::signal::Signal::SIGTERM);
         }
@@ -168,7 +168,7 @@ impl Deployment {
 
     /// Waits until the live workers own every partition between them, each at
     /// least one, and nothing has changed for 1.5 s.
-    async fn wait_for_stable_group(&mut self, within: Duration) {
+    pub(crate) async fn wait_for_stable_group(&mut self, within: Duration) {
         let deadline = Instant::now() + within;
         let mut stable_since: Option<Instant> = None;
         loop {
@@ -202,7 +202,7 @@ impl Deployment {
 
     /// Publishes `records` in the background, `per_tick` every 200 ms: the workers
     /// are kept busy for the whole run instead of finishing a backlog in seconds.
-    fn produce_paced(
+    pub(crate) fn produce_paced(
         &self,
         records: &[WorkloadRecord],
         per_tick: usize,
@@ -235,7 +235,7 @@ impl Deployment {
         .unwrap()
     }
 
-    async fn commands(&self) -> Vec<OwnedMessage> {
+    pub(crate) async fn commands(&self) -> Vec<OwnedMessage> {
         self.read(&self.settings.commands_topic, HashMap::new())
             .await
     }
@@ -251,11 +251,11 @@ impl Deployment {
             .collect()
     }
 
-    async fn results(&self) -> Vec<ResultRecord> {
+    pub(crate) async fn results(&self) -> Vec<ResultRecord> {
         self.results_from(HashMap::new()).await
     }
 
-    async fn dead_letters(&self) -> Vec<OwnedMessage> {
+    pub(crate) async fn dead_letters(&self) -> Vec<OwnedMessage> {
         self.read(&self.settings.dlq_topic, HashMap::new()).await
     }
 
@@ -290,7 +290,7 @@ impl Deployment {
 
     /// Waits until the committed offset of every partition is at its end and every
     /// command position has a result at or after `results_from`; returns those results.
-    async fn wait_until_settled(
+    pub(crate) async fn wait_until_settled(
         &mut self,
         positions: usize,
         results_from: HashMap<i32, i64>,
@@ -331,7 +331,7 @@ impl Deployment {
         }
     }
 
-    async fn ledger(&self) -> Vec<LedgerEntry> {
+    pub(crate) async fn ledger(&self) -> Vec<LedgerEntry> {
         self.gateway.ledger().await.expect("the gateway ledger")
     }
 }
@@ -340,7 +340,7 @@ impl Deployment {
 // What a command position should lead to, from the topic itself.
 
 #[derive(Debug, Clone)]
-enum Expected {
+pub(crate) enum Expected {
     /// Decodes into a valid command for this key and fingerprint.
     Valid { key: String, fingerprint: String },
     /// Fails validation: its key (if any) and the original bytes.
@@ -350,9 +350,9 @@ enum Expected {
     },
 }
 
-type Position = (i32, i64);
+pub(crate) type Position = (i32, i64);
 
-fn expectations(commands: &[OwnedMessage]) -> BTreeMap<Position, Expected> {
+pub(crate) fn expectations(commands: &[OwnedMessage]) -> BTreeMap<Position, Expected> {
     commands
         .iter()
         .map(|m| {
@@ -379,7 +379,7 @@ fn header(message: &OwnedMessage, name: &str) -> Option<String> {
     })
 }
 
-fn by_position(results: &[ResultRecord]) -> HashMap<Position, Vec<&ResultRecord>> {
+pub(crate) fn by_position(results: &[ResultRecord]) -> HashMap<Position, Vec<&ResultRecord>> {
     let mut out: HashMap<Position, Vec<&ResultRecord>> = HashMap::new();
     for r in results {
         out.entry((r.source.partition, r.source.offset))
@@ -389,14 +389,14 @@ fn by_position(results: &[ResultRecord]) -> HashMap<Position, Vec<&ResultRecord>
     out
 }
 
-struct PaymentRow {
+pub(crate) struct PaymentRow {
     id: uuid::Uuid,
     status: String,
     transaction_id: Option<String>,
     fingerprint: String,
 }
 
-async fn payment_rows(pool: &PgPool) -> HashMap<String, PaymentRow> {
+pub(crate) async fn payment_rows(pool: &PgPool) -> HashMap<String, PaymentRow> {
     let rows: Vec<(uuid::Uuid, String, String, Option<String>, String)> = sqlx::query_as(
         "SELECT id, idempotency_key, status, gateway_transaction_id, fingerprint FROM payments",
     )
@@ -419,7 +419,7 @@ async fn payment_rows(pool: &PgPool) -> HashMap<String, PaymentRow> {
 }
 
 /// Every token hash under `prefix` with its `status` field (see token/redis.rs).
-async fn token_statuses(
+pub(crate) async fn token_statuses(
     redis: &mut redis::aio::ConnectionManager,
     prefix: &str,
 ) -> HashMap<String, String> {
@@ -461,7 +461,7 @@ async fn scan(redis: &mut redis::aio::ConnectionManager, pattern: &str) -> Vec<S
 
 /// Redis "loses its data": every key of this test's prefix is deleted (other tests
 /// share the server, so no FLUSHALL). Returns how many keys went.
-async fn flush_prefix(redis: &mut redis::aio::ConnectionManager, prefix: &str) -> usize {
+pub(crate) async fn flush_prefix(redis: &mut redis::aio::ConnectionManager, prefix: &str) -> usize {
     let keys = scan(redis, &format!("{prefix}:*")).await;
     for chunk in keys.chunks(500) {
         let _: i64 = redis::cmd("DEL")
@@ -474,18 +474,18 @@ async fn flush_prefix(redis: &mut redis::aio::ConnectionManager, prefix: &str) -
 }
 
 /// The end state every run must reach (SPEC §2), from what the systems hold.
-struct Books<'a> {
-    records: &'a [WorkloadRecord],
-    expected: &'a BTreeMap<Position, Expected>,
-    results: &'a [ResultRecord],
-    dead_letters: &'a [OwnedMessage],
-    ledger: &'a [LedgerEntry],
-    rows: &'a HashMap<String, PaymentRow>,
-    tokens: &'a HashMap<String, String>,
+pub(crate) struct Books<'a> {
+    pub(crate) records: &'a [WorkloadRecord],
+    pub(crate) expected: &'a BTreeMap<Position, Expected>,
+    pub(crate) results: &'a [ResultRecord],
+    pub(crate) dead_letters: &'a [OwnedMessage],
+    pub(crate) ledger: &'a [LedgerEntry],
+    pub(crate) rows: &'a HashMap<String, PaymentRow>,
+    pub(crate) tokens: &'a HashMap<String, String>,
 }
 
 impl Books<'_> {
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         // The topic holds exactly the generated workload.
         assert_eq!(
             self.expected.len(),
@@ -712,7 +712,7 @@ async fn later_reservations(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
-fn answered(results: &[ResultRecord]) -> usize {
+pub(crate) fn answered(results: &[ResultRecord]) -> usize {
     results
         .iter()
         .map(|r| (r.source.partition, r.source.offset))

@@ -226,7 +226,9 @@ impl Drop for Proc {
 /// `payment-worker <args>` with a clean environment plus `env`: nothing from the
 /// test's own environment (RUST_LOG, OTEL_*, KAFKA_CONFIG_*, fault points) leaks in.
 pub fn binary(args: &[&str], env: &HashMap<String, String>) -> Command {
-    let mut command = Command::new(BINARY);
+    // PW_TEST_BINARY runs another build (e.g. the base commit's) for a before/after comparison.
+    let program = std::env::var("PW_TEST_BINARY").unwrap_or_else(|_| BINARY.to_owned());
+    let mut command = Command::new(program);
     command.args(args).env_clear();
     if let Ok(path) = std::env::var("PATH") {
         command.env("PATH", path);
@@ -295,6 +297,8 @@ pub fn message(line: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// `assigned` reports the partitions held after the change; `revoked` reports
+/// those still held in `held` (absent: none).
 pub fn membership(line: &str) -> Option<Membership> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
     let fields = value.get("fields")?;
@@ -302,7 +306,11 @@ pub fn membership(line: &str) -> Option<Membership> {
         "assigned" => Some(Membership::Assigned(
             fields.get("partitions")?.as_u64()? as usize
         )),
-        m if m.starts_with("revoked") => Some(Membership::Revoked),
+        // Under incremental rebalancing a revoke may leave the member holding others.
+        m if m.starts_with("revoked") => match fields.get("held").and_then(|h| h.as_u64()) {
+            Some(held) if held > 0 => Some(Membership::Assigned(held as usize)),
+            _ => Some(Membership::Revoked),
+        },
         _ => None,
     }
 }
