@@ -4,7 +4,8 @@
 //! answered more than once, the longest time a member held no partition, and the
 //! drains that ran into their deadline, then checks the books and the audit.
 //!
-//! `PW_TEST_BINARY=<another build>` runs the same scenarios against another build
+//! The scenarios use the KIP-848 group protocol unless `PW_TEST_GROUP_PROTOCOL=classic`
+//! (see `Run::spawn`). `PW_TEST_BINARY=<another build>` runs the same scenarios against another build
 //! of the worker (the before/after table of the issue was made that way).
 
 use std::collections::HashMap;
@@ -90,10 +91,15 @@ impl Run {
         let mut env = self.deployment.worker_env.clone();
         let name = format!("worker-{slot}-{generation}");
         env.insert("WORKER_ID".into(), name.clone());
-        // PW_TEST_GROUP_PROTOCOL=consumer tries the KIP-848 protocol instead.
-        if let Ok(protocol) = std::env::var("PW_TEST_GROUP_PROTOCOL") {
-            env.insert("KAFKA_GROUP_PROTOCOL".into(), protocol);
-        }
+        // The KIP-848 protocol by default here: the mock paces every classic rebalance
+        // round at the session timeout (a real coordinator ends a round once every
+        // member rejoined), so a cooperative move takes two rounds, ~10 s of the 12 s
+        // allowed, and a loaded CI machine tips it over. PW_TEST_GROUP_PROTOCOL=classic
+        // runs the same scenarios on the classic protocol (cooperative-sticky); every
+        // other multi-process test runs on it.
+        let protocol =
+            std::env::var("PW_TEST_GROUP_PROTOCOL").unwrap_or_else(|_| "consumer".to_owned());
+        env.insert("KAFKA_GROUP_PROTOCOL".into(), protocol);
         if static_id {
             env.insert("KAFKA_GROUP_INSTANCE_ID".into(), format!("pod-{slot}"));
         }
