@@ -117,6 +117,72 @@ impl DatabaseSettings {
         crate::startup::migrate(&pool).await?;
         Ok(pool)
     }
+
+    /// The payments database as `mode` wants it: `Auto` creates and migrates it
+    /// (owner rights needed), `Skip` only connects, so a role with nothing but
+    /// `SELECT, INSERT, UPDATE, DELETE` on the tables is enough.
+    pub async fn open(&self, mode: MigrateMode) -> anyhow::Result<PgPool> {
+        match mode {
+            MigrateMode::Auto => self
+                .connect_and_migrate()
+                .await
+                .map_err(|error| explain_missing_rights(error, &self.url)),
+            MigrateMode::Skip => {
+                let pool = self.connect().await?;
+                ensure_schema_present(&pool).await?;
+                Ok(pool)
+            }
+        }
+    }
+}
+
+/// Whether `run` prepares the schema itself or leaves it to the `migrate` command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MigrateMode {
+    /// Create the database when missing and apply migrations (owner rights needed).
+    #[default]
+    Auto,
+    /// Touch neither the maintenance database nor the schema (DML rights suffice).
+    Skip,
+}
+
+/// SQLSTATE 42501 (insufficient_privilege) anywhere in the chain: the role may use
+/// the tables but may not change the schema.
+fn explain_missing_rights(error: anyhow::Error, url: &str) -> anyhow::Error {
+    let denied = error.chain().any(|cause| {
+        cause
+            .downcast_ref::<sqlx::Error>()
+            .and_then(|e| e.as_database_error())
+            .and_then(|e| e.code())
+            .is_some_and(|code| code == "42501")
+            || cause
+                .downcast_ref::<sqlx::migrate::MigrateError>()
+                .is_some_and(|e| e.to_string().contains("permission denied"))
+    });
+    if denied {
+        error.context(format!(
+            "the role in {} may not create or migrate the schema: run `payment-worker migrate` \
+             once with an owner role, then start workers with `--migrate skip` (MIGRATE=skip)",
+            redact_url(url)
+        ))
+    } else {
+        error
+    }
+}
+
+/// With `--migrate skip` nobody applied migrations on this start: fail early and
+/// say so when the tables are missing. `to_regclass` needs no privilege.
+async fn ensure_schema_present(pool: &PgPool) -> anyhow::Result<()> {
+    let present: bool = sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .context("checking the schema")?;
+    anyhow::ensure!(
+        present,
+        "the payments table does not exist: run `payment-worker migrate` with an owner role \
+         before starting workers with `--migrate skip`"
+    );
+    Ok(())
 }
 
 use sqlx::PgConnection;
@@ -191,6 +257,10 @@ impl TokenSettings {
 /// Where payments and tokens live: what every command that touches them needs.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreSettings {
+    /// `auto` creates and migrates the database at start (owner role); `skip`
+    /// leaves that to the `migrate` command, so a DML-only role is enough.
+    #[arg(long = "migrate", env = "MIGRATE", value_enum, default_value = "auto")]
+    pub migrate: MigrateMode,
     #[command(flatten)]
     pub database: DatabaseSettings,
     #[command(flatten)]

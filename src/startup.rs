@@ -53,7 +53,7 @@ pub fn gateway(settings: &GatewaySettings) -> anyhow::Result<Arc<dyn PaymentGate
 impl StoreSettings {
     /// The migrated payments database and the configured token store.
     pub async fn open(&self) -> anyhow::Result<(PgPool, Arc<dyn TokenStore>)> {
-        let pool = self.database.connect_and_migrate().await?;
+        let pool = self.database.open(self.migrate).await?;
         let tokens = token_store(&self.tokens, &self.redis, &pool).await?;
         Ok((pool, tokens))
     }

@@ -10,6 +10,7 @@ mod gateway_answers;
 mod gateway_metrics;
 mod helpers;
 mod k8s_manifests;
+mod least_privilege;
 mod metric_export;
 mod metric_names;
 mod multiprocess;
