@@ -150,6 +150,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             worker,
             processor,
         } => {
+            // Before any connection: a refused Kafka setting is a configuration error.
+            kafka.check_passthrough()?;
             let worker_id = worker.worker_id();
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             let processor = Arc::new(processor.build(&worker_id).await?);

@@ -77,6 +77,7 @@ impl DatabaseSettings {
         let name = options.get_database().unwrap_or("postgres").to_owned();
         let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
             .await
+            .map_err(name_tls_failure)
             .with_context(|| format!("cannot reach Postgres at {}", redact_url(&self.url)))?;
         let exists: bool =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
@@ -107,6 +108,7 @@ impl DatabaseSettings {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(self.options()?)
             .await
+            .map_err(name_tls_failure)
             .with_context(|| format!("cannot connect to Postgres at {}", redact_url(&self.url)))
     }
 
@@ -133,6 +135,24 @@ impl DatabaseSettings {
                 Ok(pool)
             }
         }
+    }
+}
+
+/// sqlx reports a refused server certificate as an I/O error carrying the rustls
+/// error; say that it is the TLS handshake, so the operator looks at `sslrootcert`.
+fn name_tls_failure(error: sqlx::Error) -> anyhow::Error {
+    let tls = match &error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
+    };
+    if tls {
+        anyhow::Error::new(error)
+            .context("TLS handshake with Postgres failed (check sslmode and the CA in sslrootcert)")
+    } else {
+        error.into()
     }
 }
 
@@ -189,8 +209,18 @@ use sqlx::PgConnection;
 
 #[derive(Clone, clap::Args)]
 pub struct RedisSettings {
-    #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    /// Redis URL: `redis://` or `rediss://` (TLS) for one node; `redis+cluster://h1:p1,h2:p2`
+    /// (or `rediss+cluster://`) for a Redis Cluster.
+    #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL, hide_env_values = true)]
     pub url: String,
+    /// Treat a comma-separated REDIS_URL (`redis://h1:p1,redis://h2:p2`) as the seed
+    /// nodes of a Redis Cluster.
+    #[arg(id = "redis_cluster", long = "redis-cluster", env = "REDIS_CLUSTER")]
+    pub cluster: bool,
+    /// PEM file of the CA that signs the Redis servers' TLS certificates (default: the
+    /// system roots).
+    #[arg(id = "redis_ca_cert", long = "redis-ca-cert", env = "REDIS_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Key prefix; each key is `<prefix>:token:{<idempotency key>}` (hash-tagged for Redis Cluster).
     #[arg(
         id = "redis_key_prefix",
@@ -205,8 +235,26 @@ impl std::fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSettings")
             .field("url", &redact_url(&self.url))
+            .field("cluster", &self.cluster)
+            .field("ca_cert", &self.ca_cert)
             .field("key_prefix", &self.key_prefix)
             .finish()
+    }
+}
+
+impl RedisSettings {
+    /// The nodes to connect to, as `REDIS_URL`, `REDIS_CLUSTER` and `REDIS_CA_CERT` say.
+    pub fn target(&self) -> anyhow::Result<crate::token::RedisTarget> {
+        let ca_pem = match &self.ca_cert {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("reading REDIS_CA_CERT {}", path.display()))?,
+            ),
+            None => None,
+        };
+        Ok(crate::token::RedisTarget::parse(&self.url, self.cluster)
+            .with_context(|| format!("invalid REDIS_URL {}", redact_url(&self.url)))?
+            .with_ca_pem(ca_pem))
     }
 }
 
@@ -319,17 +367,85 @@ pub struct KafkaSettings {
     /// A member that stops heart-beating this long is removed from the group.
     #[arg(long = "kafka-session-timeout", env = "KAFKA_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub session_timeout: Duration,
-    /// Extra librdkafka settings, `key=value` (repeatable); `KAFKA_CONFIG_SASL_MECHANISM=…`
-    /// style environment variables are read too (`_` becomes `.`, lower-cased).
+    /// Extra librdkafka settings, `key=value` (repeatable), e.g. `security.protocol=SASL_SSL`;
+    /// `KAFKA_CONFIG_SASL_MECHANISM=…` style environment variables are read too (`_` becomes
+    /// `.`, lower-cased). They win over the worker's tuning defaults; settings the worker
+    /// owns (offset storing, auto-commit, acks, idempotence, isolation) are refused.
     #[arg(id = "kafka_config", long = "kafka-config", value_parser = parse_key_value)]
     pub extra: Vec<(String, String)>,
 }
 
+/// librdkafka settings the exactly-once discipline depends on, with their aliases:
+/// passing one through would silently break it, so it is refused. The value says
+/// what the worker does instead.
+const WORKER_OWNED_KAFKA_SETTINGS: &[(&str, &str)] = &[
+    (
+        "enable.auto.offset.store",
+        "the worker stores an offset only once every command below it is settled",
+    ),
+    (
+        "enable.auto.commit",
+        "the worker commits only the offsets it stored",
+    ),
+    (
+        "auto.commit.enable",
+        "the worker commits only the offsets it stored",
+    ),
+    (
+        "acks",
+        "results and dead letters need every in-sync replica (acks=all)",
+    ),
+    (
+        "request.required.acks",
+        "results and dead letters need every in-sync replica (acks=all)",
+    ),
+    (
+        "enable.idempotence",
+        "producer retries must never duplicate a result",
+    ),
+    ("isolation.level", "the worker reads committed records only"),
+    ("group.id", "set it with --kafka-group-id (KAFKA_GROUP_ID)"),
+    (
+        "bootstrap.servers",
+        "set it with --kafka-brokers (KAFKA_BROKERS)",
+    ),
+    (
+        "metadata.broker.list",
+        "set it with --kafka-brokers (KAFKA_BROKERS)",
+    ),
+];
+
+/// A passed-through librdkafka setting that the worker owns.
+#[derive(Debug, thiserror::Error)]
+#[error("the Kafka setting {key:?} cannot be passed through (--kafka-config / KAFKA_CONFIG_*): {reason}")]
+pub struct WorkerOwnedKafkaSetting {
+    pub key: String,
+    pub reason: &'static str,
+}
+
+fn check_passthrough_key(key: &str) -> Result<(), WorkerOwnedKafkaSetting> {
+    let normalised = key.trim().to_ascii_lowercase();
+    // Topic-level settings may be written with a `topic.` prefix.
+    let bare = normalised.strip_prefix("topic.").unwrap_or(&normalised);
+    match WORKER_OWNED_KAFKA_SETTINGS
+        .iter()
+        .find(|(owned, _)| *owned == bare)
+    {
+        Some((_, reason)) => Err(WorkerOwnedKafkaSetting {
+            key: key.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
 fn parse_key_value(value: &str) -> Result<(String, String), String> {
-    value
+    let (key, value) = value
         .split_once('=')
         .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("{value:?} is not key=value"))
+        .ok_or_else(|| format!("{value:?} is not key=value"))?;
+    check_passthrough_key(&key).map_err(|e| e.to_string())?;
+    Ok((key, value))
 }
 
 fn is_secret_setting(key: &str) -> bool {
@@ -369,6 +485,15 @@ impl KafkaSettings {
             .collect();
         settings.extend(self.extra.iter().cloned());
         settings
+    }
+
+    /// Refuses passed-through settings the worker owns (`--kafka-config` is checked
+    /// when parsed; this catches `KAFKA_CONFIG_*` too). Every Kafka client the worker
+    /// builds for `run` checks it first.
+    pub fn check_passthrough(&self) -> Result<(), WorkerOwnedKafkaSetting> {
+        self.passthrough()
+            .iter()
+            .try_for_each(|(key, _)| check_passthrough_key(key))
     }
 }
 

@@ -194,8 +194,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         completed_ttl: Duration::from_secs(3600),
     };
     let redis = RedisSettings {
-        url: args.redis.url.clone(),
         key_prefix: format!("demo-{run_id}"),
+        ..args.redis.clone()
     };
     let tokens = startup::token_store(&token_settings, &redis, &pool).await?;
     let gateway: Arc<dyn PaymentGateway> = startup::gateway(&gateway_settings)?;

@@ -32,9 +32,13 @@ pub async fn token_store(
 ) -> anyhow::Result<Arc<dyn TokenStore>> {
     Ok(match settings.store {
         TokenStoreKind::Redis => Arc::new(
-            RedisTokenStore::connect(&redis.url, redis.key_prefix.clone(), settings.policy())
-                .await
-                .context("connecting to Redis")?,
+            RedisTokenStore::connect_to(
+                &redis.target()?,
+                redis.key_prefix.clone(),
+                settings.policy(),
+            )
+            .await
+            .context("connecting to Redis")?,
         ),
         TokenStoreKind::Postgres => {
             Arc::new(PostgresTokenStore::new(pool.clone(), settings.policy()))

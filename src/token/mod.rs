@@ -1,11 +1,13 @@
 mod key;
 mod postgres;
 mod redis;
+mod redis_connection;
 mod store;
 
 pub use key::{IdempotencyKey, InvalidKey};
 pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
+pub use redis_connection::{RedisConnection, RedisTarget, ScanTarget};
 
 pub use store::{
     Claim, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode, TokenPolicy, TokenState,

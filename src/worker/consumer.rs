@@ -335,6 +335,7 @@ pub fn start(
         group_id: Arc::from(kafka.group_id.as_str()),
         liveness: Arc::clone(&liveness),
     });
+    kafka.check_passthrough()?;
     let consumer: Member = super::kafka::consumer_config(kafka)
         .create_with_context(MemberContext {
             partitions: Arc::clone(&partitions),

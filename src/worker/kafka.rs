@@ -11,10 +11,17 @@ use crate::configuration::KafkaSettings;
 pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &settings.brokers);
+    apply_passthrough(&mut config, settings);
+    config
+}
+
+/// Passed-through settings go on last, so an operator's tuning wins over the
+/// worker's defaults; the settings the worker owns never get here
+/// (`KafkaSettings::check_passthrough`), and the worker sets those after this.
+fn apply_passthrough(config: &mut ClientConfig, settings: &KafkaSettings) {
     for (key, value) in settings.passthrough() {
         config.set(key, value);
     }
-    config
 }
 
 /// At-least-once consumption with our own offset discipline (SPEC I3): librdkafka
@@ -22,11 +29,9 @@ pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
 /// every command below it is settled and its result acknowledged.
 pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
     let session_ms = settings.session_timeout.as_millis().max(1000);
-    let mut config = base_config(settings);
+    let mut config = ClientConfig::new();
     config
-        .set("group.id", &settings.group_id)
-        .set("enable.auto.offset.store", "false")
-        .set("enable.auto.commit", "true")
+        .set("bootstrap.servers", &settings.brokers)
         // Frequent commits keep the replay window of a lost revoke-commit small.
         .set("auto.commit.interval.ms", "250")
         .set("auto.offset.reset", "earliest")
@@ -43,18 +48,25 @@ pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
         // Feeds the consumer-lag gauge.
         config.set("statistics.interval.ms", "5000");
     }
+    apply_passthrough(&mut config, settings);
+    config
+        .set("group.id", &settings.group_id)
+        .set("enable.auto.offset.store", "false")
+        .set("enable.auto.commit", "true")
+        .set("isolation.level", "read_committed");
     config
 }
 
 /// Results and dead letters are acknowledged by every in-sync replica before the
 /// command's offset may move, and never duplicated by producer retries.
 pub fn producer_config(settings: &KafkaSettings) -> ClientConfig {
-    let mut config = base_config(settings);
+    let mut config = ClientConfig::new();
     config
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
+        .set("bootstrap.servers", &settings.brokers)
         .set("linger.ms", "2")
         .set("message.timeout.ms", "30000");
+    apply_passthrough(&mut config, settings);
+    config.set("acks", "all").set("enable.idempotence", "true");
     config
 }
 

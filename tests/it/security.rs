@@ -179,6 +179,8 @@ fn debug_of_the_settings_redacts_secrets() {
 
     let redis = RedisSettings {
         url: "redis://default:hunter2-redis@cache:6379/0".into(),
+        cluster: false,
+        ca_cert: None,
         key_prefix: "pw".into(),
     };
     let shown = format!("{redis:?}");
