@@ -21,6 +21,7 @@ mod poison;
 mod postgres_tls;
 mod processor;
 mod procs;
+mod redis_topologies;
 mod scripted_gateway;
 mod security;
 mod telemetry;
