@@ -78,6 +78,7 @@ pub enum Command {
         /// Host to advertise; the mock cluster picks its own ports and prints them.
         #[arg(long, default_value = "127.0.0.1")]
         listen: String,
+        /// Partitions of each payment topic.
         #[arg(long, default_value_t = 6)]
         partitions: i32,
         /// Mock brokers in the cluster. Its own id: the flattened KafkaSettings
@@ -94,6 +95,7 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     /// HTTP gateway simulator (SPEC §7).
     GatewaySim {
+        /// Address to serve on (port 0 picks a free port and prints it).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         #[command(flatten)]
@@ -105,16 +107,20 @@ pub enum Command {
 pub enum TokensCommand {
     /// Mint pending tokens and print one per line (random keys unless KEYs are given).
     Issue {
+        /// How long each token stays valid.
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         ttl: Duration,
+        /// Random keys to mint when no KEY is given.
         #[arg(long, default_value_t = 1)]
         count: usize,
+        /// Idempotency keys to mint tokens for.
         keys: Vec<String>,
         #[command(flatten)]
         store: StoreSettings,
     },
     /// Print a token's state, owner, fence, lease left and TTL as JSON.
     Show {
+        /// The idempotency key.
         key: String,
         #[command(flatten)]
         store: StoreSettings,

@@ -33,8 +33,9 @@ pub fn redact_url(raw: &str) -> String {
 
 #[derive(Clone, clap::Args)]
 pub struct DatabaseSettings {
-    /// Postgres URL; the database is created when missing.
-    #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    /// Postgres URL (`sslmode`, `sslrootcert` honoured); with `--migrate auto` the
+    /// database is created when missing.
+    #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
     pub url: String,
     /// Pool size. Each in-flight payment holds one connection for its transaction.
     #[arg(
@@ -266,6 +267,7 @@ pub enum TokenStoreKind {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenSettings {
+    /// Where tokens live: Redis (fast path) or the payments database.
     #[arg(
         long = "token-store",
         env = "TOKEN_STORE",
@@ -273,6 +275,8 @@ pub struct TokenSettings {
         default_value = "redis"
     )]
     pub store: TokenStoreKind,
+    /// `implicit`: a command's first reservation creates its token; `issued`: only
+    /// tokens minted beforehand (`tokens issue`) may be reserved.
     #[arg(
         long = "token-mode",
         env = "TOKEN_MODE",
@@ -319,18 +323,23 @@ pub struct StoreSettings {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewaySettings {
+    /// Base URL of the payment gateway.
     #[arg(
         id = "gateway_url",
         long = "gateway-url",
         env = "GATEWAY_URL",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:8080"
     )]
     pub url: String,
     /// A charge without an answer after this long has an UNKNOWN outcome.
     #[arg(id = "gateway_timeout", long = "gateway-timeout", env = "GATEWAY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Longest wait for a TCP connection to the gateway.
     #[arg(long = "gateway-connect-timeout", env = "GATEWAY_CONNECT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
+    /// When to look a charge up by key before charging: `uncertain` (after an
+    /// earlier attempt may have charged) or `always`.
     #[arg(
         long = "gateway-lookup",
         env = "GATEWAY_LOOKUP",
@@ -342,26 +351,31 @@ pub struct GatewaySettings {
 
 #[derive(Clone, clap::Args)]
 pub struct KafkaSettings {
+    /// Bootstrap brokers, `host:port[,host:port…]`.
     #[arg(long = "kafka-brokers", env = "KAFKA_BROKERS", default_value = DEFAULT_BROKERS)]
     pub brokers: String,
+    /// Consumer group of the workers.
     #[arg(
         long = "kafka-group-id",
         env = "KAFKA_GROUP_ID",
         default_value = "payment-worker"
     )]
     pub group_id: String,
+    /// Topic the payment commands arrive on.
     #[arg(
         long = "commands-topic",
         env = "COMMANDS_TOPIC",
         default_value = "payments.commands"
     )]
     pub commands_topic: String,
+    /// Topic each processed command's result is published to.
     #[arg(
         long = "results-topic",
         env = "RESULTS_TOPIC",
         default_value = "payments.results"
     )]
     pub results_topic: String,
+    /// Dead-letter topic for records that cannot be processed.
     #[arg(long = "dlq-topic", env = "DLQ_TOPIC", default_value = "payments.dlq")]
     pub dlq_topic: String,
     /// A member that stops heart-beating this long is removed from the group.

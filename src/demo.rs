@@ -29,8 +29,10 @@ pub struct DemoArgs {
     /// Commands in the workload.
     #[arg(long, default_value_t = 2000)]
     pub count: usize,
+    /// Workers in the demo's consumer group.
     #[arg(long, default_value_t = 3)]
     pub workers: usize,
+    /// Partitions of the demo's commands topic.
     #[arg(long, default_value_t = 6)]
     pub partitions: i32,
     /// Simulated gateway latency.

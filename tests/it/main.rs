@@ -12,6 +12,7 @@ mod helpers;
 mod k8s_manifests;
 mod kafka_connectivity;
 mod least_privilege;
+mod manifest;
 mod metric_export;
 mod metric_names;
 mod multiprocess;
