@@ -37,7 +37,7 @@ fn luhn(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// A number within a day of now in Unix ms, µs or ns: a timestamp, not a card.
