@@ -17,6 +17,7 @@ mod metric_export;
 mod metric_names;
 mod multiprocess;
 mod operations;
+mod otlp_tls;
 mod pki;
 mod poison;
 mod postgres_tls;
