@@ -356,6 +356,30 @@ async fn the_token_contract_holds_on_a_three_master_cluster() {
     found.sort();
     stuck.sort();
     assert_eq!(found, stuck, "the scan must cover every master");
+
+    // `audit` itself, pointed at the cluster, reports all of them (exit code 3).
+    let db = crate::helpers::TestDb::new().await;
+    let simulator = payment_worker::gateway::GatewaySimulator::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        SimulatorConfig::default(),
+    )
+    .unwrap()
+    .spawn();
+    let env: HashMap<String, String> = [
+        ("DATABASE_URL", db.url.clone()),
+        ("REDIS_URL", cluster.url()),
+        ("REDIS_KEY_PREFIX", prefix.clone()),
+        ("GATEWAY_URL", simulator.url()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut audit = crate::procs::binary(&["audit", "--json"], &env);
+    audit.stderr(std::process::Stdio::null());
+    let output = audit.output().unwrap();
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["stuck_tokens"]["count"], 30, "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
