@@ -2,9 +2,9 @@
 # payment-worker: one binary for `run`, `migrate`, `gateway-sim`, `produce`, …
 
 # Build stage. rdkafka-sys compiles librdkafka from source with its mklove build, which
-# needs only a C toolchain, make and perl (all in this image); with default features no
-# SASL/SSL dev packages are required. zlib is linked dynamically (zlib1g is in every
-# Debian image). `migrations/` is embedded at compile time by `sqlx::migrate!`.
+# needs a C toolchain, make and perl; TLS (and so SASL SCRAM) links OpenSSL through
+# libssl-dev and pkg-config (all in this image); zstd is built from source. zlib and
+# libssl are linked dynamically. `migrations/` is embedded at compile time by `sqlx::migrate!`.
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -15,11 +15,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin payment-worker \
     && cp target/release/payment-worker /usr/local/bin/payment-worker
 
-# Runtime stage: the binary, CA certificates (HTTPS gateways, OTLP over TLS) and curl
-# for the container health checks.
+# Runtime stage: the binary, OpenSSL's libssl (librdkafka's TLS), CA certificates
+# (HTTPS gateways, TLS to Kafka, Postgres, Redis and OTLP) and curl for the container
+# health checks.
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates curl \
+    && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin payment-worker
 COPY --from=builder /usr/local/bin/payment-worker /usr/local/bin/payment-worker

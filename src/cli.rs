@@ -203,6 +203,7 @@ pub enum Command {
         /// Host to advertise; the mock cluster picks its own ports and prints them.
         #[arg(long, default_value = "127.0.0.1")]
         listen: String,
+        /// Partitions of each payment topic.
         #[arg(long, default_value_t = 6)]
         partitions: i32,
         /// Mock brokers in the cluster. Its own id: the flattened KafkaSettings
@@ -219,6 +220,7 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
     GatewaySim {
+        /// Address to serve on (port 0 picks a free port and prints it).
         #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         #[command(flatten)]
@@ -226,12 +228,14 @@ pub enum Command {
     },
     /// Print a shell completion script: `payment-worker completions bash > /etc/bash_completion.d/payment-worker`.
     Completions {
+        /// The shell to complete for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
     /// Print the manual page (roff): `payment-worker man | man -l -`. With
     /// `--out-dir`, write one page per command there instead.
     Man {
+        /// Write one page per command into this directory.
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
@@ -241,10 +245,13 @@ pub enum Command {
 pub enum TokensCommand {
     /// Mint pending tokens and print one per line (random keys unless KEYs are given).
     Issue {
+        /// How long each token stays valid.
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         ttl: Duration,
+        /// Random keys to mint when no KEY is given.
         #[arg(long, default_value_t = 1)]
         count: usize,
+        /// Idempotency keys to mint tokens for.
         keys: Vec<IdempotencyKey>,
         #[command(flatten)]
         store: StoreSettings,
@@ -252,6 +259,7 @@ pub enum TokensCommand {
     /// Print a token's state, owner, fence, lease left and TTL as JSON.
     #[command(after_help = TOKENS_SHOW_EXIT_HELP)]
     Show {
+        /// The idempotency key.
         key: IdempotencyKey,
         #[command(flatten)]
         store: StoreSettings,
@@ -333,6 +341,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             worker,
             processor,
         } => {
+            // Before any connection: a refused Kafka setting is a configuration error.
+            kafka.check_passthrough()?;
             let worker_id = worker.worker_id();
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             check_drain_deadline(&worker, &processor);

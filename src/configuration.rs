@@ -33,8 +33,9 @@ pub fn redact_url(raw: &str) -> String {
 
 #[derive(Clone, clap::Args)]
 pub struct DatabaseSettings {
-    /// Postgres URL; the database is created when missing.
-    #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    /// Postgres URL (`sslmode`, `sslrootcert` honoured); with `--migrate auto` the
+    /// database is created when missing.
+    #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
     pub url: String,
     /// Pool size. Each in-flight payment holds one connection for its transaction.
     #[arg(
@@ -77,6 +78,7 @@ impl DatabaseSettings {
         let name = options.get_database().unwrap_or("postgres").to_owned();
         let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
             .await
+            .map_err(name_tls_failure)
             .with_context(|| format!("cannot reach Postgres at {}", redact_url(&self.url)))?;
         let exists: bool =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
@@ -112,6 +114,7 @@ impl DatabaseSettings {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(self.options()?)
             .await
+            .map_err(name_tls_failure)
             .with_context(|| format!("cannot connect to Postgres at {}", redact_url(&self.url)))
     }
 
@@ -122,14 +125,108 @@ impl DatabaseSettings {
         crate::startup::migrate(&pool).await?;
         Ok(pool)
     }
+
+    /// The payments database as `mode` wants it: `Auto` creates and migrates it
+    /// (owner rights needed), `Skip` only connects, so a role with nothing but
+    /// `SELECT, INSERT, UPDATE, DELETE` on the tables is enough.
+    pub async fn open(&self, mode: MigrateMode) -> anyhow::Result<PgPool> {
+        match mode {
+            MigrateMode::Auto => self
+                .connect_and_migrate()
+                .await
+                .map_err(|error| explain_missing_rights(error, &self.url)),
+            MigrateMode::Skip => {
+                let pool = self.connect().await?;
+                ensure_schema_present(&pool).await?;
+                Ok(pool)
+            }
+        }
+    }
+}
+
+/// sqlx reports a refused server certificate as an I/O error carrying the rustls
+/// error; say that it is the TLS handshake, so the operator looks at `sslrootcert`.
+fn name_tls_failure(error: sqlx::Error) -> anyhow::Error {
+    let tls = match &error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
+    };
+    if tls {
+        anyhow::Error::new(error)
+            .context("TLS handshake with Postgres failed (check sslmode and the CA in sslrootcert)")
+    } else {
+        error.into()
+    }
+}
+
+/// Whether `run` prepares the schema itself or leaves it to the `migrate` command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MigrateMode {
+    /// Create the database when missing and apply migrations (owner rights needed).
+    #[default]
+    Auto,
+    /// Touch neither the maintenance database nor the schema (DML rights suffice).
+    Skip,
+}
+
+/// SQLSTATE 42501 (insufficient_privilege) anywhere in the chain: the role may use
+/// the tables but may not change the schema.
+fn explain_missing_rights(error: anyhow::Error, url: &str) -> anyhow::Error {
+    let denied = error.chain().any(|cause| {
+        cause
+            .downcast_ref::<sqlx::Error>()
+            .and_then(|e| e.as_database_error())
+            .and_then(|e| e.code())
+            .is_some_and(|code| code == "42501")
+            || cause
+                .downcast_ref::<sqlx::migrate::MigrateError>()
+                .is_some_and(|e| e.to_string().contains("permission denied"))
+    });
+    if denied {
+        error.context(format!(
+            "the role in {} may not create or migrate the schema: run `payment-worker migrate` \
+             once with an owner role, then start workers with `--migrate skip` (MIGRATE=skip)",
+            redact_url(url)
+        ))
+    } else {
+        error
+    }
+}
+
+/// With `--migrate skip` nobody applied migrations on this start: fail early and
+/// say so when the tables are missing. `to_regclass` needs no privilege.
+async fn ensure_schema_present(pool: &PgPool) -> anyhow::Result<()> {
+    let present: bool = sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .context("checking the schema")?;
+    anyhow::ensure!(
+        present,
+        "the payments table does not exist: run `payment-worker migrate` with an owner role \
+         before starting workers with `--migrate skip`"
+    );
+    Ok(())
 }
 
 use sqlx::PgConnection;
 
 #[derive(Clone, clap::Args)]
 pub struct RedisSettings {
-    #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    /// Redis URL: `redis://` or `rediss://` (TLS) for one node; `redis+cluster://h1:p1,h2:p2`
+    /// (or `rediss+cluster://`) for a Redis Cluster.
+    #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL, hide_env_values = true)]
     pub url: String,
+    /// Treat a comma-separated REDIS_URL (`redis://h1:p1,redis://h2:p2`) as the seed
+    /// nodes of a Redis Cluster.
+    #[arg(id = "redis_cluster", long = "redis-cluster", env = "REDIS_CLUSTER")]
+    pub cluster: bool,
+    /// PEM file of the CA that signs the Redis servers' TLS certificates (default: the
+    /// system roots).
+    #[arg(id = "redis_ca_cert", long = "redis-ca-cert", env = "REDIS_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Key prefix; each key is `<prefix>:token:{<idempotency key>}` (hash-tagged for Redis Cluster).
     #[arg(
         id = "redis_key_prefix",
@@ -144,8 +241,26 @@ impl std::fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSettings")
             .field("url", &redact_url(&self.url))
+            .field("cluster", &self.cluster)
+            .field("ca_cert", &self.ca_cert)
             .field("key_prefix", &self.key_prefix)
             .finish()
+    }
+}
+
+impl RedisSettings {
+    /// The nodes to connect to, as `REDIS_URL`, `REDIS_CLUSTER` and `REDIS_CA_CERT` say.
+    pub fn target(&self) -> anyhow::Result<crate::token::RedisTarget> {
+        let ca_pem = match &self.ca_cert {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("reading REDIS_CA_CERT {}", path.display()))?,
+            ),
+            None => None,
+        };
+        Ok(crate::token::RedisTarget::parse(&self.url, self.cluster)
+            .with_context(|| format!("invalid REDIS_URL {}", redact_url(&self.url)))?
+            .with_ca_pem(ca_pem))
     }
 }
 
@@ -157,6 +272,7 @@ pub enum TokenStoreKind {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenSettings {
+    /// Where tokens live: Redis (fast path) or the payments database.
     #[arg(
         long = "token-store",
         env = "TOKEN_STORE",
@@ -164,6 +280,8 @@ pub struct TokenSettings {
         default_value = "redis"
     )]
     pub store: TokenStoreKind,
+    /// `implicit`: a command's first reservation creates its token; `issued`: only
+    /// tokens minted beforehand (`tokens issue`) may be reserved.
     #[arg(
         long = "token-mode",
         env = "TOKEN_MODE",
@@ -231,6 +349,10 @@ impl Default for TokenTableSettings {
 /// Where payments and tokens live: what every command that touches them needs.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreSettings {
+    /// `auto` creates and migrates the database at start (owner role); `skip`
+    /// leaves that to the `migrate` command, so a DML-only role is enough.
+    #[arg(long = "migrate", env = "MIGRATE", value_enum, default_value = "auto")]
+    pub migrate: MigrateMode,
     #[command(flatten)]
     pub database: DatabaseSettings,
     #[command(flatten)]
@@ -243,18 +365,23 @@ pub struct StoreSettings {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewaySettings {
+    /// Base URL of the payment gateway.
     #[arg(
         id = "gateway_url",
         long = "gateway-url",
         env = "GATEWAY_URL",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:8080"
     )]
     pub url: String,
     /// A charge without an answer after this long has an UNKNOWN outcome.
     #[arg(id = "gateway_timeout", long = "gateway-timeout", env = "GATEWAY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Longest wait for a TCP connection to the gateway.
     #[arg(long = "gateway-connect-timeout", env = "GATEWAY_CONNECT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
+    /// When to look a charge up by key before charging: `uncertain` (after an
+    /// earlier attempt may have charged) or `always`.
     #[arg(
         long = "gateway-lookup",
         env = "GATEWAY_LOOKUP",
@@ -266,26 +393,31 @@ pub struct GatewaySettings {
 
 #[derive(Clone, clap::Args)]
 pub struct KafkaSettings {
+    /// Bootstrap brokers, `host:port[,host:port…]`.
     #[arg(long = "kafka-brokers", env = "KAFKA_BROKERS", default_value = DEFAULT_BROKERS)]
     pub brokers: String,
+    /// Consumer group of the workers.
     #[arg(
         long = "kafka-group-id",
         env = "KAFKA_GROUP_ID",
         default_value = "payment-worker"
     )]
     pub group_id: String,
+    /// Topic the payment commands arrive on.
     #[arg(
         long = "commands-topic",
         env = "COMMANDS_TOPIC",
         default_value = "payments.commands"
     )]
     pub commands_topic: String,
+    /// Topic each processed command's result is published to.
     #[arg(
         long = "results-topic",
         env = "RESULTS_TOPIC",
         default_value = "payments.results"
     )]
     pub results_topic: String,
+    /// Dead-letter topic for records that cannot be processed.
     #[arg(long = "dlq-topic", env = "DLQ_TOPIC", default_value = "payments.dlq")]
     pub dlq_topic: String,
     /// A member that stops heart-beating this long is removed from the group.
@@ -308,8 +440,10 @@ pub struct KafkaSettings {
         default_value = "classic"
     )]
     pub group_protocol: GroupProtocol,
-    /// Extra librdkafka settings, `key=value` (repeatable); `KAFKA_CONFIG_SASL_MECHANISM=…`
-    /// style environment variables are read too (`_` becomes `.`, lower-cased).
+    /// Extra librdkafka settings, `key=value` (repeatable), e.g. `security.protocol=SASL_SSL`;
+    /// `KAFKA_CONFIG_SASL_MECHANISM=…` style environment variables are read too (`_` becomes
+    /// `.`, lower-cased). They win over the worker's tuning defaults; settings the worker
+    /// owns (offset storing, auto-commit, acks, idempotence, isolation) are refused.
     #[arg(id = "kafka_config", long = "kafka-config", value_parser = parse_key_value)]
     pub extra: Vec<(String, String)>,
 }
@@ -321,11 +455,85 @@ pub enum GroupProtocol {
     Consumer,
 }
 
+/// librdkafka settings the exactly-once discipline depends on, with their aliases:
+/// passing one through would silently break it, so it is refused. The value says
+/// what the worker does instead.
+const WORKER_OWNED_KAFKA_SETTINGS: &[(&str, &str)] = &[
+    (
+        "enable.auto.offset.store",
+        "the worker stores an offset only once every command below it is settled",
+    ),
+    (
+        "enable.auto.commit",
+        "the worker commits only the offsets it stored",
+    ),
+    (
+        "auto.commit.enable",
+        "the worker commits only the offsets it stored",
+    ),
+    (
+        "acks",
+        "results and dead letters need every in-sync replica (acks=all)",
+    ),
+    (
+        "request.required.acks",
+        "results and dead letters need every in-sync replica (acks=all)",
+    ),
+    (
+        "enable.idempotence",
+        "producer retries must never duplicate a result",
+    ),
+    ("isolation.level", "the worker reads committed records only"),
+    ("group.id", "set it with --kafka-group-id (KAFKA_GROUP_ID)"),
+    (
+        "group.instance.id",
+        "set it with --kafka-group-instance-id (KAFKA_GROUP_INSTANCE_ID)",
+    ),
+    (
+        "group.protocol",
+        "set it with --kafka-group-protocol (KAFKA_GROUP_PROTOCOL)",
+    ),
+    (
+        "bootstrap.servers",
+        "set it with --kafka-brokers (KAFKA_BROKERS)",
+    ),
+    (
+        "metadata.broker.list",
+        "set it with --kafka-brokers (KAFKA_BROKERS)",
+    ),
+];
+
+/// A passed-through librdkafka setting that the worker owns.
+#[derive(Debug, thiserror::Error)]
+#[error("the Kafka setting {key:?} cannot be passed through (--kafka-config / KAFKA_CONFIG_*): {reason}")]
+pub struct WorkerOwnedKafkaSetting {
+    pub key: String,
+    pub reason: &'static str,
+}
+
+fn check_passthrough_key(key: &str) -> Result<(), WorkerOwnedKafkaSetting> {
+    let normalised = key.trim().to_ascii_lowercase();
+    // Topic-level settings may be written with a `topic.` prefix.
+    let bare = normalised.strip_prefix("topic.").unwrap_or(&normalised);
+    match WORKER_OWNED_KAFKA_SETTINGS
+        .iter()
+        .find(|(owned, _)| *owned == bare)
+    {
+        Some((_, reason)) => Err(WorkerOwnedKafkaSetting {
+            key: key.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
 fn parse_key_value(value: &str) -> Result<(String, String), String> {
-    value
+    let (key, value) = value
         .split_once('=')
         .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("{value:?} is not key=value"))
+        .ok_or_else(|| format!("{value:?} is not key=value"))?;
+    check_passthrough_key(&key).map_err(|e| e.to_string())?;
+    Ok((key, value))
 }
 
 fn is_secret_setting(key: &str) -> bool {
@@ -367,6 +575,15 @@ impl KafkaSettings {
             .collect();
         settings.extend(self.extra.iter().cloned());
         settings
+    }
+
+    /// Refuses passed-through settings the worker owns (`--kafka-config` is checked
+    /// when parsed; this catches `KAFKA_CONFIG_*` too). Every Kafka client the worker
+    /// builds for `run` checks it first.
+    pub fn check_passthrough(&self) -> Result<(), WorkerOwnedKafkaSetting> {
+        self.passthrough()
+            .iter()
+            .try_for_each(|(key, _)| check_passthrough_key(key))
     }
 }
 

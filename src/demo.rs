@@ -29,8 +29,10 @@ pub struct DemoArgs {
     /// Commands in the workload.
     #[arg(long, default_value_t = 2000)]
     pub count: usize,
+    /// Workers in the demo's consumer group.
     #[arg(long, default_value_t = 3)]
     pub workers: usize,
+    /// Partitions of the demo's commands topic.
     #[arg(long, default_value_t = 6)]
     pub partitions: i32,
     /// Simulated gateway latency.
@@ -248,8 +250,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         completed_ttl: Duration::from_secs(3600),
     };
     let redis = RedisSettings {
-        url: args.redis.url.clone(),
         key_prefix: format!("demo-{run_id}"),
+        ..args.redis.clone()
     };
     let tokens = startup::token_store(&token_settings, &redis, &pool).await?;
     let gateway: Arc<dyn PaymentGateway> = startup::gateway(&gateway_settings)?;

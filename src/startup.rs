@@ -33,9 +33,13 @@ pub async fn token_store(
 ) -> anyhow::Result<Arc<dyn TokenStore>> {
     Ok(match settings.store {
         TokenStoreKind::Redis => Arc::new(
-            RedisTokenStore::connect(&redis.url, redis.key_prefix.clone(), settings.policy())
-                .await
-                .context("connecting to Redis")?,
+            RedisTokenStore::connect_to(
+                &redis.target()?,
+                redis.key_prefix.clone(),
+                settings.policy(),
+            )
+            .await
+            .context("connecting to Redis")?,
         ),
         TokenStoreKind::Postgres => {
             Arc::new(PostgresTokenStore::new(pool.clone(), settings.policy()))
@@ -55,7 +59,7 @@ impl StoreSettings {
     /// The migrated payments database and the configured token store. The Postgres
     /// token store gets its own small pool for lease renewals and the purge.
     pub async fn open(&self) -> anyhow::Result<(PgPool, Arc<dyn TokenStore>)> {
-        let pool = self.database.connect_and_migrate().await?;
+        let pool = self.database.open(self.migrate).await?;
         let tokens: Arc<dyn TokenStore> = match self.tokens.store {
             TokenStoreKind::Redis => token_store(&self.tokens, &self.redis, &pool).await?,
             TokenStoreKind::Postgres => {

@@ -6,6 +6,9 @@
 //! the instruments are no-ops. `OTEL_EXPORTER_OTLP_PROTOCOL` picks `grpc` or
 //! `http/protobuf`; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER(_ARG)` and `OTEL_METRIC_EXPORT_INTERVAL` are honoured by the SDK.
+//! Over gRPC an `https://` endpoint is verified against the system roots plus the CA
+//! in `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal `…_TRACES_CERTIFICATE`,
+//! `…_METRICS_CERTIFICATE`) when given.
 
 use std::sync::OnceLock;
 
@@ -47,11 +50,85 @@ fn resource() -> Resource {
     }
 }
 
+/// The signal's protocol as the SDK resolves it; `None` when unset (the SDK then
+/// uses HTTP/protobuf).
+fn protocol(signal: &str) -> Option<String> {
+    [
+        format!("OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"),
+        "OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(),
+    ]
+    .iter()
+    .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+}
+
+/// TLS for a gRPC export when the endpoint is `https://` or a CA file is given: the
+/// system roots and that CA. `Err` when the CA file cannot be read.
+fn grpc_tls(
+    signal: &str,
+) -> Result<Option<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig>, String> {
+    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
+    let first_set = |names: [String; 2]| {
+        names
+            .iter()
+            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+    };
+    let endpoint = first_set([
+        format!("OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"),
+        "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+    ]);
+    let ca_file = first_set([
+        format!("OTEL_EXPORTER_OTLP_{signal}_CERTIFICATE"),
+        "OTEL_EXPORTER_OTLP_CERTIFICATE".to_owned(),
+    ]);
+    let https = endpoint.is_some_and(|e| e.trim().to_ascii_lowercase().starts_with("https://"));
+    if !https && ca_file.is_none() {
+        return Ok(None);
+    }
+    let mut config = ClientTlsConfig::new().with_native_roots();
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(&path).map_err(|e| format!("reading CA file {path}: {e}"))?;
+        config = config.ca_certificate(Certificate::from_pem(pem));
+    }
+    Ok(Some(config))
+}
+
+fn span_exporter() -> Result<opentelemetry_otlp::SpanExporter, String> {
+    use opentelemetry_otlp::WithTonicConfig;
+    if protocol("TRACES").as_deref() == Some("grpc") {
+        if let Some(tls) = grpc_tls("TRACES")? {
+            return opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_tls_config(tls)
+                .build()
+                .map_err(|e| e.to_string());
+        }
+    }
+    opentelemetry_otlp::SpanExporter::builder()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn metric_exporter() -> Result<opentelemetry_otlp::MetricExporter, String> {
+    use opentelemetry_otlp::WithTonicConfig;
+    if protocol("METRICS").as_deref() == Some("grpc") {
+        if let Some(tls) = grpc_tls("METRICS")? {
+            return opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_tls_config(tls)
+                .build()
+                .map_err(|e| e.to_string());
+        }
+    }
+    opentelemetry_otlp::MetricExporter::builder()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 fn tracer_provider() -> Option<SdkTracerProvider> {
     if !otlp_wanted("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
         return None;
     }
-    match opentelemetry_otlp::SpanExporter::builder().build() {
+    match span_exporter() {
         Ok(exporter) => Some(
             SdkTracerProvider::builder()
                 .with_resource(resource())
@@ -69,7 +146,7 @@ fn meter_provider() -> Option<SdkMeterProvider> {
     if !otlp_wanted("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") {
         return None;
     }
-    match opentelemetry_otlp::MetricExporter::builder().build() {
+    match metric_exporter() {
         Ok(exporter) => Some(
             SdkMeterProvider::builder()
                 .with_resource(resource())

@@ -16,7 +16,8 @@ pub struct AuditArgs {
         id = "gateway_url",
         long = "gateway-url",
         env = "GATEWAY_URL",
-        default_value = "http://127.0.0.1:8080"
+        default_value = "http://127.0.0.1:8080",
+        hide_env_values = true
     )]
     pub gateway_url: String,
     /// Settle tokens stuck in `processing` where it is safe (committed payment →

@@ -37,10 +37,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// The bench's own Postgres database (created and migrated when missing).
-    #[arg(id = "bench_database_url", long = "database-url", env = "BENCH_DATABASE_URL", default_value = DEFAULT_BENCH_DATABASE_URL)]
+    #[arg(id = "bench_database_url", long = "database-url", env = "BENCH_DATABASE_URL", default_value = DEFAULT_BENCH_DATABASE_URL, hide_env_values = true)]
     pub database_url: String,
-    #[arg(id = "bench_redis_url", long = "redis-url", env = "BENCH_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    /// Redis for the bench's token store (its keys are removed afterwards).
+    #[arg(id = "bench_redis_url", long = "redis-url", env = "BENCH_REDIS_URL", default_value = DEFAULT_REDIS_URL, hide_env_values = true)]
     pub redis_url: String,
+    /// Partitions of the bench's commands topic (one worker owns them all).
     #[arg(long, default_value_t = 3)]
     pub partitions: i32,
     /// Commands admitted at once per partition (default: the worker's default).

@@ -2,11 +2,13 @@ mod key;
 mod postgres;
 mod postgres_purge;
 mod redis;
+mod redis_connection;
 mod store;
 
 pub use key::{IdempotencyKey, InvalidKey};
 pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
+pub use redis_connection::{RedisConnection, RedisTarget, ScanTarget};
 
 pub use store::{
     Claim, Housekeeping, IssueOutcome, LockOutcome, Reservation, SettleInTransaction, TokenError,

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::redis_connection::{RedisConnection, RedisTarget, ScanTarget};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use uuid::Uuid;
 
@@ -53,7 +55,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 
 #[derive(Clone)]
 pub struct RedisTokenStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     prefix: String,
     policy: TokenPolicy,
     op_timeout: Duration,
@@ -74,6 +76,15 @@ impl RedisTokenStore {
         key_prefix: impl Into<String>,
         policy: TokenPolicy,
     ) -> Self {
+        Self::with_connection(RedisConnection::Single(conn), key_prefix, policy)
+    }
+
+    /// A store on one node or a cluster: the same scripts, the same contract.
+    pub fn with_connection(
+        conn: RedisConnection,
+        key_prefix: impl Into<String>,
+        policy: TokenPolicy,
+    ) -> Self {
         Self {
             conn,
             prefix: key_prefix.into(),
@@ -91,32 +102,33 @@ impl RedisTokenStore {
     /// A connection tuned to fail fast: the worker has its own retry policy, so the
     /// manager only retries a reconnect a couple of times before reporting.
     pub fn connection_config() -> ConnectionManagerConfig {
-        ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500))
+        super::redis_connection::single_node_config()
     }
 
+    /// One node (`redis://`, `rediss://`) or a cluster (`redis+cluster://h1:p1,h2:p2`).
     pub async fn connect(
         url: &str,
         key_prefix: impl Into<String>,
         policy: TokenPolicy,
     ) -> Result<Self, TokenError> {
-        let shown = redact_url(url);
-        let client = redis::Client::open(url)
-            .with_context(|| format!("invalid Redis URL {shown}"))
+        let target = RedisTarget::parse(url, false)
+            .with_context(|| format!("invalid Redis URL {}", redact_url(url)))
             .map_err(TokenError::Unavailable)?;
-        let conn = tokio::time::timeout(
-            DEFAULT_OP_TIMEOUT,
-            ConnectionManager::new_with_config(client, Self::connection_config()),
-        )
-        .await
-        .map_err(|_| anyhow!("no connection to Redis at {shown} within {DEFAULT_OP_TIMEOUT:?}"))
-        .and_then(|r| r.with_context(|| format!("cannot connect to Redis at {shown}")))
-        .map_err(TokenError::Unavailable)?;
-        Ok(Self::new(conn, key_prefix, policy))
+        Self::connect_to(&target, key_prefix, policy).await
+    }
+
+    pub async fn connect_to(
+        target: &RedisTarget,
+        key_prefix: impl Into<String>,
+        policy: TokenPolicy,
+    ) -> Result<Self, TokenError> {
+        let conn = target.connect().await.map_err(TokenError::Unavailable)?;
+        Ok(Self::with_connection(conn, key_prefix, policy))
+    }
+
+    /// The connection the store uses (tests read the raw state through it).
+    pub fn connection(&self) -> &RedisConnection {
+        &self.conn
     }
 
     pub fn prefix(&self) -> &str {
@@ -414,11 +426,38 @@ impl TokenStore for RedisTokenStore {
     }
 
     async fn expired_leases(&self, limit: usize) -> Result<Vec<IdempotencyKey>, TokenError> {
-        let pattern = format!("{}:token:*", glob_escape(&self.prefix));
+        // A cluster spreads the tokens over its masters: each one is scanned in turn.
+        let targets = tokio::time::timeout(self.op_timeout, self.conn.scan_targets())
+            .await
+            .map_err(|_| {
+                anyhow!(
+                    "listing Redis masters: no answer within {:?}",
+                    self.op_timeout
+                )
+            })
+            .and_then(|r| r)
+            .map_err(TokenError::Unavailable)?;
         let mut found = Vec::new();
+        for target in &targets {
+            self.expired_leases_on(target, limit, &mut found).await?;
+            if found.len() >= limit {
+                break;
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl RedisTokenStore {
+    async fn expired_leases_on(
+        &self,
+        target: &ScanTarget,
+        limit: usize,
+        found: &mut Vec<IdempotencyKey>,
+    ) -> Result<(), TokenError> {
+        let pattern = format!("{}:token:*", glob_escape(&self.prefix));
         let mut cursor: u64 = 0;
         loop {
-            let mut conn = self.conn.clone();
             let mut command = redis::cmd("SCAN");
             command
                 .arg(cursor)
@@ -426,15 +465,15 @@ impl TokenStore for RedisTokenStore {
                 .arg(&pattern)
                 .arg("COUNT")
                 .arg(SCAN_BATCH);
-            let scan = command.query_async::<(u64, Vec<String>)>(&mut conn);
+            let scan = self.conn.query_on::<(u64, Vec<String>)>(target, &command);
             let (next, batch) = tokio::time::timeout(self.op_timeout, scan)
                 .await
                 .map_err(|_| anyhow!("SCAN {pattern}: no answer within {:?}", self.op_timeout))
-                .and_then(|r| r.with_context(|| format!("SCAN {pattern}")))
+                .and_then(|r| r.with_context(|| format!("SCAN {pattern} on {target:?}")))
                 .map_err(TokenError::Unavailable)?;
             for redis_key in batch {
                 if found.len() >= limit {
-                    return Ok(found);
+                    return Ok(());
                 }
                 let Some(key) = idempotency_key_of(&self.prefix, &redis_key) else {
                     tracing::warn!(
@@ -453,7 +492,7 @@ impl TokenStore for RedisTokenStore {
                 }
             }
             if next == 0 || found.len() >= limit {
-                return Ok(found);
+                return Ok(());
             }
             cursor = next;
         }

@@ -357,6 +357,7 @@ pub fn start(
         static_member: kafka.group_instance_id.is_some(),
         session_timeout: kafka.session_timeout,
     });
+    kafka.check_passthrough()?;
     let consumer: Member = super::kafka::consumer_config(kafka)
         .create_with_context(MemberContext {
             partitions: Arc::clone(&partitions),

@@ -11,10 +11,17 @@ use crate::configuration::{GroupProtocol, KafkaSettings};
 pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &settings.brokers);
+    apply_passthrough(&mut config, settings);
+    config
+}
+
+/// Passed-through settings go on after the worker's defaults, so an operator's
+/// tuning wins; the settings the worker owns never get here
+/// (`KafkaSettings::check_passthrough`), and the worker sets those after this.
+fn apply_passthrough(config: &mut ClientConfig, settings: &KafkaSettings) {
     for (key, value) in settings.passthrough() {
         config.set(key, value);
     }
-    config
 }
 
 /// At-least-once consumption with our own offset discipline (invariant I3): librdkafka
@@ -25,14 +32,14 @@ pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
 /// move, after every drain and before leaving.
 pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
     let session_ms = settings.session_timeout.as_millis().max(1000);
-    let mut config = base_config(settings);
+    let mut config = ClientConfig::new();
     config
-        .set("group.id", &settings.group_id)
-        .set("enable.auto.offset.store", "false")
-        .set("enable.auto.commit", "false")
+        .set("bootstrap.servers", &settings.brokers)
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("max.poll.interval.ms", "300000");
+        .set("max.poll.interval.ms", "300000")
+        // Bounded prefetch keeps memory flat with a deep backlog.
+        .set("queued.max.messages.kbytes", "16384");
     match settings.group_protocol {
         GroupProtocol::Classic => {
             config
@@ -40,33 +47,31 @@ pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
                 .set(
                     "heartbeat.interval.ms",
                     (session_ms / 4).max(250).to_string(),
-                );
-            // Incremental rebalancing (KIP-429): a join or leave moves only the
-            // partitions that must move. An operator may still choose an eager
-            // assignor through KAFKA_CONFIG_PARTITION_ASSIGNMENT_STRATEGY (needed
-            // while members of an older eager release are in the group).
-            let chosen = settings
-                .passthrough()
-                .iter()
-                .any(|(k, _)| k == "partition.assignment.strategy");
-            if !chosen {
-                config.set("partition.assignment.strategy", "cooperative-sticky");
-            }
+                )
+                // Incremental rebalancing (KIP-429): a join or leave moves only the
+                // partitions that must move. An operator may still choose an eager
+                // assignor through KAFKA_CONFIG_PARTITION_ASSIGNMENT_STRATEGY (needed
+                // while members of an older eager release are in the group): the
+                // pass-through below wins.
+                .set("partition.assignment.strategy", "cooperative-sticky");
         }
         // KIP-848: the broker assigns (always incrementally) and owns the timeouts.
         GroupProtocol::Consumer => {
             config.set("group.protocol", "consumer");
         }
     }
-    if let Some(instance) = &settings.group_instance_id {
-        config.set("group.instance.id", instance);
-    }
-    config
-        // Bounded prefetch keeps memory flat with a deep backlog.
-        .set("queued.max.messages.kbytes", "16384");
     if crate::telemetry::metrics_exported() {
         // Feeds the consumer-lag gauge.
         config.set("statistics.interval.ms", "5000");
+    }
+    apply_passthrough(&mut config, settings);
+    config
+        .set("group.id", &settings.group_id)
+        .set("enable.auto.offset.store", "false")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    if let Some(instance) = &settings.group_instance_id {
+        config.set("group.instance.id", instance);
     }
     config
 }
@@ -74,12 +79,13 @@ pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
 /// Results and dead letters are acknowledged by every in-sync replica before the
 /// command's offset may move, and never duplicated by producer retries.
 pub fn producer_config(settings: &KafkaSettings) -> ClientConfig {
-    let mut config = base_config(settings);
+    let mut config = ClientConfig::new();
     config
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
+        .set("bootstrap.servers", &settings.brokers)
         .set("linger.ms", "2")
         .set("message.timeout.ms", "30000");
+    apply_passthrough(&mut config, settings);
+    config.set("acks", "all").set("enable.idempotence", "true");
     config
 }
 

@@ -48,6 +48,7 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
+        settings.check_passthrough()?;
         let producer = super::kafka::producer_config(settings)
             .create()
             .context("creating the Kafka producer")?;

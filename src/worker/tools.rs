@@ -52,12 +52,16 @@ pub struct ProduceArgs {
     /// JSON-lines file of commands (`-`: standard input); otherwise a generated workload.
     #[arg(long)]
     pub file: Option<PathBuf>,
+    /// Records in a generated workload (without --file).
     #[arg(long, default_value_t = 1000)]
     pub count: usize,
+    /// Share of records that repeat an earlier command exactly.
     #[arg(long, default_value_t = 0.25)]
     pub duplicate_ratio: f64,
+    /// Share of records that are invalid (each breaks a different rule).
     #[arg(long, default_value_t = 0.05)]
     pub invalid_ratio: f64,
+    /// Share of commands whose payment method the simulator declines.
     #[arg(long, default_value_t = 0.05)]
     pub decline_ratio: f64,
     /// Seed of the generated workload (amounts, duplicates, invalid records).
@@ -219,6 +223,7 @@ pub struct ReplayArgs {
     /// The group to rewind (default: --kafka-group-id).
     #[arg(long)]
     pub group: Option<String>,
+    /// Rewind every partition to its first offset.
     #[arg(long)]
     pub to_beginning: bool,
     /// Rewind every partition to this offset (clamped to what the topic holds).

@@ -577,3 +577,48 @@ fn the_dev_profile_publishes_postgres_redis_and_kafka_on_loopback() {
         "postgres://postgres@127.0.0.1:5432 must work from the host: {postgres:?}"
     );
 }
+
+fn url_user(url: &str) -> String {
+    url::Url::parse(url)
+        .map(|u| u.username().to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn workers_skip_migrations_and_log_in_with_another_role_than_migrate() {
+    let compose = compose();
+    let value = |service_name: &str, key: &str| {
+        environment(service(&compose, service_name))
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    };
+    assert_eq!(value("worker", "MIGRATE"), "skip");
+    let worker_user = url_user(&value("worker", "DATABASE_URL"));
+    let owner_user = url_user(&value("migrate", "DATABASE_URL"));
+    assert!(!worker_user.is_empty() && !owner_user.is_empty());
+    assert_ne!(
+        worker_user, owner_user,
+        "workers must not log in as the owner"
+    );
+    assert_ne!(
+        worker_user, "postgres",
+        "workers must not log in as the superuser"
+    );
+
+    let volumes = string_list(service(&compose, "postgres").get("volumes"));
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v.starts_with("./deploy/postgres/roles.sql:")
+                && v.contains("/docker-entrypoint-initdb.d/")),
+        "the roles script is not mounted for the postgres image's first start: {volumes:?}"
+    );
+    let roles = read("deploy/postgres/roles.sql");
+    assert!(roles.contains(&format!("CREATE ROLE {worker_user} LOGIN")));
+    assert!(roles.contains(&format!("CREATE ROLE {owner_user} LOGIN")));
+    assert!(roles.contains(&format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {worker_user}"
+    )));
+}

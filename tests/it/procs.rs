@@ -324,13 +324,13 @@ pub fn current_membership(proc: &Proc) -> Option<Membership> {
 // A private Postgres server, so a test may restart it without disturbing the tests
 // that share the machine's Postgres.
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| m.uid() == 0)
         .unwrap_or(false)
 }
 
-fn postgres_user() -> (u32, u32) {
+pub fn postgres_user() -> (u32, u32) {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
     passwd
         .lines()
@@ -366,10 +366,17 @@ pub struct PrivatePostgres {
     pub port: u16,
     server: Option<Proc>,
     pub restarts: usize,
+    /// Extra `-c name=value` server settings (e.g. `ssl=on`).
+    settings: Vec<String>,
 }
 
 impl PrivatePostgres {
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// A private server with extra `name=value` settings.
+    pub async fn start_with(settings: &[String]) -> Self {
         let dir = std::env::temp_dir().join(format!("pw-pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         if is_root() {
@@ -397,6 +404,7 @@ impl PrivatePostgres {
             port: free_port(),
             server: None,
             restarts: 0,
+            settings: settings.to_vec(),
         };
         for _ in 0..5 {
             if pg.launch().await {
@@ -446,6 +454,9 @@ impl PrivatePostgres {
             ])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", self.dir.display()));
+        for setting in &self.settings {
+            command.arg("-c").arg(setting);
+        }
         let mut server = Proc::spawn("private-postgres", command);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

@@ -37,7 +37,7 @@ fn luhn(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// A number within a day of now in Unix ms, µs or ns: a timestamp, not a card.
@@ -179,6 +179,8 @@ fn debug_of_the_settings_redacts_secrets() {
 
     let redis = RedisSettings {
         url: "redis://default:hunter2-redis@cache:6379/0".into(),
+        cluster: false,
+        ca_cert: None,
         key_prefix: "pw".into(),
     };
     let shown = format!("{redis:?}");

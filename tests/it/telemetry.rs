@@ -100,7 +100,7 @@ fn looks_like_card_number(text: &str) -> bool {
                         }
                     })
                     .sum();
-                sum % 10 == 0
+                sum.is_multiple_of(10)
             }
         })
         && !digits.is_empty()

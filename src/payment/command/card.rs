@@ -29,7 +29,7 @@ fn luhn_valid(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// One stretch of digit groups; `groups` holds the end offset of each group in
