@@ -1,8 +1,10 @@
 //! Fault injection for crash tests: `PAYMENT_WORKER_FAULT=<point>` makes the process
 //! stop dead at that point of a payment, so a test can SIGKILL it exactly there.
-//! In-process tests use `Faults::fail_at` to abandon the attempt instead.
+//! In-process tests use `Faults::fail_at` to abandon the attempt instead, or
+//! `Faults::pause_at` to hold it at the point while they change the world around it.
 
 use std::io::Write;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPoint {
@@ -37,18 +39,66 @@ impl FaultPoint {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum FaultAction {
     /// Return an error from the step (the attempt is abandoned like a crash would,
     /// but nothing is cleaned up beyond what dropping does).
     Fail,
     /// Announce the point on stderr and freeze until killed.
     Freeze,
+    /// Report the arrival to the holder of the [`Pause`] and wait until it releases
+    /// the point; then carry on as if nothing happened.
+    Pause(Pause),
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Faults {
     armed: Option<(FaultPoint, FaultAction)>,
+}
+
+/// A test's hold on a paused fault point: it learns when an attempt got there, does
+/// what it wants to happen in that window (a lease takeover, say), then lets every
+/// attempt held there go on. Makes a race window deterministic without sleeping.
+#[derive(Debug, Clone)]
+pub struct Pause {
+    shared: Arc<PauseState>,
+}
+
+#[derive(Debug)]
+struct PauseState {
+    /// One permit per attempt that reached the point.
+    arrivals: tokio::sync::Semaphore,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+impl Pause {
+    fn new() -> Self {
+        Self {
+            shared: Arc::new(PauseState {
+                arrivals: tokio::sync::Semaphore::new(0),
+                released: tokio::sync::watch::Sender::new(false),
+            }),
+        }
+    }
+
+    /// Waits until one more attempt has reached the point (and is held there).
+    pub async fn arrival(&self) {
+        if let Ok(permit) = self.shared.arrivals.acquire().await {
+            permit.forget();
+        }
+    }
+
+    /// Lets the attempts held at the point, and all later ones, go on.
+    pub fn release(&self) {
+        self.shared.released.send_replace(true);
+    }
+
+    async fn hold(&self) {
+        let mut released = self.shared.released.subscribe();
+        self.shared.arrivals.add_permits(1);
+        // The sender lives in `shared`, which `self` keeps alive: this only ends on release.
+        let _ = released.wait_for(|released| *released).await;
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +121,15 @@ impl Faults {
         }
     }
 
+    /// Holds every attempt that reaches `point` until the returned [`Pause`] releases it.
+    pub fn pause_at(point: FaultPoint) -> (Self, Pause) {
+        let pause = Pause::new();
+        let faults = Self {
+            armed: Some((point, FaultAction::Pause(pause.clone()))),
+        };
+        (faults, pause)
+    }
+
     pub fn from_env() -> Self {
         let armed = std::env::var(Self::ENV)
             .ok()
@@ -80,9 +139,13 @@ impl Faults {
     }
 
     pub async fn hit(&self, point: FaultPoint) -> Result<(), InjectedFault> {
-        match self.armed {
-            Some((armed, FaultAction::Fail)) if armed == point => Err(InjectedFault(point)),
-            Some((armed, FaultAction::Freeze)) if armed == point => {
+        match &self.armed {
+            Some((armed, FaultAction::Fail)) if *armed == point => Err(InjectedFault(point)),
+            Some((armed, FaultAction::Pause(pause))) if *armed == point => {
+                pause.hold().await;
+                Ok(())
+            }
+            Some((armed, FaultAction::Freeze)) if *armed == point => {
                 {
                     let mut stderr = std::io::stderr().lock();
                     let _ = writeln!(stderr, "{FROZEN_MARKER} {}", point.as_str());

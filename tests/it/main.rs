@@ -5,6 +5,7 @@ mod cli;
 mod compose;
 mod corpus;
 mod demo;
+mod fencing;
 mod gateway;
 mod helpers;
 mod multiprocess;
