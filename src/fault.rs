@@ -4,9 +4,11 @@
 //! and `PAYMENT_WORKER_FAULT_KEY=<key>` limits either to one idempotency key.
 //! `PAYMENT_WORKER_FAULT=stall_poll_loop` freezes the Kafka poll thread after its
 //! first record (supervision and health). In-process tests use `Faults::fail_at`
-//! to abandon the attempt instead.
+//! to abandon the attempt instead, or `Faults::pause_at` to hold it at the point
+//! while they change the world around it.
 
 use std::io::Write;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPoint {
@@ -41,7 +43,7 @@ impl FaultPoint {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum FaultAction {
     /// Return an error from the step (the attempt is abandoned like a crash would,
     /// but nothing is cleaned up beyond what dropping does).
@@ -50,13 +52,61 @@ enum FaultAction {
     Freeze,
     /// Panic, as a bug in the handling of one record would.
     Panic,
+    /// Report the arrival to the holder of the [`Pause`] and wait until it releases
+    /// the point; then carry on as if nothing happened.
+    Pause(Pause),
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Faults {
     armed: Option<(FaultPoint, FaultAction)>,
     /// Only commands with this idempotency key hit the fault.
     only_key: Option<String>,
+}
+
+/// A test's hold on a paused fault point: it learns when an attempt got there, does
+/// what it wants to happen in that window (a lease takeover, say), then lets every
+/// attempt held there go on. Makes a race window deterministic without sleeping.
+#[derive(Debug, Clone)]
+pub struct Pause {
+    shared: Arc<PauseState>,
+}
+
+#[derive(Debug)]
+struct PauseState {
+    /// One permit per attempt that reached the point.
+    arrivals: tokio::sync::Semaphore,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+impl Pause {
+    fn new() -> Self {
+        Self {
+            shared: Arc::new(PauseState {
+                arrivals: tokio::sync::Semaphore::new(0),
+                released: tokio::sync::watch::Sender::new(false),
+            }),
+        }
+    }
+
+    /// Waits until one more attempt has reached the point (and is held there).
+    pub async fn arrival(&self) {
+        if let Ok(permit) = self.shared.arrivals.acquire().await {
+            permit.forget();
+        }
+    }
+
+    /// Lets the attempts held at the point, and all later ones, go on.
+    pub fn release(&self) {
+        self.shared.released.send_replace(true);
+    }
+
+    async fn hold(&self) {
+        let mut released = self.shared.released.subscribe();
+        self.shared.arrivals.add_permits(1);
+        // The sender lives in `shared`, which `self` keeps alive: this only ends on release.
+        let _ = released.wait_for(|released| *released).await;
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +133,16 @@ impl Faults {
         }
     }
 
+    /// Holds every attempt that reaches `point` until the returned [`Pause`] releases it.
+    pub fn pause_at(point: FaultPoint) -> (Self, Pause) {
+        let pause = Pause::new();
+        let faults = Self {
+            armed: Some((point, FaultAction::Pause(pause.clone()))),
+            only_key: None,
+        };
+        (faults, pause)
+    }
+
     pub fn from_env() -> Self {
         let value = std::env::var(Self::ENV).unwrap_or_default();
         let value = value.trim();
@@ -104,12 +164,16 @@ impl Faults {
         if self.only_key.as_deref().is_some_and(|only| only != key) {
             return Ok(());
         }
-        match self.armed {
-            Some((armed, FaultAction::Fail)) if armed == point => Err(InjectedFault(point)),
-            Some((armed, FaultAction::Panic)) if armed == point => {
+        match &self.armed {
+            Some((armed, FaultAction::Fail)) if *armed == point => Err(InjectedFault(point)),
+            Some((armed, FaultAction::Panic)) if *armed == point => {
                 panic!("fault injected: panic at {}", point.as_str())
             }
-            Some((armed, FaultAction::Freeze)) if armed == point => {
+            Some((armed, FaultAction::Pause(pause))) if *armed == point => {
+                pause.hold().await;
+                Ok(())
+            }
+            Some((armed, FaultAction::Freeze)) if *armed == point => {
                 {
                     let mut stderr = std::io::stderr().lock();
                     let _ = writeln!(stderr, "{FROZEN_MARKER} {}", point.as_str());

@@ -115,4 +115,23 @@ mod tests {
             assert_eq!(&got, expected, "input {input:?}");
         }
     }
+
+    /// The stores build their Redis keys and SQL parameters from these views: each one
+    /// must give back exactly the key that was validated.
+    #[test]
+    fn a_valid_key_reads_back_unchanged_every_way() {
+        let key = IdempotencyKey::try_from("ord-2026-000123").unwrap();
+        assert_eq!(key.as_str(), "ord-2026-000123");
+        assert_eq!(AsRef::<str>::as_ref(&key), "ord-2026-000123");
+        assert_eq!(key.to_string(), "ord-2026-000123");
+        assert_eq!(format!("{key:?}"), "IdempotencyKey(ord-2026-000123)");
+        let owned = IdempotencyKey::try_from(String::from("ord-1")).unwrap();
+        assert_eq!(owned.as_str(), "ord-1");
+        assert_eq!("ord-2".parse::<IdempotencyKey>().unwrap().as_str(), "ord-2");
+        assert_eq!(
+            IdempotencyKey::try_from(String::from("{x}")),
+            Err(InvalidKey::IllegalCharacter { position: 0 })
+        );
+        assert_eq!("".parse::<IdempotencyKey>(), Err(InvalidKey::Empty));
+    }
 }

@@ -257,3 +257,47 @@ pub struct Housekeeping {
     #[serde(with = "humantime_serde_opt")]
     pub oldest_expired_for: Option<Duration>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both stores persist the state as text and read it back with `parse`.
+    #[test]
+    fn every_state_reads_back_from_its_name() {
+        for state in [
+            TokenState::Pending,
+            TokenState::Processing,
+            TokenState::Completed,
+        ] {
+            assert_eq!(TokenState::parse(state.as_str()), Some(state));
+        }
+        assert_eq!(TokenState::Processing.as_str(), "processing");
+        assert_eq!(TokenState::parse("done"), None);
+        assert_eq!(TokenState::parse(""), None);
+        assert_eq!(TokenState::parse("Pending"), None);
+    }
+
+    /// Only an unreachable store is worth retrying; corrupt data never heals itself.
+    #[test]
+    fn only_unavailable_is_retryable() {
+        assert!(TokenError::Unavailable(anyhow::anyhow!("timed out")).is_retryable());
+        assert!(!TokenError::Corrupt("status 'done'".into()).is_retryable());
+    }
+
+    #[test]
+    fn a_view_prints_durations_for_people() {
+        let view = TokenView {
+            state: TokenState::Processing,
+            owner: Some("w:1".into()),
+            fence: 2,
+            lease_left: Some(Duration::from_millis(1500)),
+            ttl: None,
+            payment_id: None,
+        };
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["state"], "processing");
+        assert_eq!(json["lease_left"], "1s 500ms");
+        assert!(json["ttl"].is_null());
+    }
+}

@@ -58,6 +58,7 @@ mod tests {
         for o in 10..15 {
             t.admit(o);
         }
+        assert_eq!(t.in_flight(), 5);
         assert_eq!(t.advance(), Some(10));
         t.complete(11);
         t.complete(12);
@@ -69,6 +70,19 @@ mod tests {
         t.complete(13);
         assert_eq!(t.advance(), Some(15));
         assert_eq!(t.in_flight(), 0);
+    }
+
+    #[test]
+    fn one_finished_offset_commits_the_next_one() {
+        // Kafka commits the offset of the next record to read, never the last one read.
+        let mut t = OffsetTracker::default();
+        assert_eq!(t.advance(), None, "nothing seen, nothing to commit");
+        t.admit(41);
+        assert_eq!(t.in_flight(), 1);
+        t.complete(41);
+        assert_eq!(t.committable(), Some(42));
+        assert_eq!(t.advance(), Some(42));
+        assert_eq!(t.advance(), None, "already stored");
     }
 
     #[test]

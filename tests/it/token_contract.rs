@@ -349,15 +349,35 @@ pub async fn fencing(backend: &dyn Backend) {
     );
     assert_eq!(store.restore(&k, &a).await.unwrap(), Transition::Refused);
     assert_eq!(store.extend(&k, &a).await.unwrap(), Transition::Refused);
-    // Same owner name under the old fence is just as stale.
-    let a_as_b = Claim {
-        owner: "worker-b".into(),
-        fence: 1,
-    };
-    assert_eq!(
-        store.confirm(&k, &a_as_b, pid_a, "fp-a").await.unwrap(),
-        Transition::Refused
-    );
+    // Owner and fence decide together: a claim that matches the holder in only one of
+    // them is just as stale (B's name under the old fence; B's fence under A's name, as
+    // when a restarted fence meets a stale owner).
+    for half_right in [
+        Claim {
+            owner: "worker-b".into(),
+            fence: 1,
+        },
+        Claim {
+            owner: "worker-a".into(),
+            fence: 2,
+        },
+    ] {
+        assert_eq!(
+            store.extend(&k, &half_right).await.unwrap(),
+            Transition::Refused,
+            "extend {half_right:?}"
+        );
+        assert_eq!(
+            store.restore(&k, &half_right).await.unwrap(),
+            Transition::Refused,
+            "restore {half_right:?}"
+        );
+        assert_eq!(
+            store.confirm(&k, &half_right, pid_a, "fp-a").await.unwrap(),
+            Transition::Refused,
+            "confirm {half_right:?}"
+        );
+    }
     let stored = live(backend, &k).await.unwrap();
     assert_eq!(
         (
@@ -428,6 +448,11 @@ pub async fn fencing(backend: &dyn Backend) {
         store.restore(&k, &c).await.unwrap(),
         Transition::Refused,
         "completed is final"
+    );
+    assert_eq!(
+        store.extend(&k, &c).await.unwrap(),
+        Transition::Refused,
+        "a completed token has no lease to extend"
     );
     assert_eq!(
         store.reserve(&k, "worker-d").await.unwrap(),

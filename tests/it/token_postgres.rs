@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::token::{
-    IdempotencyKey, PostgresTokenStore, Reservation, TokenError, TokenMode, TokenPolicy, TokenStore,
+    Claim, IdempotencyKey, PostgresTokenStore, Reservation, TokenError, TokenMode, TokenPolicy,
+    TokenStore, Transition,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::helpers::TestDb;
 use crate::token_contract::{
@@ -233,6 +235,35 @@ async fn dead_rows_count_as_absent() {
     .unwrap();
     assert_eq!(implicit.show(&k).await.unwrap(), None);
     assert!(implicit.expired_leases(10).await.unwrap().is_empty());
+    // Its last owner cannot act on it either: in Redis the key would be gone.
+    let ghost = Claim {
+        owner: "ghost".into(),
+        fence: 7,
+    };
+    let before = backend.raw_token(&k).await;
+    assert_eq!(
+        implicit
+            .confirm(&k, &ghost, Uuid::new_v4(), "fp")
+            .await
+            .unwrap(),
+        Transition::Refused
+    );
+    assert_eq!(
+        implicit.restore(&k, &ghost).await.unwrap(),
+        Transition::Refused
+    );
+    assert_eq!(
+        implicit.extend(&k, &ghost).await.unwrap(),
+        Transition::Refused
+    );
+    assert_eq!(
+        backend
+            .raw_token(&k)
+            .await
+            .map(|t| (t.status, t.owner, t.fence)),
+        before.map(|t| (t.status, t.owner, t.fence)),
+        "refused operations change nothing"
+    );
     assert_eq!(issued.reserve(&k, "w").await.unwrap(), Reservation::Missing);
     assert_eq!(
         implicit.reserve(&k, "w").await.unwrap(),

@@ -1,0 +1,417 @@
+//! Mutation check for the enforcement code that `cargo-mutants` cannot mutate: the Lua
+//! scripts, the SQL statements, and the processor checks it does not generate.
+//!
+//! Every entry of [`MUTANTS`] (`mutants/table.rs`) breaks exactly one enforcement (an owner check, a fence
+//! check, a status check, an expiry or lease check, the unique-key handling) by a text
+//! substitution, and names the tests that must then fail. The runner applies each
+//! substitution to a scratch copy of the crate, rebuilds the `it` test target and runs
+//! those tests; a mutant that leaves them green is a hole in the suite.
+//!
+//! - `cargo test --test mutants` checks the table against the sources (fast, always run).
+//! - `cargo test --test mutants -- --ignored --nocapture` runs the mutants (one
+//!   incremental rebuild each). `MUTANTS_ONLY=<text>` keeps the entries whose file or
+//!   description contains `<text>`.
+//!
+//! The scratch copy lives in `<target>/lua-sql-mutants/crate` and builds into
+//! `<target>/lua-sql-mutants/target`, seeded once with the dependencies built in
+//! `<target>/debug`: only the crate itself is compiled, incrementally, and nothing the
+//! checkout builds is touched.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "mutants/table.rs"]
+mod table;
+
+use table::{Mutant, MUTANTS};
+
+/// What the crate needs to build and run the `it` tests.
+const COPIED: &[&str] = &["Cargo.toml", "Cargo.lock", "src", "tests", "migrations"];
+const BUILD_LIMIT: Duration = Duration::from_secs(30 * 60);
+const TEST_LIMIT: Duration = Duration::from_secs(5 * 60);
+
+fn crate_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn source(file: &str) -> String {
+    fs::read_to_string(crate_root().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// The table is only worth something while every substitution still applies: a
+/// pattern that no longer matches would silently test nothing.
+#[test]
+fn every_mutant_applies_to_the_current_source() {
+    let mut problems = Vec::new();
+    for m in MUTANTS {
+        let text = source(m.file);
+        let found = text.matches(m.from).count();
+        if found != 1 {
+            problems.push(format!(
+                "{} [{}]: pattern found {found} times",
+                m.file, m.breaks
+            ));
+        }
+        if m.from == m.to {
+            problems.push(format!(
+                "{} [{}]: substitution changes nothing",
+                m.file, m.breaks
+            ));
+        }
+        if m.tests.is_empty() {
+            problems.push(format!("{} [{}]: no test named", m.file, m.breaks));
+        }
+        for test in m.tests {
+            let Some((module, name)) = test.split_once("::") else {
+                problems.push(format!("{test}: not module::name"));
+                continue;
+            };
+            let module_source = source(&format!("tests/it/{module}.rs"));
+            if !module_source.contains(&format!("async fn {name}()"))
+                && !module_source.contains(&format!("fn {name}()"))
+            {
+                problems.push(format!("{test}: no such test"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+#[ignore = "rebuilds the crate once per mutant: cargo test --test mutants -- --ignored --nocapture"]
+fn every_lua_and_sql_mutant_is_caught() {
+    let only = std::env::var("MUTANTS_ONLY").ok();
+    let selected: Vec<&Mutant> = MUTANTS
+        .iter()
+        .filter(|m| {
+            only.as_deref()
+                .is_none_or(|o| m.file.contains(o) || m.breaks.contains(o))
+        })
+        .collect();
+    assert!(
+        !selected.is_empty(),
+        "MUTANTS_ONLY={only:?} selects nothing"
+    );
+
+    let shared_target = target_dir();
+    let work = shared_target.join("lua-sql-mutants");
+    let scratch = work.join("crate");
+    let own_target = work.join("target");
+    seed_target(&shared_target, &own_target);
+    sync_tree(&crate_root(), &scratch);
+    let started = Instant::now();
+
+    let mut rows = Vec::new();
+    for (index, &m) in selected.iter().enumerate() {
+        let path = scratch.join(m.file);
+        let original = fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            original.matches(m.from).count(),
+            1,
+            "{}: {}",
+            m.file,
+            m.breaks
+        );
+        fs::write(&path, original.replacen(m.from, m.to, 1)).unwrap();
+        let clock = Instant::now();
+        let verdict = run_tests(&scratch, &own_target, &work, m.tests);
+        fs::write(&path, &original).unwrap();
+        eprintln!(
+            "mutant {}/{} {} [{}]: {} ({:.0?})",
+            index + 1,
+            selected.len(),
+            m.file,
+            m.breaks,
+            verdict.label(),
+            clock.elapsed()
+        );
+        rows.push((m, verdict, clock.elapsed()));
+    }
+
+    // Last, on the unmutated copy: the named tests must pass, or "caught" meant nothing.
+    let all_tests: BTreeSet<&str> = selected
+        .iter()
+        .flat_map(|m| m.tests.iter().copied())
+        .collect();
+    let all_tests: Vec<&str> = all_tests.into_iter().collect();
+    let clock = Instant::now();
+    let baseline = run_tests(&scratch, &own_target, &work, &all_tests);
+    let baseline_time = clock.elapsed();
+
+    let report = report(&rows, &baseline, baseline_time, started.elapsed());
+    println!("{report}");
+    let _ = fs::write(work.join("report.md"), &report);
+    assert!(
+        matches!(baseline, Verdict::Passed { tests } if tests == all_tests.len()),
+        "the unmutated crate must pass every named test: {baseline:?}"
+    );
+    let missed: Vec<String> = rows
+        .iter()
+        .filter(|(_, v, _)| !v.caught())
+        .map(|(m, v, _)| format!("{} [{}]: {}", m.file, m.breaks, v.label()))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "mutants not caught:\n{}",
+        missed.join("\n")
+    );
+}
+
+#[derive(Debug)]
+enum Verdict {
+    /// Every named test ran and passed.
+    Passed { tests: usize },
+    /// At least one named test failed.
+    Failed,
+    /// The tests did not finish within the limit (a hang is a failure too).
+    TimedOut,
+    /// The mutated crate did not build: the mutant says nothing about the tests.
+    Unbuildable(String),
+}
+
+impl Verdict {
+    fn caught(&self) -> bool {
+        matches!(self, Verdict::Failed | Verdict::TimedOut)
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Verdict::Passed { tests } => format!("MISSED ({tests} tests passed)"),
+            Verdict::Failed => "caught".to_owned(),
+            Verdict::TimedOut => "caught (timeout)".to_owned(),
+            Verdict::Unbuildable(why) => format!("UNBUILDABLE: {}", why.replace('\n', " / ")),
+        }
+    }
+}
+
+fn report(
+    rows: &[(&Mutant, Verdict, Duration)],
+    baseline: &Verdict,
+    baseline_time: Duration,
+    total: Duration,
+) -> String {
+    let mut out = String::from(
+        "\n| # | file | breaks | tests | result | time |\n|---|---|---|---|---|---|\n",
+    );
+    for (i, (m, verdict, took)) in rows.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "| {} | `{}` | {} | `{}` | {} | {:.0} s |",
+            i + 1,
+            m.file,
+            m.breaks,
+            m.tests.join("`, `"),
+            verdict.label(),
+            took.as_secs_f64()
+        );
+    }
+    let caught = rows.iter().filter(|(_, v, _)| v.caught()).count();
+    let _ = writeln!(
+        out,
+        "\n{caught}/{} caught; unmutated baseline: {baseline:?} ({:.0} s); total {:.0} s",
+        rows.len(),
+        baseline_time.as_secs_f64(),
+        total.as_secs_f64()
+    );
+    out
+}
+
+/// `<target>/debug/deps/mutants-<hash>` → `<target>`.
+fn target_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.ancestors()
+        .nth(3)
+        .expect("the test runs from <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The scratch copy builds into a target directory of its own: cargo names a path
+/// package's artifacts after its path relative to the workspace, so the copy and this
+/// checkout would otherwise overwrite each other's builds (and a build here, while the
+/// mutants run, would replace a mutated test binary with an unmutated one). Seeded
+/// once with the dependencies already built here, so only the crate is compiled.
+fn seed_target(shared: &Path, own: &Path) {
+    let profile = own.join("debug");
+    if profile.join("deps").exists() {
+        return;
+    }
+    let ours = |name: &str| {
+        name.contains("payment_worker")
+            || name.contains("payment-worker")
+            || name.starts_with("it-")
+            || name.starts_with("mutants-")
+    };
+    for dir in ["build", ".fingerprint", "deps"] {
+        copy_tree(&shared.join("debug").join(dir), &profile.join(dir), &ours);
+    }
+}
+
+/// Copies `from` into `to`, keeping modification times (cargo compares them), leaving
+/// out entries whose name `skip` matches.
+fn copy_tree(from: &Path, to: &Path, skip: &dyn Fn(&str) -> bool) {
+    if !from.exists() {
+        return;
+    }
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if skip(&entry.file_name().to_string_lossy()) {
+            continue;
+        }
+        let (source, dest) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type().unwrap();
+        if kind.is_dir() {
+            copy_tree(&source, &dest, skip);
+        } else if kind.is_file() {
+            fs::copy(&source, &dest).unwrap();
+            let modified = entry.metadata().unwrap().modified().unwrap();
+            fs::File::options()
+                .write(true)
+                .open(&dest)
+                .unwrap()
+                .set_modified(modified)
+                .unwrap();
+        }
+    }
+    let modified = fs::metadata(from).unwrap().modified().unwrap();
+    let _ = fs::File::open(to).and_then(|dir| dir.set_modified(modified));
+}
+
+/// Makes `to` hold the same files as the crate's `COPIED` entries. Unchanged files are
+/// not rewritten, so their modification times (which cargo compares) stay put and the
+/// build stays incremental.
+fn sync_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in COPIED {
+        sync_entry(&from.join(entry), &to.join(entry));
+    }
+}
+
+fn sync_entry(from: &Path, to: &Path) {
+    if from.is_dir() {
+        fs::create_dir_all(to).unwrap();
+        let mut wanted = BTreeSet::new();
+        for child in fs::read_dir(from).unwrap() {
+            let child = child.unwrap();
+            wanted.insert(child.file_name());
+            sync_entry(&child.path(), &to.join(child.file_name()));
+        }
+        for stale in fs::read_dir(to).unwrap() {
+            let stale = stale.unwrap();
+            if !wanted.contains(&stale.file_name()) {
+                let path = stale.path();
+                if path.is_dir() {
+                    fs::remove_dir_all(&path).unwrap();
+                } else {
+                    fs::remove_file(&path).unwrap();
+                }
+            }
+        }
+    } else {
+        let bytes = fs::read(from).unwrap();
+        if fs::read(to).ok().as_deref() != Some(bytes.as_slice()) {
+            fs::write(to, bytes).unwrap();
+        }
+    }
+}
+
+/// Builds the scratch crate's `it` target, then runs exactly `tests`.
+fn run_tests(scratch: &Path, target_dir: &Path, work: &Path, tests: &[&str]) -> Verdict {
+    let log = work.join("last-run.log");
+    let build = cargo(scratch, target_dir, &["test", "--test", "it", "--no-run"]);
+    match run_logged(build, &log, BUILD_LIMIT) {
+        Some(status) if status.success() => {}
+        outcome => {
+            let output = fs::read_to_string(&log).unwrap_or_default();
+            let tail: String = output.lines().rev().take(15).collect::<Vec<_>>().join("\n");
+            return Verdict::Unbuildable(format!("{outcome:?}: {tail}"));
+        }
+    }
+    // One test at a time: on a loaded machine the timing-sensitive ones flake when run
+    // side by side, and a flake would count as a catch.
+    let mut args = vec!["test", "--test", "it", "--", "--exact", "--test-threads=1"];
+    args.extend_from_slice(tests);
+    let run = cargo(scratch, target_dir, &args);
+    let Some(status) = run_logged(run, &log, TEST_LIMIT) else {
+        return Verdict::TimedOut;
+    };
+    let output = fs::read_to_string(&log).unwrap_or_default();
+    if status.success() {
+        let passed = output
+            .lines()
+            .filter_map(|l| l.strip_prefix("test result: ok. "))
+            .filter_map(|rest| rest.split(' ').next()?.parse::<usize>().ok())
+            .sum();
+        Verdict::Passed { tests: passed }
+    } else if output.contains("test result: FAILED") {
+        Verdict::Failed
+    } else {
+        Verdict::Unbuildable(output.lines().rev().take(15).collect::<Vec<_>>().join("\n"))
+    }
+}
+
+fn cargo(scratch: &Path, target_dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // Cargo gives this test process the package's variables (CARGO_MANIFEST_DIR,
+    // CARGO_PKG_*, ...). Build scripts such as ring's rerun when those change, so
+    // passing them on would rebuild ring and its dependents here, and again in the
+    // worktree afterwards.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let injected = name == "CARGO"
+            || name == "OUT_DIR"
+            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&name.as_ref());
+        if injected {
+            command.env_remove(name.as_ref());
+        }
+    }
+    command
+        .args(args)
+        .current_dir(scratch)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .env("RUST_BACKTRACE", "0");
+    command
+}
+
+/// Runs `command` with its output in `log`; `None` when it outlived `limit` (then its
+/// whole process group is killed, test binaries and their children included).
+fn run_logged(mut command: Command, log: &Path, limit: Duration) -> Option<ExitStatus> {
+    let file = fs::File::create(log).unwrap();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .process_group(0)
+        .spawn()
+        .expect("cargo starts");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let group = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

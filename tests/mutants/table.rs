@@ -1,0 +1,376 @@
+//! The table of hand-written mutants: each entry removes one enforcement from a Lua
+//! script, a SQL statement or the processor, and names the tests that must then fail.
+
+/// One deliberate breakage and the tests that must catch it.
+pub struct Mutant {
+    /// Path from the crate root.
+    pub file: &'static str,
+    /// The enforcement the substitution removes.
+    pub breaks: &'static str,
+    /// Must occur exactly once in `file`.
+    pub from: &'static str,
+    pub to: &'static str,
+    /// Full test names in the `it` target (run with `--exact`); at least one must fail.
+    pub tests: &'static [&'static str],
+}
+
+const CONFIRM_LUA: &str = "src/token/scripts/confirm.lua";
+const RESTORE_LUA: &str = "src/token/scripts/restore.lua";
+const EXTEND_LUA: &str = "src/token/scripts/extend.lua";
+const RESERVE_LUA: &str = "src/token/scripts/reserve.lua";
+const CONSUME_LUA: &str = "src/token/scripts/consume.lua";
+const ISSUE_LUA: &str = "src/token/scripts/issue.lua";
+const LOCK_LUA: &str = "src/token/scripts/lock.lua";
+const RELEASE_LUA: &str = "src/token/scripts/release.lua";
+const TOKEN_SQL: &str = "src/token/postgres.rs";
+const PAYMENT_SQL: &str = "src/payment/persistence.rs";
+const PAYMENTS_SCHEMA: &str = "migrations/0002_payments.sql";
+const PROCESSOR: &str = "src/payment/processor.rs";
+
+const REDIS_FENCING: &[&str] = &["token_redis::fencing"];
+const PG_FENCING: &[&str] = &["token_postgres::fencing"];
+
+pub const MUTANTS: &[Mutant] = &[
+    // ---- Lua: confirm / restore / extend need the same owner AND fence (I5).
+    Mutant {
+        file: CONFIRM_LUA,
+        breaks: "confirm: owner check",
+        from: "if h[2] ~= ARGV[1] or tonumber(h[3]) ~= tonumber(ARGV[2]) then",
+        to: "if tonumber(h[3]) ~= tonumber(ARGV[2]) then",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: CONFIRM_LUA,
+        breaks: "confirm: fence check",
+        from: "if h[2] ~= ARGV[1] or tonumber(h[3]) ~= tonumber(ARGV[2]) then",
+        to: "if h[2] ~= ARGV[1] then",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: CONFIRM_LUA,
+        breaks: "confirm: a completed token takes only the same payment again",
+        from: "if h[4] == ARGV[3] then",
+        to: "if true then",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: RESTORE_LUA,
+        breaks: "restore: status check (only processing)",
+        from: "if h[1] ~= 'processing' or h[2] ~= ARGV[1] or",
+        to: "if h[2] ~= ARGV[1] or",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: RESTORE_LUA,
+        breaks: "restore: owner check",
+        from: "or h[2] ~= ARGV[1] or tonumber(h[3])",
+        to: "or tonumber(h[3])",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: RESTORE_LUA,
+        breaks: "restore: fence check",
+        from: " or tonumber(h[3]) ~= tonumber(ARGV[2]) then",
+        to: " then",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: EXTEND_LUA,
+        breaks: "extend: status check (only processing)",
+        from: "if h[1] ~= 'processing' or h[2] ~= ARGV[1] or",
+        to: "if h[2] ~= ARGV[1] or",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: EXTEND_LUA,
+        breaks: "extend: owner check",
+        from: "or h[2] ~= ARGV[1] or tonumber(h[3])",
+        to: "or tonumber(h[3])",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: EXTEND_LUA,
+        breaks: "extend: fence check",
+        from: " or tonumber(h[3]) ~= tonumber(ARGV[2]) then",
+        to: " then",
+        tests: REDIS_FENCING,
+    },
+    // ---- Lua: reserve (I4, I5, modes).
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: lease check (a live lease is taken over)",
+        from: "if held_until > now then",
+        to: "if false then",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: lease expiry (a lapsed lease is never taken over)",
+        from: "if held_until > now then",
+        to: "if true then",
+        tests: &["token_redis::lapsed_lease_is_reservable"],
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: fence grows on every reservation",
+        from: "fence = fence + 1",
+        to: "fence = math.max(fence, 1)",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: status check (completed is final)",
+        from: "elseif status == 'completed' then\n  return {'completed', h[5], h[6]}",
+        to: "elseif status == 'completed' and false then\n  return {'completed', h[5], h[6]}",
+        tests: REDIS_FENCING,
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: issued mode never creates a token",
+        from: "  if not implicit then\n    return {'missing'}\n  end\n  expires_at = now + tonumber(ARGV[4])\nelseif",
+        to: "  expires_at = now + tonumber(ARGV[4])\nelseif",
+        tests: &["token_redis::modes"],
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: the key outlives the lease (fence cannot restart mid-lease)",
+        from: "redis.call('PEXPIREAT', key, string.format('%d', math.max(expires_at, lease_until)))",
+        to: "redis.call('PEXPIREAT', key, string.format('%d', expires_at))",
+        tests: &["token_redis::restore_keeps_original_ttl"],
+    },
+    // ---- Lua: schemes 1 and 2, issue.
+    Mutant {
+        file: CONSUME_LUA,
+        breaks: "consume: status check (only pending)",
+        from: "if h[1] ~= 'pending' then",
+        to: "if h[1] == false then",
+        tests: &["token_redis::consume_only_pending"],
+    },
+    Mutant {
+        file: ISSUE_LUA,
+        breaks: "issue: only when absent (SET NX)",
+        from: "if redis.call('EXISTS', KEYS[1]) == 1 then",
+        to: "if false then",
+        tests: &["token_redis::modes"],
+    },
+    Mutant {
+        file: LOCK_LUA,
+        breaks: "lock: NX (a held lock is taken)",
+        from: "'NX', 'PX'",
+        to: "'PX'",
+        tests: &["token_redis::lock_and_release"],
+    },
+    Mutant {
+        file: RELEASE_LUA,
+        breaks: "release: owner check",
+        from: "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+        to: "if redis.call('GET', KEYS[1]) then",
+        tests: &["token_redis::lock_and_release"],
+    },
+    // ---- SQL of the Postgres token store.
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "CONFIRM: owner check",
+        from: " WHERE key = $1 AND owner = $2 AND fence = $3\n   AND ((status",
+        to: " WHERE key = $1 AND fence = $3\n   AND ((status",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "CONFIRM: fence check",
+        from: " WHERE key = $1 AND owner = $2 AND fence = $3\n   AND ((status",
+        to: " WHERE key = $1 AND owner = $2\n   AND ((status",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "CONFIRM: a completed token takes only the same payment again",
+        from: "OR (status = 'completed' AND payment_id = $4 AND expires_at > now()))",
+        to: "OR (status = 'completed' AND expires_at > now()))",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "CONFIRM: expiry check (a dead row cannot be confirmed)",
+        from: "AND ((status = 'processing' AND (expires_at > now() OR lease_expires_at > now()))",
+        to: "AND ((status = 'processing')",
+        tests: &["token_postgres::dead_rows_count_as_absent"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESTORE: expiry check (a dead row cannot be restored)",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        to: "AND owner = $2 AND fence = $3\nRETURNING expires_at <= now()",
+        tests: &["token_postgres::dead_rows_count_as_absent"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "EXTEND: expiry check (a dead row cannot be extended)",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING fence",
+        to: "AND owner = $2 AND fence = $3\nRETURNING fence",
+        tests: &["token_postgres::dead_rows_count_as_absent"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESTORE: status check (only processing)",
+        from: "updated_at = now()\n WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        to: "updated_at = now()\n WHERE key = $1 AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESTORE: owner check",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        to: "AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESTORE: fence check",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        to: "AND owner = $2\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "EXTEND: status check (only processing)",
+        from: "interval '1 millisecond', updated_at = now()\n WHERE key = $1 AND status = 'processing' AND owner = $2",
+        to: "interval '1 millisecond', updated_at = now()\n WHERE key = $1 AND owner = $2",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "EXTEND: owner check",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING fence",
+        to: "AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING fence",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "EXTEND: fence check",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING fence",
+        to: "AND owner = $2\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING fence",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (implicit): lease check (a live lease is taken over)",
+        from: "        OR (status = 'processing' AND lease_expires_at <= now())\n        OR (status = 'completed'",
+        to: "        OR (status = 'processing')\n        OR (status = 'completed'",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (implicit): expiry check (a live tombstone is taken over)",
+        from: "OR (status = 'completed' AND expires_at <= now()))",
+        to: "OR (status = 'completed'))",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (implicit): fence grows on every reservation",
+        from: "       fence = fence + 1,\n       lease_expires_at = now() + $3::bigint * interval '1 millisecond',\n       expires_at = CASE",
+        to: "       fence = 1,\n       lease_expires_at = now() + $3::bigint * interval '1 millisecond',\n       expires_at = CASE",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (issued): expiry check (an expired token is reserved)",
+        from: " WHERE key = $1\n   AND expires_at > now()\n   AND (status = 'pending'",
+        to: " WHERE key = $1\n   AND (status = 'pending'",
+        tests: &["token_postgres::missing_expired_consumed"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (issued): lease check (a live lease is taken over)",
+        from: "AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))",
+        to: "AND (status = 'pending' OR status = 'processing')",
+        tests: &["token_postgres::lapsed_lease_is_reservable"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (create): unique-key handling (ON CONFLICT DO NOTHING)",
+        from: "ON CONFLICT (key) DO NOTHING\nRETURNING fence",
+        to: "RETURNING fence",
+        tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "CONSUME: status check (only pending)",
+        from: " WHERE key = $1 AND status = 'pending' AND expires_at > now()",
+        to: " WHERE key = $1 AND expires_at > now()",
+        tests: &["token_postgres::consume_only_pending"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "CONSUME: expiry check",
+        from: " WHERE key = $1 AND status = 'pending' AND expires_at > now()",
+        to: " WHERE key = $1 AND status = 'pending'",
+        tests: &["token_postgres::missing_expired_consumed"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "ISSUE: only when absent or dead",
+        from: " WHERE NOT (t.expires_at > now()\n            OR (t.status = 'processing' AND t.lease_expires_at > now()))\nRETURNING fence",
+        to: "\nRETURNING fence",
+        tests: &["token_postgres::modes"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "LOCK: take-over only of an expired lock",
+        from: " WHERE key = $1 AND expires_at <= now()",
+        to: " WHERE key = $1",
+        tests: &["token_postgres::lock_and_release"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RELEASE: owner check",
+        from: " WHERE key = $1 AND owner = $2 AND expires_at > now()\nRETURNING owner",
+        to: " WHERE key = $1 AND expires_at > now()\nRETURNING owner",
+        tests: &["token_postgres::lock_and_release"],
+    },
+    // ---- SQL of the payments table: the unique key serialises two holders (I6).
+    Mutant {
+        file: PAYMENT_SQL,
+        breaks: "INSERT of the processing row: unique-key handling (ON CONFLICT DO NOTHING)",
+        from: "ON CONFLICT (idempotency_key) DO NOTHING\n             RETURNING id)",
+        to: "RETURNING id)",
+        tests: &["processor::thirty_two_holders_of_a_reservation_are_serialised_by_postgres"],
+    },
+    Mutant {
+        file: PAYMENTS_SCHEMA,
+        breaks: "schema: one payment row per idempotency key (UNIQUE)",
+        from: "idempotency_key        text        NOT NULL UNIQUE",
+        to: "idempotency_key        text        NOT NULL",
+        tests: &["fencing::survivor_with_the_redis_token_store_does_not_commit"],
+    },
+    // ---- Processor checks the issue named (cargo-mutants does not generate these).
+    Mutant {
+        file: PROCESSOR,
+        breaks: "look-up before charging when the reservation is not the first (fence > 1)",
+        from: "|| claim.fence > 1;",
+        to: "|| false;",
+        tests: &[
+            "fencing::survivor_with_the_redis_token_store_does_not_commit",
+            "processor::a_failure_after_each_step_then_a_retry_charges_once",
+        ],
+    },
+    Mutant {
+        file: PROCESSOR,
+        breaks: "a gateway timeout is looked up, never restored blindly",
+        from: ") => self.resolve_unknown(command, &cause).await,",
+        to: ") => Err(Settlement::Restore(retry(cause.to_string()))),",
+        tests: &["processor::an_answer_that_comes_too_late_is_looked_up_and_succeeds"],
+    },
+    // The fence check before COMMIT (I5): `extend` refused treated as fine.
+    Mutant {
+        file: PROCESSOR,
+        breaks: "pre-COMMIT fence check",
+        from: "return Settlement::LeaveToLease(retry_unknown(\"lease lost before commit\"))",
+        to: "()",
+        tests: &[
+            "fencing::survivor_with_the_redis_token_store_does_not_commit",
+            "fencing::survivor_with_the_postgres_token_store_does_not_commit",
+        ],
+    },
+];
