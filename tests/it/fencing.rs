@@ -136,7 +136,7 @@ async fn until_final(processor: &Processor, command: &PaymentCommand) -> Outcome
     let deadline = Instant::now() + PATIENCE;
     loop {
         match processor.process(command, &CommandContext::default()).await {
-            Outcome::Retry { after, reason } => {
+            Outcome::Retry { after, reason, .. } => {
                 assert!(Instant::now() < deadline, "still retrying: {reason}");
                 tokio::time::sleep(
                     after.clamp(Duration::from_millis(5), Duration::from_millis(25)),
@@ -228,7 +228,7 @@ async fn survivor_of_a_takeover_does_not_commit(backend: Backend) {
         .processor("a", Faults::none())
         .process(&cmd, &CommandContext::default())
         .await;
-    assert_eq!(again, Outcome::Duplicate { payment_id });
+    crate::helpers::assert_duplicate_of(&again, payment_id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
