@@ -109,22 +109,13 @@ pub async fn publish_records(
             }
             producer.send(out, Timeout::After(Duration::from_secs(30)))
         });
-        for result in futures_util_join(sends).await {
+        // Polled together: a send enqueues only when first polled, so awaiting the
+        // futures one by one would wait for each acknowledgement before the next.
+        for result in futures_util::future::join_all(sends).await {
             result.map_err(|(e, _)| e).context("producing a command")?;
         }
     }
     Ok(())
-}
-
-async fn futures_util_join<F: std::future::Future>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<F::Output> {
-    let handles: Vec<F> = futures.collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for f in handles {
-        out.push(f.await);
-    }
-    out
 }
 
 pub fn partition_count(settings: &KafkaSettings, topic: &str) -> anyhow::Result<i32> {
