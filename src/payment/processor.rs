@@ -253,15 +253,15 @@ impl Processor {
         } = &mut outcome
         {
             let span = tracing::Span::current();
-            let tracing = crate::telemetry::trace_ids(&span).is_some();
+            let traced = crate::telemetry::trace_ids(&span).is_some();
             // Decided from a token tombstone: the row tells the original answer.
-            if original.is_none() || tracing {
+            if original.is_none() || traced {
                 if let Ok(Some(row)) = self.find_existing(&command.idempotency_key).await {
                     if row.id == *payment_id {
                         *original = original_answer(&row);
                         // A duplicate's trace points at the trace that charged.
                         if let (true, Some(trace_id), Some(span_id)) =
-                            (tracing, &row.trace_id, &row.span_id)
+                            (traced, &row.trace_id, &row.span_id)
                         {
                             crate::telemetry::link_to(&span, trace_id, span_id);
                         }

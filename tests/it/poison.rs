@@ -605,9 +605,30 @@ fn parsed(key: &str, account: &str) -> payment_worker::payment::PaymentCommand {
     payment_worker::payment::PaymentCommand::parse(&serde_json::to_vec(&value).unwrap()).unwrap()
 }
 
+/// A final rejection of `kind` whose reason starts with `code` and names `sqlstate`.
+fn assert_final(
+    outcome: &payment_worker::payment::Outcome,
+    kind: RejectionKind,
+    code: &str,
+    sqlstate: &str,
+) {
+    let payment_worker::payment::Outcome::Rejected {
+        kind: found,
+        reason,
+    } = outcome
+    else {
+        panic!("not final: {outcome:?}");
+    };
+    assert_eq!(*found, kind);
+    assert!(
+        reason.starts_with(code) && reason.contains(sqlstate),
+        "{reason}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_errors_no_retry_can_fix_are_final_at_once_and_charge_nothing() {
-    use payment_worker::payment::{CommandContext, Outcome};
+    use payment_worker::payment::CommandContext;
     use payment_worker::token::{IdempotencyKey, TokenState};
     let stack = Stack::new(1, SimulatorConfig::default()).await;
     let processor = stack.processor("sqlstate");
@@ -619,13 +640,11 @@ async fn database_errors_no_retry_can_fix_are_final_at_once_and_charge_nothing()
     let refused = processor
         .process(&parsed("db-refused", "blocked"), &CommandContext::default())
         .await;
-    let Outcome::Rejected { kind, reason } = &refused else {
-        panic!("not final: {refused:?}");
-    };
-    assert_eq!(*kind, RejectionKind::Invalid);
-    assert!(
-        reason.starts_with("database_refused:") && reason.contains("23514"),
-        "{reason}"
+    assert_final(
+        &refused,
+        RejectionKind::Invalid,
+        "database_refused:",
+        "23514",
     );
     // Our own SQL broken (class 42): `internal`, also at once.
     sqlx::query("ALTER TABLE payments RENAME COLUMN fingerprint TO fingerprint_renamed")
@@ -635,14 +654,7 @@ async fn database_errors_no_retry_can_fix_are_final_at_once_and_charge_nothing()
     let broken = processor
         .process(&parsed("db-broken", "acct_ok"), &CommandContext::default())
         .await;
-    let Outcome::Rejected { kind, reason } = &broken else {
-        panic!("not final: {broken:?}");
-    };
-    assert_eq!(*kind, RejectionKind::Internal);
-    assert!(
-        reason.starts_with("database_error:") && reason.contains("42703"),
-        "{reason}"
-    );
+    assert_final(&broken, RejectionKind::Internal, "database_error:", "42703");
     // Nothing was charged, and both tokens were restored for a later fix and redrive.
     assert!(stack.ledger().is_empty());
     for key in ["db-refused", "db-broken"] {
