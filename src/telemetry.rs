@@ -6,9 +6,9 @@
 //! the instruments are no-ops. `OTEL_EXPORTER_OTLP_PROTOCOL` picks `grpc` or
 //! `http/protobuf`; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER(_ARG)` and `OTEL_METRIC_EXPORT_INTERVAL` are honoured by the SDK.
-//! Over gRPC an `https://` endpoint is verified against the system roots plus the CA
-//! in `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal `…_TRACES_CERTIFICATE`,
-//! `…_METRICS_CERTIFICATE`) when given.
+//! Over gRPC and over HTTP an `https://` endpoint is verified against the system roots
+//! plus the CA in `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal
+//! `…_TRACES_CERTIFICATE`, `…_METRICS_CERTIFICATE`) when given.
 
 use std::sync::OnceLock;
 
@@ -19,11 +19,15 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
+use tracing_subscriber::filter::FilterExt as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 pub const SERVICE_NAME: &str = "payment-worker";
+
+/// The span of one command, end to end: the one span that log lines carry.
+pub const COMMAND_SPAN: &str = "process";
 
 /// Held by `main`; `shutdown` flushes buffered spans and metrics.
 pub struct Telemetry {
@@ -61,67 +65,124 @@ fn protocol(signal: &str) -> Option<String> {
     .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
 }
 
-/// TLS for a gRPC export when the endpoint is `https://` or a CA file is given: the
-/// system roots and that CA. `Err` when the CA file cannot be read.
-fn grpc_tls(
-    signal: &str,
-) -> Result<Option<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig>, String> {
-    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
-    let first_set = |names: [String; 2]| {
-        names
-            .iter()
-            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
-    };
-    let endpoint = first_set([
-        format!("OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"),
-        "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
-    ]);
-    let ca_file = first_set([
-        format!("OTEL_EXPORTER_OTLP_{signal}_CERTIFICATE"),
-        "OTEL_EXPORTER_OTLP_CERTIFICATE".to_owned(),
-    ]);
-    let https = endpoint.is_some_and(|e| e.trim().to_ascii_lowercase().starts_with("https://"));
-    if !https && ca_file.is_none() {
-        return Ok(None);
+/// Where a signal is exported and which extra CA verifies it, from the standard
+/// variables (the per-signal one first).
+struct OtlpTarget {
+    https: bool,
+    ca_file: Option<String>,
+    timeout: std::time::Duration,
+}
+
+impl OtlpTarget {
+    fn of(signal: &str) -> Self {
+        let first_set = |names: [String; 2]| {
+            names
+                .iter()
+                .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+        };
+        let endpoint = first_set([
+            format!("OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+        ]);
+        let ca_file = first_set([
+            format!("OTEL_EXPORTER_OTLP_{signal}_CERTIFICATE"),
+            "OTEL_EXPORTER_OTLP_CERTIFICATE".to_owned(),
+        ]);
+        // The SDK's own default (10 s) when unset or unreadable.
+        let timeout_ms = first_set([
+            format!("OTEL_EXPORTER_OTLP_{signal}_TIMEOUT"),
+            "OTEL_EXPORTER_OTLP_TIMEOUT".to_owned(),
+        ])
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        .unwrap_or(10_000);
+        Self {
+            https: endpoint.is_some_and(|e| e.trim().to_ascii_lowercase().starts_with("https://")),
+            ca_file,
+            timeout: std::time::Duration::from_millis(timeout_ms),
+        }
     }
-    let mut config = ClientTlsConfig::new().with_native_roots();
-    if let Some(path) = ca_file {
-        let pem = std::fs::read(&path).map_err(|e| format!("reading CA file {path}: {e}"))?;
-        config = config.ca_certificate(Certificate::from_pem(pem));
+
+    /// Whether this export needs our TLS set-up (an `https://` endpoint or a CA file).
+    fn wants_tls(&self) -> bool {
+        self.https || self.ca_file.is_some()
     }
-    Ok(Some(config))
+
+    fn ca_pem(&self) -> Result<Option<Vec<u8>>, String> {
+        self.ca_file
+            .as_ref()
+            .map(|path| std::fs::read(path).map_err(|e| format!("reading CA file {path}: {e}")))
+            .transpose()
+    }
+
+    /// gRPC: the system roots and the CA file.
+    fn grpc_tls(
+        &self,
+    ) -> Result<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig, String> {
+        use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
+        let mut config = ClientTlsConfig::new().with_native_roots();
+        if let Some(pem) = self.ca_pem()? {
+            config = config.ca_certificate(Certificate::from_pem(pem));
+        }
+        Ok(config)
+    }
+
+    /// HTTP/protobuf: a blocking client verifying against the system roots and the CA
+    /// file. Built on a thread of its own: a blocking client may not be created (nor
+    /// dropped) on a tokio worker thread.
+    fn http_client(&self) -> Result<otlp_http::blocking::Client, String> {
+        let mut builder = otlp_http::blocking::Client::builder().timeout(self.timeout);
+        if let Some(pem) = self.ca_pem()? {
+            let certs = otlp_http::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("reading the OTLP CA certificate: {e}"))?;
+            builder = builder.tls_certs_merge(certs);
+        }
+        std::thread::spawn(move || builder.build())
+            .join()
+            .map_err(|_| "building the OTLP HTTP client panicked".to_owned())?
+            .map_err(|e| format!("building the OTLP HTTP client: {e}"))
+    }
 }
 
 fn span_exporter() -> Result<opentelemetry_otlp::SpanExporter, String> {
-    use opentelemetry_otlp::WithTonicConfig;
-    if protocol("TRACES").as_deref() == Some("grpc") {
-        if let Some(tls) = grpc_tls("TRACES")? {
-            return opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_tls_config(tls)
-                .build()
-                .map_err(|e| e.to_string());
-        }
-    }
-    opentelemetry_otlp::SpanExporter::builder()
-        .build()
-        .map_err(|e| e.to_string())
+    use opentelemetry_otlp::{WithHttpConfig, WithTonicConfig};
+    let target = OtlpTarget::of("TRACES");
+    let builder = opentelemetry_otlp::SpanExporter::builder();
+    let exporter = if !target.wants_tls() {
+        // Plain endpoints: the SDK picks the transport from the protocol variable.
+        builder.build()
+    } else if protocol("TRACES").as_deref() == Some("grpc") {
+        builder
+            .with_tonic()
+            .with_tls_config(target.grpc_tls()?)
+            .build()
+    } else {
+        builder
+            .with_http()
+            .with_http_client(target.http_client()?)
+            .build()
+    };
+    exporter.map_err(|e| e.to_string())
 }
 
 fn metric_exporter() -> Result<opentelemetry_otlp::MetricExporter, String> {
-    use opentelemetry_otlp::WithTonicConfig;
-    if protocol("METRICS").as_deref() == Some("grpc") {
-        if let Some(tls) = grpc_tls("METRICS")? {
-            return opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .with_tls_config(tls)
-                .build()
-                .map_err(|e| e.to_string());
-        }
-    }
-    opentelemetry_otlp::MetricExporter::builder()
-        .build()
-        .map_err(|e| e.to_string())
+    use opentelemetry_otlp::{WithHttpConfig, WithTonicConfig};
+    let target = OtlpTarget::of("METRICS");
+    let builder = opentelemetry_otlp::MetricExporter::builder();
+    let exporter = if !target.wants_tls() {
+        // Plain endpoints: the SDK picks the transport from the protocol variable.
+        builder.build()
+    } else if protocol("METRICS").as_deref() == Some("grpc") {
+        builder
+            .with_tonic()
+            .with_tls_config(target.grpc_tls()?)
+            .build()
+    } else {
+        builder
+            .with_http()
+            .with_http_client(target.http_client()?)
+            .build()
+    };
+    exporter.map_err(|e| e.to_string())
 }
 
 fn tracer_provider() -> Option<SdkTracerProvider> {
@@ -160,6 +221,13 @@ fn meter_provider() -> Option<SdkMeterProvider> {
     }
 }
 
+/// Makes ring the process-wide rustls provider. The OTLP HTTP client is built without
+/// a provider of its own (one crypto library in the binary, the one sqlx and redis
+/// use) and asks for the process default; a second call is harmless.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Whether metrics leave the process (so collecting them is worth its cost).
 pub fn metrics_exported() -> bool {
     otlp_wanted("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
@@ -168,6 +236,7 @@ pub fn metrics_exported() -> bool {
 /// Installs the global subscriber, propagator and providers. Call inside the tokio
 /// runtime (the gRPC exporter needs it). `default_filter` applies without `RUST_LOG`.
 pub fn init(default_filter: &str) -> Telemetry {
+    install_crypto_provider();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let tracer_provider = tracer_provider();
     let meter_provider = meter_provider();
@@ -180,6 +249,15 @@ pub fn init(default_filter: &str) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!("{default_filter},sqlx::postgres::notice=warn"))
     });
+    // Log lines carry the command span (key, trace and span ids) and nothing deeper:
+    // the fmt layer formats every span it is shown when the span opens, printed or
+    // not, and the client spans below the command (token, statement, publish, POST)
+    // are several per payment. Those go to traces only, and with no exporter they
+    // are not built at all.
+    let filter = filter.and(tracing_subscriber::filter::filter_fn(|meta| {
+        meta.is_event()
+            || (meta.name() == COMMAND_SPAN && meta.target().starts_with("payment_worker"))
+    }));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let logs = if json {
         tracing_subscriber::fmt::layer()

@@ -305,7 +305,7 @@ impl Handler {
 /// of the record's `traceparent` when it carries one.
 pub fn command_span(message: &OwnedMessage, group_id: &str) -> tracing::Span {
     let span = tracing::info_span!(
-        "process",
+        crate::telemetry::COMMAND_SPAN,
         otel.name = format!("{} process", message.topic()),
         otel.kind = "consumer",
         messaging.system = "kafka",
