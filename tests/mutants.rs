@@ -67,11 +67,18 @@ fn every_mutant_applies_to_the_current_source() {
             problems.push(format!("{} [{}]: no test named", m.file, m.breaks));
         }
         for test in m.tests {
-            let Some((module, name)) = test.split_once("::") else {
+            let Some((module, name)) = test.rsplit_once("::") else {
                 problems.push(format!("{test}: not module::name"));
                 continue;
             };
-            let module_source = source(&format!("tests/it/{module}.rs"));
+            // `token::redis::fencing` lives in tests/it/token/redis.rs (or token/redis/mod.rs).
+            let path = module.replace("::", "/");
+            let file = format!("tests/it/{path}.rs");
+            let module_source = if crate_root().join(&file).exists() {
+                source(&file)
+            } else {
+                source(&format!("tests/it/{path}/mod.rs"))
+            };
             if !module_source.contains(&format!("async fn {name}()"))
                 && !module_source.contains(&format!("fn {name}()"))
             {

@@ -1,40 +1,12 @@
-//! One integration-test binary (one link step); each module is a capability.
+//! One integration-test binary (one link step), one folder per capability and one
+//! `support/` for the harness they share.
 mod audit;
-mod bench;
+mod chaos;
 mod cli;
-mod cli_docs;
-mod cli_kafka;
-mod compose;
-mod corpus;
-mod demo;
-mod fencing;
+mod deploy;
 mod gateway;
-mod gateway_answers;
-mod gateway_metrics;
-mod helpers;
-mod k8s_manifests;
-mod kafka_connectivity;
-mod least_privilege;
-mod manifest;
-mod metric_export;
-mod metric_names;
-mod multiprocess;
-mod operations;
-mod otlp_tls;
-mod pki;
-mod poison;
-mod postgres_store;
-mod postgres_tls;
-mod processor;
-mod procs;
-mod rebalance;
-mod redis_topologies;
-mod round_trips;
-mod scripted_gateway;
-mod security;
+mod payment;
+mod support;
 mod telemetry;
-mod token_contract;
-mod token_postgres;
-mod token_redis;
-mod walkthrough;
+mod token;
 mod worker;

@@ -27,8 +27,8 @@ const PAYMENT_SQL: &str = "src/payment/persistence.rs";
 const PAYMENTS_SCHEMA: &str = "migrations/0002_payments.sql";
 const PROCESSOR: &str = "src/payment/processor.rs";
 
-const REDIS_FENCING: &[&str] = &["token_redis::fencing"];
-const PG_FENCING: &[&str] = &["token_postgres::fencing"];
+const REDIS_FENCING: &[&str] = &["token::redis::fencing"];
+const PG_FENCING: &[&str] = &["token::postgres::fencing"];
 
 pub const MUTANTS: &[Mutant] = &[
     // ---- Lua: confirm / restore / extend need the same owner AND fence (I5).
@@ -108,7 +108,7 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "reserve: lease expiry (a lapsed lease is never taken over)",
         from: "if held_until > now then",
         to: "if true then",
-        tests: &["token_redis::lapsed_lease_is_reservable"],
+        tests: &["token::redis::lapsed_lease_is_reservable"],
     },
     Mutant {
         file: RESERVE_LUA,
@@ -129,14 +129,14 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "reserve: issued mode never creates a token",
         from: "  if not implicit then\n    return {'missing'}\n  end\n  expires_at = now + tonumber(ARGV[4])\nelseif",
         to: "  expires_at = now + tonumber(ARGV[4])\nelseif",
-        tests: &["token_redis::modes"],
+        tests: &["token::redis::modes"],
     },
     Mutant {
         file: RESERVE_LUA,
         breaks: "reserve: the key outlives the lease (fence cannot restart mid-lease)",
         from: "redis.call('PEXPIREAT', key, string.format('%d', math.max(expires_at, lease_until)))",
         to: "redis.call('PEXPIREAT', key, string.format('%d', expires_at))",
-        tests: &["token_redis::restore_keeps_original_ttl"],
+        tests: &["token::redis::restore_keeps_original_ttl"],
     },
     // ---- Lua: schemes 1 and 2, issue.
     Mutant {
@@ -144,28 +144,28 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "consume: status check (only pending)",
         from: "if h[1] ~= 'pending' then",
         to: "if h[1] == false then",
-        tests: &["token_redis::consume_only_pending"],
+        tests: &["token::redis::consume_only_pending"],
     },
     Mutant {
         file: ISSUE_LUA,
         breaks: "issue: only when absent (SET NX)",
         from: "if redis.call('EXISTS', KEYS[1]) == 1 then",
         to: "if false then",
-        tests: &["token_redis::modes"],
+        tests: &["token::redis::modes"],
     },
     Mutant {
         file: LOCK_LUA,
         breaks: "lock: NX (a held lock is taken)",
         from: "'NX', 'PX'",
         to: "'PX'",
-        tests: &["token_redis::lock_and_release"],
+        tests: &["token::redis::lock_and_release"],
     },
     Mutant {
         file: RELEASE_LUA,
         breaks: "release: owner check",
         from: "if redis.call('GET', KEYS[1]) == ARGV[1] then",
         to: "if redis.call('GET', KEYS[1]) then",
-        tests: &["token_redis::lock_and_release"],
+        tests: &["token::redis::lock_and_release"],
     },
     // ---- SQL of the Postgres token store.
     Mutant {
@@ -194,21 +194,21 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "CONFIRM: expiry check (a dead row cannot be confirmed)",
         from: "AND ((status = 'processing' AND (expires_at > now() OR lease_expires_at > now()))",
         to: "AND ((status = 'processing')",
-        tests: &["token_postgres::dead_rows_count_as_absent"],
+        tests: &["token::postgres::dead_rows_count_as_absent"],
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESTORE: expiry check (a dead row cannot be restored)",
         from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
         to: "AND owner = $2 AND fence = $3\nRETURNING expires_at <= now()",
-        tests: &["token_postgres::dead_rows_count_as_absent"],
+        tests: &["token::postgres::dead_rows_count_as_absent"],
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "EXTEND: expiry check (a dead row cannot be extended)",
         from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING fence",
         to: "AND owner = $2 AND fence = $3\nRETURNING fence",
-        tests: &["token_postgres::dead_rows_count_as_absent"],
+        tests: &["token::postgres::dead_rows_count_as_absent"],
     },
     Mutant {
         file: TOKEN_SQL,
@@ -278,14 +278,14 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "RESERVE (issued): expiry check (an expired token is reserved)",
         from: " WHERE key = $1\n   AND expires_at > now()\n   AND (status = 'pending'",
         to: " WHERE key = $1\n   AND (status = 'pending'",
-        tests: &["token_postgres::missing_expired_consumed"],
+        tests: &["token::postgres::missing_expired_consumed"],
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESERVE (issued): lease check (a live lease is taken over)",
         from: "AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))",
         to: "AND (status = 'pending' OR status = 'processing')",
-        tests: &["token_postgres::lapsed_lease_is_reservable"],
+        tests: &["token::postgres::lapsed_lease_is_reservable"],
     },
     Mutant {
         file: TOKEN_SQL,
@@ -299,35 +299,35 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "CONSUME: status check (only pending)",
         from: " WHERE key = $1 AND status = 'pending' AND expires_at > now()",
         to: " WHERE key = $1 AND expires_at > now()",
-        tests: &["token_postgres::consume_only_pending"],
+        tests: &["token::postgres::consume_only_pending"],
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "CONSUME: expiry check",
         from: " WHERE key = $1 AND status = 'pending' AND expires_at > now()",
         to: " WHERE key = $1 AND status = 'pending'",
-        tests: &["token_postgres::missing_expired_consumed"],
+        tests: &["token::postgres::missing_expired_consumed"],
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "ISSUE: only when absent or dead",
         from: " WHERE NOT (t.expires_at > now()\n            OR (t.status = 'processing' AND t.lease_expires_at > now()))\nRETURNING fence",
         to: "\nRETURNING fence",
-        tests: &["token_postgres::modes"],
+        tests: &["token::postgres::modes"],
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "LOCK: take-over only of an expired lock",
         from: " WHERE key = $1 AND expires_at <= now()",
         to: " WHERE key = $1",
-        tests: &["token_postgres::lock_and_release"],
+        tests: &["token::postgres::lock_and_release"],
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "RELEASE: owner check",
         from: " WHERE key = $1 AND owner = $2 AND expires_at > now()\nRETURNING owner",
         to: " WHERE key = $1 AND expires_at > now()\nRETURNING owner",
-        tests: &["token_postgres::lock_and_release"],
+        tests: &["token::postgres::lock_and_release"],
     },
     // ---- SQL of the payments table: the unique key serialises two holders (I6).
     Mutant {
@@ -335,14 +335,14 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "INSERT of the processing row: unique-key handling (ON CONFLICT DO NOTHING)",
         from: "ON CONFLICT (idempotency_key) DO NOTHING\n             RETURNING id)",
         to: "RETURNING id)",
-        tests: &["processor::thirty_two_holders_of_a_reservation_are_serialised_by_postgres"],
+        tests: &["payment::races::thirty_two_holders_of_a_reservation_are_serialised_by_postgres"],
     },
     Mutant {
         file: PAYMENTS_SCHEMA,
         breaks: "schema: one payment row per idempotency key (UNIQUE)",
         from: "idempotency_key        text        NOT NULL UNIQUE",
         to: "idempotency_key        text        NOT NULL",
-        tests: &["fencing::survivor_with_the_redis_token_store_does_not_commit"],
+        tests: &["payment::fencing::survivor_with_the_redis_token_store_does_not_commit"],
     },
     // ---- Processor checks the issue named (cargo-mutants does not generate these).
     Mutant {
@@ -351,8 +351,8 @@ pub const MUTANTS: &[Mutant] = &[
         from: "|| claim.fence > 1;",
         to: "|| false;",
         tests: &[
-            "fencing::survivor_with_the_redis_token_store_does_not_commit",
-            "processor::a_failure_after_each_step_then_a_retry_charges_once",
+            "payment::fencing::survivor_with_the_redis_token_store_does_not_commit",
+            "payment::crashes::a_failure_after_each_step_then_a_retry_charges_once",
         ],
     },
     Mutant {
@@ -360,7 +360,7 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "a gateway timeout is looked up, never restored blindly",
         from: ") => self.resolve_unknown(command, &cause).await,",
         to: ") => Err(Settlement::Restore(retry(cause.to_string()))),",
-        tests: &["processor::an_answer_that_comes_too_late_is_looked_up_and_succeeds"],
+        tests: &["payment::gateway_faults::an_answer_that_comes_too_late_is_looked_up_and_succeeds"],
     },
     // The fence check before COMMIT (I5): `extend` refused treated as fine.
     Mutant {
@@ -369,8 +369,8 @@ pub const MUTANTS: &[Mutant] = &[
         from: "return Settlement::LeaveToLease(retry_unknown(\"lease lost before commit\"))",
         to: "()",
         tests: &[
-            "fencing::survivor_with_the_redis_token_store_does_not_commit",
-            "fencing::survivor_with_the_postgres_token_store_does_not_commit",
+            "payment::fencing::survivor_with_the_redis_token_store_does_not_commit",
+            "payment::fencing::survivor_with_the_postgres_token_store_does_not_commit",
         ],
     },
 ];

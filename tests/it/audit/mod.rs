@@ -1,0 +1,3 @@
+//! `audit`: reconciling the gateway ledger, the payments table and the tokens.
+
+mod reconcile;

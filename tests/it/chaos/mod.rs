@@ -1,0 +1,3 @@
+//! Real processes SIGKILLed and restarted while they work.
+
+pub(crate) mod processes;

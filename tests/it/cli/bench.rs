@@ -1,0 +1,165 @@
+//! `payment-worker bench` on small counts, as a black box: it exits 0, writes the
+//! JSON report with every headline figure, every phase answered every command with a
+//! payment, the ledger audit found one charge per key and ledger = rows, and the run
+//! left no rows or tokens behind. No figure is compared with a target: timing is not
+//! a test.
+
+use std::process::Command;
+
+use crate::support::helpers::{unique, TestDb, TestRedis, REDIS_URL};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
+    let db = TestDb::new().await;
+    let mut redis = TestRedis::new().await;
+    let json = std::env::temp_dir().join(format!("{}.json", unique("bench")));
+    let url = db.url.clone();
+    let path = json.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(crate::support::procs::BINARY)
+            .args([
+                "bench",
+                "--quick",
+                "--ceiling-transactions",
+                "200",
+                "--e2e-commands",
+                "300",
+            ])
+            .args([
+                "--backlog",
+                "400",
+                "--half-load-seconds",
+                "1",
+                "--half-load-rate",
+                "100",
+            ])
+            // Small pools: other tests share the server's connection slots.
+            .args(["--database-max-connections", "8", "--max-in-flight", "8"])
+            .args(["--database-url", &url, "--redis-url", REDIS_URL])
+            .arg("--json")
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("ledger audit"),
+        "no table on stdout: {stdout}"
+    );
+
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    for key in [
+        "ceiling_tps",
+        "token_round_trips_per_s",
+        "e2e_tps_0ms",
+        "ratio_0ms",
+        "e2e_tps_20ms",
+        "p99_ms_half_load",
+        "peak_rss_mib",
+        "e2e_tps_0ms_postgres_tokens",
+        "ratio_postgres_tokens_to_redis",
+        "e2e_tps_0ms_postgres_tokens_purging",
+        "ratio_purging_to_postgres_tokens",
+        "worker_cpu_ms_per_payment",
+        "baseline_tps_20ms",
+        "baseline_multiple_20ms",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key}: {}",
+            report[key]
+        );
+    }
+    for key in [
+        "pass_ratio_0ms",
+        "pass_tps_20ms",
+        "pass_p99_half_load",
+        "pass_peak_rss",
+        "pass_ratio_postgres_tokens",
+        "pass_ratio_purging",
+        "pass_worker_cpu",
+        "pass_round_trips",
+        "pass_baseline_multiple",
+        "audit_ok",
+    ] {
+        assert!(report[key].is_boolean(), "{key}: {}", report[key]);
+    }
+    // Counted, not timed: a fresh payment's round trips are the same on any machine.
+    assert_eq!(
+        report["round_trips"],
+        serde_json::json!({"postgres": 4.0, "redis": 3.0, "gateway": 1.0})
+    );
+    assert_eq!(report["ceiling"]["failures"], 0);
+    assert_eq!(report["tokens"]["failures"], 0);
+
+    let phases = report["phases"].as_array().unwrap();
+    let names: Vec<&str> = phases.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "e2e-0ms",
+            "e2e-0ms-pgtokens",
+            "e2e-0ms-pgtokens-purging",
+            "e2e-20ms",
+            "baseline-20ms",
+            "half-load",
+            "worker-process"
+        ]
+    );
+    // Every dead token row inserted for the purging phase was purged.
+    let purge = &report["purge"];
+    assert!(purge["expired_rows"].as_u64().is_some_and(|n| n >= 10_000));
+    assert_eq!(purge["purged_rows"], purge["expired_rows"], "{purge}");
+    let mut commands = 0;
+    for phase in phases {
+        let sent = phase["commands"].as_u64().unwrap();
+        assert!(sent > 0);
+        assert_eq!(phase["answered"], sent, "{phase}");
+        assert_eq!(
+            phase["outcomes"],
+            serde_json::json!({ "succeeded": sent }),
+            "{phase}"
+        );
+        commands += sent;
+    }
+    assert!(phases[6]["worker_peak_rss_mib"]
+        .as_f64()
+        .is_some_and(|m| m > 0.0));
+
+    let audit = &report["audit"];
+    assert_eq!(audit["ok"], true, "{audit}");
+    assert_eq!(report["audit_ok"], true);
+    assert_eq!(audit["commands"], commands);
+    assert_eq!(audit["unanswered"], 0);
+    assert_eq!(audit["double_charged_keys"], 0);
+    assert_eq!(audit["charges"], commands, "one charge per command");
+    assert_eq!(audit["rows"], commands, "one row per charge");
+
+    // Cleaned up: no payment rows (ceiling and phases) and no tokens of the run.
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the run's rows were not deleted");
+    let pg_tokens: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_tokens")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(pg_tokens, 0, "the run's Postgres tokens were not deleted");
+    let prefix = report["settings"]["redis_prefix"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut redis.conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "{} tokens left behind", keys.len());
+}

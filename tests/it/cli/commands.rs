@@ -1,0 +1,325 @@
+//! The command line, black-box: `migrate`, `tokens issue`, `tokens show`; the
+//! exit statuses per command and log output fit for a file.
+
+use std::process::{Output, Stdio};
+
+use payment_worker::gateway::SimulatorConfig;
+use payment_worker::payment::PaymentCommand;
+use payment_worker::token::IdempotencyKey;
+
+use crate::support::helpers::{Stack, TestDb, TestRedis, REDIS_URL};
+
+fn run(db: &TestDb, redis: &TestRedis, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(crate::support::procs::BINARY)
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("REDIS_URL", REDIS_URL)
+        .env("REDIS_KEY_PREFIX", &redis.prefix)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn tokens_are_issued_and_shown_through_the_command_line() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    let (ok, out, _) = run(&db, &redis, &["migrate"]);
+    assert!(ok && out.contains("migrations applied"));
+
+    let (ok, out, err) = run(
+        &db,
+        &redis,
+        &["tokens", "issue", "--count", "3", "--ttl", "1h"],
+    );
+    assert!(ok, "{err}");
+    let keys: Vec<&str> = out.lines().collect();
+    assert_eq!(keys.len(), 3, "one token per line: {out}");
+
+    for backend in ["redis", "postgres"] {
+        let (ok, out, err) = run(
+            &db,
+            &redis,
+            &["tokens", "issue", "--token-store", backend, "ord-cli-1"],
+        );
+        assert!(ok && out.trim() == "ord-cli-1", "{backend}: {out} {err}");
+        let (ok, out, err) = run(
+            &db,
+            &redis,
+            &["tokens", "issue", "--token-store", backend, "ord-cli-1"],
+        );
+        assert!(
+            ok && out.is_empty() && err.contains("already exists"),
+            "{backend}: {out} {err}"
+        );
+        let (ok, out, _) = run(
+            &db,
+            &redis,
+            &["tokens", "show", "--token-store", backend, "ord-cli-1"],
+        );
+        assert!(ok);
+        let view: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(view["state"], "pending", "{backend}: {view}");
+        assert_eq!(view["fence"], 0);
+        let ttl = view["ttl"].as_str().unwrap();
+        assert!(
+            ttl.starts_with("23h") || ttl.starts_with("1day") || ttl.starts_with("24h"),
+            "{ttl}"
+        );
+    }
+    let (ok, out, _) = run(&db, &redis, &["tokens", "show", keys[0]]);
+    assert!(ok);
+    assert!(out.contains("\"state\":\"pending\""), "{out}");
+    let (ok, out, _) = run(&db, &redis, &["tokens", "show", "never-issued"]);
+    assert!(!ok && out.contains("missing"), "{out}");
+    let (ok, _, err) = run(&db, &redis, &["tokens", "show", "bad key!"]);
+    assert!(!ok && err.contains("idempotency_key"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_starting_together_create_their_database_once() {
+    crate::support::helpers::ensure_services();
+    let url = format!(
+        "postgres://postgres@{}/{}",
+        crate::support::helpers::PG_ADDR,
+        crate::support::helpers::unique("pw_race")
+    );
+    let starts: Vec<_> = (0..8)
+        .map(|_| {
+            let settings = payment_worker::configuration::DatabaseSettings::with_url(&url);
+            tokio::spawn(async move { settings.ensure_database().await })
+        })
+        .collect();
+    for start in starts {
+        start
+            .await
+            .unwrap()
+            .expect("a concurrent CREATE DATABASE is not an error");
+    }
+}
+
+/// Runs the binary with only the given environment (none inherited), so no
+/// ambient variable can point it elsewhere.
+async fn pw(args: &[&str], env: &[(&str, &str)]) -> Output {
+    tokio::process::Command::new(crate::support::procs::BINARY)
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap()
+}
+
+fn status_of(output: &Output) -> i32 {
+    output.status.code().expect("exited, not killed")
+}
+
+fn stdout_json(output: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn command_json(key: &str, amount: i64) -> String {
+    serde_json::json!({
+        "idempotency_key": key, "account_id": "acct_cli", "amount_minor": amount,
+        "currency": "EUR", "payment_method": "pm_card_visa",
+    })
+    .to_string()
+}
+
+/// A URL where nothing listens: a port bound, then released.
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_exits_with_its_documented_status() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let gateway = stack.simulator.url();
+    let env = [
+        ("DATABASE_URL", stack.db.url.as_str()),
+        ("REDIS_URL", REDIS_URL),
+        ("REDIS_KEY_PREFIX", stack.redis.prefix.as_str()),
+        ("GATEWAY_URL", gateway.as_str()),
+    ];
+
+    // process: 0 for every final outcome, the outcome on stdout.
+    let order = command_json("cli-exit-1", 1999);
+    let output = pw(&["process", &order], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    assert_eq!(stdout_json(&output)["outcome"], "succeeded");
+    let output = pw(&["process", &order], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    assert_eq!(stdout_json(&output)["outcome"], "duplicate");
+    let output = pw(&["process", &command_json("cli-exit-1", 5)], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    assert_eq!(stdout_json(&output)["outcome"], "rejected");
+    assert!(stdout_json(&output)["detail"]
+        .as_str()
+        .is_some_and(|d| d.starts_with("key_reused")));
+
+    // process: 65 for an invalid command, answered before any service is asked.
+    for invalid in ["{\"idempotency_key\": ", &command_json("cli-exit-2", -5)] {
+        let output = pw(&["process", invalid], &[]).await;
+        assert_eq!(status_of(&output), 65, "{output:?}");
+        assert_eq!(stdout_json(&output)["outcome"], "rejected");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("invalid input"));
+    }
+
+    // process: 75 when the gateway is down; the token is restored, so the same
+    // command succeeds once the gateway is back.
+    let down = dead_url();
+    let retried = command_json("cli-exit-3", 700);
+    let output = pw(&["process", "--gateway-url", &down, &retried], &env).await;
+    assert_eq!(status_of(&output), 75, "{output:?}");
+    assert_eq!(stdout_json(&output)["outcome"], "retry");
+    let output = pw(&["process", &retried], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    assert_eq!(stdout_json(&output)["outcome"], "succeeded");
+
+    // tokens: 0 for an issued or shown token, 1 for a missing one.
+    let output = pw(&["tokens", "issue", "cli-tok-1"], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    let output = pw(&["tokens", "show", "cli-tok-1"], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    assert_eq!(stdout_json(&output)["state"], "pending");
+    let output = pw(&["tokens", "show", "cli-tok-never"], &env).await;
+    assert_eq!(status_of(&output), 1, "{output:?}");
+    assert_eq!(stdout_json(&output)["state"], "missing");
+
+    // audit: 0 on clean books, 3 once a charge has no payment row.
+    let output = pw(&["audit"], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    let stray = PaymentCommand::parse(command_json("cli-stray-1", 42).as_bytes()).unwrap();
+    stack
+        .gateway
+        .charge(
+            &IdempotencyKey::try_from("cli-stray-1").unwrap(),
+            &stray.charge_request(),
+        )
+        .await
+        .unwrap();
+    let output = pw(&["audit"], &env).await;
+    assert_eq!(status_of(&output), 3, "{output:?}");
+    let output = pw(&["audit", "--json"], &env).await;
+    assert_eq!(status_of(&output), 3, "{output:?}");
+    assert_eq!(stdout_json(&output)["charges_without_row"]["count"], 1);
+
+    // migrate: 0; 1 when the database cannot be reached.
+    let output = pw(&["migrate"], &env).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    let unreachable = format!(
+        "postgres://postgres@{}/payments",
+        dead_url().trim_start_matches("http://")
+    );
+    let output = pw(&["migrate", "--database-url", &unreachable], &[]).await;
+    assert_eq!(status_of(&output), 1, "{output:?}");
+
+    // Usage errors are clap's 2, before anything runs.
+    for usage in [
+        vec!["process"],
+        vec!["tokens", "show", "--no-such-flag", "k"],
+        vec!["produce", "--key-prefix", "not a key"],
+        vec!["replay", "--dry-run"],
+        vec!["replay", "--to-beginning", "--json"],
+    ] {
+        let output = pw(&usage, &[]).await;
+        assert_eq!(status_of(&output), 2, "{usage:?}: {output:?}");
+    }
+    // Completions and the manual need nothing and succeed.
+    for args in [
+        vec!["completions", "bash"],
+        vec!["completions", "zsh"],
+        vec!["completions", "fish"],
+        vec!["man"],
+    ] {
+        let output = pw(&args, &[]).await;
+        assert_eq!(status_of(&output), 0, "{args:?}: {output:?}");
+        assert!(!output.stdout.is_empty());
+    }
+}
+
+/// Runs the binary with its standard error written to a file, as a service
+/// manager or `2> log` would, and returns the exit status and the file's text.
+async fn with_stderr_in_file(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_logs"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("stderr.log");
+    let file = std::fs::File::create(&path).unwrap();
+    let status = tokio::process::Command::new(crate::support::procs::BINARY)
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(file))
+        .status()
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (status.code().expect("exited"), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_written_to_a_file_are_plain_text_and_routine_notices_stay_out() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    let down = dead_url();
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("REDIS_URL", REDIS_URL),
+        ("REDIS_KEY_PREFIX", redis.prefix.as_str()),
+        ("GATEWAY_URL", down.as_str()),
+    ];
+    // A gateway that refuses connections makes the processor log a warning.
+    let order = command_json("cli-log-1", 300);
+    let (status, log) = with_stderr_in_file(&["process", &order], &env).await;
+    assert_eq!(status, 75);
+    assert!(
+        log.contains("WARN") && log.contains("gateway call failed"),
+        "{log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape sequences in a log file: {log:?}"
+    );
+
+    // LOG_FORMAT=json is unchanged: every log line is a JSON object.
+    let json_env: Vec<(&str, &str)> = env
+        .iter()
+        .copied()
+        .chain([("LOG_FORMAT", "json")])
+        .collect();
+    let (status, log) = with_stderr_in_file(&["process", &order], &json_env).await;
+    assert_eq!(status, 75);
+    let log_lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.starts_with("error: "))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        log_lines.iter().any(|l| l["level"] == "WARN"),
+        "{log_lines:?}"
+    );
+
+    // The migrations table already exists on every start after the first: Postgres
+    // says so in a notice that is debug material, not an info line.
+    let (status, log) = with_stderr_in_file(&["migrate"], &env).await;
+    assert_eq!(status, 0);
+    assert!(!log.contains("_sqlx_migrations"), "{log}");
+    let debug_env: Vec<(&str, &str)> = env.iter().copied().chain([("RUST_LOG", "debug")]).collect();
+    let (status, log) = with_stderr_in_file(&["migrate"], &debug_env).await;
+    assert_eq!(status, 0);
+    assert!(
+        log.contains("relation \"_sqlx_migrations\" already exists"),
+        "{log}"
+    );
+    assert!(!log.contains('\u{1b}'), "{log:?}");
+}

@@ -1,0 +1,496 @@
+//! The docs cannot drift from the command line.
+//!
+//! - Every command's `--help` is compared with its snapshot in `tests/snapshots/help/`
+//!   (run with `UPDATE_SNAPSHOTS=1` to rewrite them after a deliberate change, then
+//!   review the diff).
+//! - Every ```` ```console ```` block of README.md and docs/*.md is run: each
+//!   `$ payment-worker …` line must print what the block shows after it, and
+//!   `$ echo $?` the exit status. Only commands that need no service belong there.
+//! - Every `payment-worker …` command line in their other code blocks and in
+//!   inline code must be accepted by the argument parser.
+//! - Every example command message (```` ```json ```` / ```` ```jsonl ````) is a
+//!   valid command.
+//! - Shell completions and the manual are generated for every command.
+
+use std::path::{Path, PathBuf};
+
+use clap::{CommandFactory, Parser};
+use payment_worker::cli::Cli;
+use payment_worker::payment::PaymentCommand;
+
+const BIN: &str = crate::support::procs::BINARY;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn updating() -> bool {
+    std::env::var_os("UPDATE_SNAPSHOTS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Runs the binary with no inherited environment (help shows `[env: X=value]`
+/// for variables that are set) and returns exit status and stdout + stderr.
+fn run_isolated(args: &[String]) -> (i32, String) {
+    let output = std::process::Command::new(BIN)
+        .args(args)
+        .env_clear()
+        .output()
+        .unwrap();
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.code().expect("exited"), text)
+}
+
+/// Every command path: `[]`, `["run"]`, `["tokens"]`, `["tokens", "issue"]`, …
+fn command_paths() -> Vec<Vec<String>> {
+    fn walk(command: &clap::Command, path: Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(path.clone());
+        for sub in command.get_subcommands() {
+            let mut next = path.clone();
+            next.push(sub.get_name().to_owned());
+            walk(sub, next, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Cli::command(), Vec::new(), &mut out);
+    out
+}
+
+/// Where a text differs from its snapshot, for the failure message.
+fn first_difference(expected: &str, actual: &str) -> String {
+    for (n, (e, a)) in expected.lines().zip(actual.lines()).enumerate() {
+        if e != a {
+            return format!("line {}:\n  snapshot: {e:?}\n  actual:   {a:?}", n + 1);
+        }
+    }
+    format!(
+        "lengths differ: snapshot {} lines, actual {} lines",
+        expected.lines().count(),
+        actual.lines().count()
+    )
+}
+
+#[test]
+fn every_commands_help_matches_its_snapshot() {
+    let dir = repo().join("tests/snapshots/help");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut expected_files = std::collections::BTreeSet::new();
+    let mut failures = Vec::new();
+    for path in command_paths() {
+        let name = if path.is_empty() {
+            "payment-worker".to_owned()
+        } else {
+            format!("payment-worker-{}", path.join("-"))
+        };
+        let file = dir.join(format!("{name}.txt"));
+        expected_files.insert(file.clone());
+        let mut args = path.clone();
+        args.push("--help".into());
+        let (status, help) = run_isolated(&args);
+        assert_eq!(status, 0, "{args:?}: {help}");
+        if updating() {
+            std::fs::write(&file, &help).unwrap();
+            continue;
+        }
+        match std::fs::read_to_string(&file) {
+            Ok(snapshot) if snapshot == help => {}
+            Ok(snapshot) => failures.push(format!(
+                "{}: {}",
+                file.display(),
+                first_difference(&snapshot, &help)
+            )),
+            Err(_) => failures.push(format!("{}: no snapshot", file.display())),
+        }
+    }
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let file = entry.unwrap().path();
+        if !expected_files.contains(&file) {
+            if updating() {
+                std::fs::remove_file(&file).unwrap();
+            } else {
+                failures.push(format!("{}: no such command any more", file.display()));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "help differs from tests/snapshots/help (UPDATE_SNAPSHOTS=1 rewrites them):\n{}",
+        failures.join("\n")
+    );
+}
+
+/// A fenced code block of a Markdown file.
+struct Block {
+    file: PathBuf,
+    line: usize,
+    lang: String,
+    lines: Vec<String>,
+}
+
+fn doc_files() -> Vec<PathBuf> {
+    let mut files = vec![repo().join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    files
+}
+
+fn blocks(file: &Path) -> Vec<Block> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut out = Vec::new();
+    let mut open: Option<Block> = None;
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix("```") {
+            match open.take() {
+                Some(block) => out.push(block),
+                None => {
+                    open = Some(Block {
+                        file: file.to_owned(),
+                        line: n + 1,
+                        lang: rest.trim().to_owned(),
+                        lines: Vec::new(),
+                    })
+                }
+            }
+        } else if let Some(block) = open.as_mut() {
+            block.lines.push(line.to_owned());
+        }
+    }
+    out
+}
+
+/// Splits a command line into words as a POSIX shell would for the simple lines
+/// the docs hold: blanks separate; '…' is literal; "…" keeps \" and \\.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                for c in chars.by_ref() {
+                    if c == '\'' {
+                        break;
+                    }
+                    word.push(c);
+                }
+            }
+            '"' => {
+                in_word = true;
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => match chars.next() {
+                            Some(next @ ('"' | '\\' | '$')) => word.push(next),
+                            Some(next) => {
+                                word.push('\\');
+                                word.push(next);
+                            }
+                            None => word.push('\\'),
+                        },
+                        _ => word.push(c),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                if let Some(next) = chars.next() {
+                    word.push(next);
+                }
+            }
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            c => {
+                in_word = true;
+                word.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
+#[test]
+fn shell_words_split_like_a_shell() {
+    assert_eq!(
+        shell_words(r#"payment-worker process '{"a": 1}' "x \"y\"" z\ w"#),
+        [
+            "payment-worker",
+            "process",
+            r#"{"a": 1}"#,
+            r#"x "y""#,
+            "z w"
+        ]
+    );
+}
+
+#[test]
+fn the_console_examples_print_what_the_docs_show() {
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for block in doc_files().iter().flat_map(|f| blocks(f)) {
+        if block.lang != "console" {
+            continue;
+        }
+        // Each `$ ` line and the output lines after it.
+        let mut steps: Vec<(String, Vec<String>)> = Vec::new();
+        for line in &block.lines {
+            match line.strip_prefix("$ ") {
+                Some(command) => steps.push((command.to_owned(), Vec::new())),
+                None => match steps.last_mut() {
+                    Some((_, output)) => output.push(line.clone()),
+                    None => panic!(
+                        "{}:{}: a console block starts with `$ `",
+                        block.file.display(),
+                        block.line
+                    ),
+                },
+            }
+        }
+        let mut last_status = None;
+        for (command, expected) in steps {
+            let actual = if command == "echo $?" {
+                let status: i32 = last_status.expect("`echo $?` after a command");
+                format!("{status}\n")
+            } else {
+                let mut words = shell_words(&command);
+                assert_eq!(
+                    words.first().map(String::as_str),
+                    Some("payment-worker"),
+                    "{}:{}: console blocks run `payment-worker …` and `echo $?` only",
+                    block.file.display(),
+                    block.line
+                );
+                words.remove(0);
+                let (status, text) = run_isolated(&words);
+                last_status = Some(status);
+                ran += 1;
+                text
+            };
+            let expected: String = expected.iter().map(|l| format!("{l}\n")).collect();
+            if actual != expected {
+                failures.push(format!(
+                    "{}:{}: `$ {command}`\n--- the docs show:\n{expected}--- it prints:\n{actual}",
+                    block.file.display(),
+                    block.line
+                ));
+            }
+        }
+    }
+    assert!(ran >= 3, "only {ran} console examples found");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The arguments after `payment-worker` in a shell line, when it runs the binary
+/// (`payment-worker …`, `./target/release/payment-worker …`, `cargo run [--release] -- …`).
+fn invocation(line: &str) -> Option<Vec<String>> {
+    let line = line.trim().trim_start_matches("$ ");
+    if line.starts_with('#') {
+        return None;
+    }
+    // Comments, then the first command of a pipeline or list.
+    let line = line.split(" #").next().unwrap_or_default();
+    let line = line
+        .split(" | ")
+        .next()
+        .unwrap_or_default()
+        .split(" && ")
+        .next()
+        .unwrap_or_default()
+        .trim_end()
+        .trim_end_matches('&')
+        .trim_end();
+    let words = shell_words(line);
+    let start = words
+        .iter()
+        .position(|w| w == "payment-worker" || w.ends_with("/payment-worker"))
+        .map(|i| i + 1)
+        .or_else(|| {
+            (words.first().map(String::as_str) == Some("cargo")
+                && words.get(1).map(String::as_str) == Some("run"))
+            .then(|| words.iter().position(|w| w == "--").map(|i| i + 1))
+            .flatten()
+        })?;
+    // `kubectl exec deploy/payment-worker -- payment-worker …`: the last one runs.
+    let start = words
+        .iter()
+        .rposition(|w| w == "payment-worker")
+        .map_or(start, |i| i + 1);
+    let mut args = Vec::new();
+    let mut rest = words[start..].iter();
+    while let Some(word) = rest.next() {
+        if word == ">" || word == "2>" || word == "<" {
+            rest.next();
+        } else if !(word.starts_with('>') || word.starts_with("2>")) {
+            args.push(word.clone());
+        }
+    }
+    Some(args)
+}
+
+/// Command lines in code blocks and inline code of the docs.
+fn documented_invocations() -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    for file in doc_files() {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        for block in blocks(&file) {
+            // `console` blocks are run (and may show refusals on purpose).
+            if !matches!(block.lang.as_str(), "" | "sh" | "bash" | "shell") {
+                continue;
+            }
+            for (n, line) in block.lines.iter().enumerate() {
+                if let Some(args) = invocation(line) {
+                    found.push((format!("{name}:{}", block.line + 1 + n), args));
+                }
+            }
+        }
+        // Inline code: `payment-worker audit --repair`, placeholders (<…>, …) aside.
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for (i, span) in line.split('`').enumerate() {
+                let is_code = i % 2 == 1;
+                if is_code
+                    && span.starts_with("payment-worker ")
+                    && !span.contains('<')
+                    && !span.contains('…')
+                    && !span.contains("...")
+                {
+                    if let Some(args) = invocation(span) {
+                        found.push((format!("{name}:{}", n + 1), args));
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_documented_command_line_is_accepted() {
+    let invocations = documented_invocations();
+    assert!(
+        invocations.len() >= 15,
+        "only {} command lines found: {invocations:?}",
+        invocations.len()
+    );
+    let mut failures = Vec::new();
+    for (place, args) in &invocations {
+        let argv = std::iter::once("payment-worker".to_owned()).chain(args.iter().cloned());
+        match Cli::try_parse_from(argv) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+                ) => {}
+            Err(e) => failures.push(format!("{place}: payment-worker {}\n{e}", args.join(" "))),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_example_command_message_is_a_valid_command() {
+    let mut checked = 0;
+    for block in doc_files().iter().flat_map(|f| blocks(f)) {
+        let messages: Vec<String> = match block.lang.as_str() {
+            "json" => vec![block.lines.join("\n")],
+            "jsonl" => block
+                .lines
+                .iter()
+                .filter(|l| !l.trim().is_empty())
+                .cloned()
+                .collect(),
+            _ => continue,
+        };
+        for message in messages {
+            if !message.contains("\"idempotency_key\"") {
+                continue;
+            }
+            if let Err(e) = PaymentCommand::parse(message.as_bytes()) {
+                panic!(
+                    "{}:{}: example message refused ({}): {message}",
+                    block.file.display(),
+                    block.line,
+                    e
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "only {checked} example messages found");
+}
+
+fn subcommand_names() -> Vec<String> {
+    Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect()
+}
+
+#[test]
+fn completions_cover_every_command_and_bash_accepts_the_script() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (status, script) = run_isolated(&["completions".into(), shell.into()]);
+        assert_eq!(status, 0, "{shell}: {script}");
+        for name in subcommand_names() {
+            assert!(script.contains(&name), "{shell}: {name} missing");
+        }
+        // fish spells flags `-l dry-run`, bash and zsh `--dry-run`.
+        for flag in ["kafka-brokers", "dry-run", "key-prefix", "gateway-lookup"] {
+            assert!(script.contains(flag), "{shell}: {flag} missing");
+        }
+    }
+    let (_, script) = run_isolated(&["completions".into(), "bash".into()]);
+    let checked = std::process::Command::new("bash")
+        .args(["-n", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
+#[test]
+fn the_manual_documents_every_command_and_its_exit_status() {
+    let (status, page) = run_isolated(&["man".into()]);
+    assert_eq!(status, 0, "{page}");
+    assert!(page.contains(".TH payment-worker 1"), "{page}");
+    assert!(page.contains(".SH \"EXIT STATUS\""), "{page}");
+    for code in [0, 1, 2, 3, 4, 65, 75] {
+        assert!(
+            page.contains(&format!(".TP\n\\fB{code}\\fR\n")),
+            "{code}: {page}"
+        );
+    }
+    for name in subcommand_names() {
+        assert!(page.contains(&format!("payment\\-worker\\-{}", name.replace('-', "\\-"))));
+    }
+    let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_man"));
+    let (status, text) =
+        run_isolated(&["man".into(), "--out-dir".into(), dir.display().to_string()]);
+    assert_eq!(status, 0, "{text}");
+    for name in subcommand_names() {
+        let page = dir.join(format!("payment-worker-{name}.1"));
+        let content =
+            std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        assert!(content.contains(".TH"), "{}", page.display());
+    }
+    assert!(dir.join("payment-worker-tokens-show.1").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

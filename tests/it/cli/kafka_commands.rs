@@ -1,0 +1,225 @@
+//! The commands that talk to Kafka, black-box: `produce` run twice makes
+//! new payments (no `key_reused`), and `replay --dry-run` answers with counts per
+//! verdict (`would_charge`, `would_look_up`, ...), as text or JSON, under `--limit`.
+
+use std::process::Output;
+use std::time::Duration;
+
+use payment_worker::gateway::SimulatorConfig;
+use payment_worker::token::{Claim, IdempotencyKey, Reservation};
+
+use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
+
+fn stack_env(stack: &Stack) -> Vec<(String, String)> {
+    vec![
+        ("KAFKA_BROKERS".into(), stack.settings.brokers.clone()),
+        ("KAFKA_GROUP_ID".into(), stack.settings.group_id.clone()),
+        (
+            "COMMANDS_TOPIC".into(),
+            stack.settings.commands_topic.clone(),
+        ),
+        ("DATABASE_URL".into(), stack.db.url.clone()),
+        ("REDIS_URL".into(), REDIS_URL.into()),
+        ("REDIS_KEY_PREFIX".into(), stack.redis.prefix.clone()),
+    ]
+}
+
+async fn pw(stack: &Stack, args: &[&str]) -> Output {
+    let output = tokio::process::Command::new(crate::support::procs::BINARY)
+        .args(args)
+        .env_clear()
+        .envs(stack_env(stack))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+async fn dry_run_json(stack: &Stack, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["replay", "--to-beginning", "--dry-run", "--json"];
+    args.extend_from_slice(extra);
+    let output = pw(stack, &args).await;
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The key prefix `produce` reports: "... (keys cmd-1a2b3c4d-NNNNNN)".
+fn reported_prefix(output: &Output) -> String {
+    let text = String::from_utf8_lossy(&output.stdout);
+    let start = text.find("(keys ").expect("keys reported") + "(keys ".len();
+    let rest = &text[start..];
+    rest[..rest.find("-NNNNNN").expect("key pattern")].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
+    let stack = Stack::new(2, SimulatorConfig::default()).await;
+    let generated = [
+        "produce",
+        "--count",
+        "30",
+        "--duplicate-ratio",
+        "0",
+        "--invalid-ratio",
+        "0",
+        "--decline-ratio",
+        "0",
+    ];
+
+    // Nothing processed yet: every command would charge.
+    let first = pw(&stack, &generated).await;
+    let first_prefix = reported_prefix(&first);
+    let report = dry_run_json(&stack, &[]).await;
+    assert_eq!(report["records_in_range"], 30, "{report}");
+    assert_eq!(report["examined"], 30);
+    assert_eq!(report["counts"]["would_charge"], 30, "{report}");
+    assert_eq!(report["counts"]["duplicate"], 0);
+    assert!(report.get("records").is_none(), "no list unless --list");
+
+    let workers = vec![stack.start_worker("w1", &quick_worker_settings())];
+    stack.wait_for_results(30, Duration::from_secs(120)).await;
+
+    // The newcomer's second try: the same command line, new keys, new payments.
+    let second = pw(&stack, &generated).await;
+    let second_prefix = reported_prefix(&second);
+    assert_ne!(first_prefix, second_prefix, "a fresh run id per run");
+    assert!(first_prefix.starts_with("cmd-") && second_prefix.starts_with("cmd-"));
+    let results = stack.wait_for_results(60, Duration::from_secs(120)).await;
+    let mut outcomes: Vec<&str> = results.iter().map(|r| r.outcome.as_str()).collect();
+    outcomes.dedup();
+    assert_eq!(outcomes, ["succeeded"], "no key_reused, no rejection");
+    assert!(stack.dead_letters().await.is_empty());
+    assert_eq!(stack.payment_rows().await.len(), 60);
+    stop_all(workers).await;
+
+    // An explicit prefix is taken as given (here: the first run's keys again).
+    let again = pw(
+        &stack,
+        &[
+            "produce",
+            "--count",
+            "2",
+            "--duplicate-ratio",
+            "0",
+            "--invalid-ratio",
+            "0",
+            "--key-prefix",
+            "cli-fixed",
+        ],
+    )
+    .await;
+    assert_eq!(reported_prefix(&again), "cli-fixed");
+
+    // Two more commands by file: one whose token an earlier attempt held and gave
+    // back (fence 1: the next worker looks the charge up first), one never seen.
+    let held = IdempotencyKey::try_from("cli-held-1").unwrap();
+    let Reservation::Reserved { fence } = stack.tokens.reserve(&held, "earlier").await.unwrap()
+    else {
+        panic!("not reserved")
+    };
+    stack
+        .tokens
+        .restore(
+            &held,
+            &Claim {
+                owner: "earlier".into(),
+                fence,
+            },
+        )
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_cli_file"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("commands.jsonl");
+    let line = |key: &str| {
+        serde_json::json!({"idempotency_key": key, "account_id": "acct_1",
+            "amount_minor": 500, "currency": "EUR", "payment_method": "pm_card_visa"})
+        .to_string()
+    };
+    std::fs::write(
+        &file,
+        format!("{}\n{}\nnot json\n", line("cli-held-1"), line("cli-new-1")),
+    )
+    .unwrap();
+    pw(&stack, &["produce", "--file", file.to_str().unwrap()]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let report = dry_run_json(&stack, &["--list"]).await;
+    assert_eq!(report["records_in_range"], 65, "{report}");
+    let counts = &report["counts"];
+    assert_eq!(counts["duplicate"], 60, "{report}");
+    assert_eq!(
+        counts["would_charge"], 3,
+        "cli-fixed-* and cli-new-1: {report}"
+    );
+    assert_eq!(counts["would_look_up"], 1, "{report}");
+    assert_eq!(counts["invalid"], 1, "{report}");
+    for verdict in ["key_reused", "in_flight", "token_missing"] {
+        assert_eq!(counts[verdict], 0, "{verdict}: {report}");
+    }
+    let records = report["records"].as_array().unwrap();
+    assert_eq!(records.len(), 65);
+    let verdict_of = |key: &str| {
+        records
+            .iter()
+            .find(|r| r["idempotency_key"] == key)
+            .map(|r| r["verdict"].clone())
+    };
+    assert_eq!(
+        verdict_of("cli-held-1"),
+        Some(serde_json::json!("would_look_up"))
+    );
+    assert_eq!(
+        verdict_of("cli-new-1"),
+        Some(serde_json::json!("would_charge"))
+    );
+
+    // Workers that always look up would look up before each of the three charges.
+    let report = dry_run_json(&stack, &["--gateway-lookup", "always"]).await;
+    assert_eq!(report["counts"]["would_charge"], 0, "{report}");
+    assert_eq!(report["counts"]["would_look_up"], 4, "{report}");
+
+    // --limit examines that many records, and says how many the range holds.
+    let report = dry_run_json(&stack, &["--limit", "10", "--list"]).await;
+    assert_eq!(report["records_in_range"], 65, "{report}");
+    assert_eq!(report["examined"], 10);
+    assert_eq!(report["records"].as_array().unwrap().len(), 10);
+    let counted: u64 = report["counts"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, 10);
+
+    // The text report lists every verdict, zeros included, and the limit.
+    let output = pw(
+        &stack,
+        &["replay", "--to-beginning", "--dry-run", "--limit", "10"],
+    )
+    .await;
+    let text = String::from_utf8_lossy(&output.stdout);
+    for verdict in payment_worker::worker::VERDICTS {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{verdict} "))),
+            "{verdict}: {text}"
+        );
+    }
+    assert!(text.contains("examined 10 of 65 records"), "{text}");
+    // Dry runs never reach the gateway: it holds the 60 charges of the two runs.
+    assert_eq!(stack.ledger().len(), 60);
+
+    // `dlq redrive` with nothing dead-lettered succeeds and says so.
+    let output = pw(&stack, &["dlq", "redrive"]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "redrove 0 records\n"
+    );
+}

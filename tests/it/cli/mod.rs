@@ -1,0 +1,9 @@
+//! The command line as users run it: commands, help and docs, demo, bench, walkthrough.
+
+mod bench;
+mod commands;
+mod demo;
+mod docs;
+mod kafka_commands;
+mod manifest;
+mod walkthrough;

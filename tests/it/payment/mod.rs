@@ -1,0 +1,12 @@
+//! One payment end to end through the processor: races, crashes at each step, gateway
+//! faults, leases and fencing, key reuse, invalid input, round trips.
+
+mod crashes;
+mod fencing;
+mod gateway_faults;
+mod invalid;
+mod key_reuse;
+mod leases;
+mod races;
+pub(crate) mod rig;
+mod round_trips;

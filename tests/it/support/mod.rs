@@ -1,0 +1,7 @@
+//! The harness every capability shares: services up, an isolated database and Redis
+//! prefix per test, the binary as a process, test certificates, a scripted gateway.
+
+pub(crate) mod helpers;
+pub(crate) mod pki;
+pub(crate) mod procs;
+pub(crate) mod scripted_gateway;

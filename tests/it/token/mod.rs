@@ -1,0 +1,8 @@
+//! The token lifecycle: one contract run against every store and topology, and each
+//! store's own behaviour.
+
+pub(crate) mod contract;
+mod postgres;
+mod postgres_store;
+mod redis;
+mod redis_topologies;

@@ -1,0 +1,593 @@
+//! The consumer group, commit discipline, replay, broker
+//! faults and per-key parallelism, all against librdkafka's mock cluster.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use payment_worker::gateway::{SimulatorConfig, SlowKey};
+use payment_worker::token::{IdempotencyKey, TokenMode};
+use payment_worker::worker::{self, RecordKind, WorkloadRecord, WorkloadSpec};
+use rdkafka::message::{Headers, Message};
+
+use crate::support::helpers::{quick_worker_settings, stop_all, wait_for_stable_group, Stack};
+
+fn header(message: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {
+    message.headers().and_then(|h| {
+        h.iter()
+            .find(|x| x.key == name)
+            .and_then(|x| x.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+    })
+}
+
+fn valid_keys(records: &[WorkloadRecord]) -> HashSet<String> {
+    records
+        .iter()
+        .filter(|r| r.kind == RecordKind::Valid)
+        .map(|r| String::from_utf8(r.key.clone().unwrap()).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_of_three_charges_every_key_once_and_replays_without_charging() {
+    let stack = Stack::new(
+        6,
+        SimulatorConfig {
+            error_rate: 0.02,
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
+    let spec = WorkloadSpec {
+        count: 2000,
+        duplicate_ratio: 0.25,
+        invalid_ratio: 0.05,
+        decline_ratio: 0.05,
+        seed: 7,
+    };
+    let records = worker::generate(&spec, "grp");
+    let duplicates_elsewhere = records
+        .iter()
+        .filter(|r| r.kind == RecordKind::Duplicate && r.partition_hint.is_some())
+        .count();
+    assert!(
+        duplicates_elsewhere > 50,
+        "the workload sends duplicates through other partitions"
+    );
+
+    // The group settles first: with no rebalance during the run, every command is
+    // answered exactly once (a rebalance may repeat a result; see the fault test).
+    let settings = quick_worker_settings();
+    let workers: Vec<_> = (0..3)
+        .map(|i| stack.start_worker(&format!("w{i}"), &settings))
+        .collect();
+    wait_for_stable_group(&workers, 6).await;
+    stack.produce(&records).await;
+    let results = stack
+        .wait_for_results(records.len(), Duration::from_secs(240))
+        .await;
+    stack.wait_for_commits(Duration::from_secs(30)).await;
+
+    // One result per command, for exactly the commands' positions.
+    assert_eq!(results.len(), records.len(), "one result per command");
+    let positions: HashSet<(i32, i64)> = results
+        .iter()
+        .map(|r| (r.source.partition, r.source.offset))
+        .collect();
+    assert_eq!(positions.len(), records.len(), "no command answered twice");
+
+    // Every valid key charged exactly once.
+    let ledger = stack.ledger();
+    let charged: HashSet<String> = ledger.iter().map(|e| e.idempotency_key.clone()).collect();
+    assert_eq!(charged, valid_keys(&records));
+    stack.assert_books_balance().await;
+
+    // Every invalid record is in the DLQ with its reason.
+    let invalid = records
+        .iter()
+        .filter(|r| r.kind == RecordKind::Invalid)
+        .count();
+    let dead = stack.dead_letters().await;
+    assert_eq!(dead.len(), invalid);
+    for letter in &dead {
+        assert_eq!(header(letter, "x-error-kind").as_deref(), Some("invalid"));
+        let reason = header(letter, "x-error-reason").unwrap();
+        assert!(
+            !reason.is_empty() && !reason.contains("4242424242424242"),
+            "{reason}"
+        );
+        assert!(header(letter, "x-source-offset").is_some());
+    }
+    let by_outcome = |results: &[worker::ResultRecord], o: &str| {
+        results.iter().filter(|r| r.outcome == o).count()
+    };
+    assert_eq!(by_outcome(&results, "rejected"), invalid);
+    stop_all(workers).await;
+
+    // Replay from 0: not one new charge, every valid command a duplicate.
+    let ledger_before = stack.ledger();
+    let attempts_before: u64 = ledger_before.iter().map(|e| e.attempts).sum();
+    let verdicts = worker::dry_run_verdicts(
+        &stack.settings,
+        None,
+        &stack.db.pool,
+        stack.tokens.as_ref(),
+        TokenMode::Implicit,
+    )
+    .await
+    .unwrap();
+    assert_eq!(verdicts.len(), records.len());
+    assert_eq!(
+        verdicts.iter().filter(|v| v.verdict == "invalid").count(),
+        invalid
+    );
+    assert!(
+        verdicts
+            .iter()
+            .all(|v| v.verdict == "invalid" || v.verdict == "duplicate"),
+        "dry run"
+    );
+    let attempts_after_dry: u64 = stack.ledger().iter().map(|e| e.attempts).sum();
+    assert_eq!(
+        attempts_before, attempts_after_dry,
+        "dry run never calls the gateway"
+    );
+
+    let settings_for_rewind = stack.settings.clone();
+    tokio::task::spawn_blocking(move || worker::rewind_group(&settings_for_rewind, None))
+        .await
+        .unwrap()
+        .unwrap();
+    let workers: Vec<_> = (0..3)
+        .map(|i| stack.start_worker(&format!("r{i}"), &settings))
+        .collect();
+    // Members join one by one here, so a replayed command may be answered more than
+    // once; each replay answer must be a duplicate of the first (or the same rejection).
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let answers = loop {
+        let mut answers: HashMap<(i32, i64), Vec<worker::ResultRecord>> = HashMap::new();
+        for r in stack.results().await {
+            answers
+                .entry((r.source.partition, r.source.offset))
+                .or_default()
+                .push(r);
+        }
+        if answers.len() == records.len() && answers.values().all(|a| a.len() >= 2) {
+            break answers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replay did not answer every command"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    stack.wait_for_commits(Duration::from_secs(30)).await;
+    stop_all(workers).await;
+    for list in answers.values() {
+        let first_pass: Vec<_> = list.iter().filter(|a| a.outcome != "duplicate").collect();
+        if list[0].outcome == "rejected" {
+            assert!(list.iter().all(|a| a.outcome == "rejected"), "{list:?}");
+        } else {
+            assert!(
+                first_pass.len() <= 1,
+                "charged at most once, then only duplicates: {list:?}"
+            );
+            let payment = list[0].payment_id;
+            assert!(payment.is_some(), "{list:?}");
+            assert!(
+                list.iter().all(|a| a.payment_id == payment),
+                "same payment id: {list:?}"
+            );
+        }
+    }
+    assert_eq!(stack.ledger(), ledger_before, "the replay charged nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_committed_offset_never_passes_a_held_command() {
+    let held = "held-0000";
+    let stack = Stack::new(
+        1,
+        SimulatorConfig {
+            slow_keys: vec![SlowKey {
+                key: IdempotencyKey::try_from(held).unwrap(),
+                delay: Duration::from_secs(10),
+            }],
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
+    let mut records = vec![];
+    for n in 0..60 {
+        let key = if n == 5 {
+            held.to_owned()
+        } else {
+            format!("free-{n:04}")
+        };
+        let value = serde_json::json!({"idempotency_key": key, "account_id": "acct", "amount_minor": 100 + n,
+            "currency": "EUR", "payment_method": "pm_card_visa"});
+        records.push(WorkloadRecord {
+            kind: RecordKind::Valid,
+            key: Some(key.into_bytes()),
+            value: Some(value.to_string().into_bytes()),
+            partition_hint: None,
+        });
+    }
+    stack.produce(&records).await;
+    let worker = stack.start_worker("w", &quick_worker_settings());
+    // While the held charge runs, the other 59 finish, yet the offset stays at 5.
+    stack.wait_for_results(59, Duration::from_secs(30)).await;
+    let started = Instant::now();
+    let mut observed = vec![];
+    while started.elapsed() < Duration::from_millis(1500) {
+        let committed = stack.committed().await.get(&0).copied().unwrap_or(-1);
+        assert!(
+            committed <= 5,
+            "committed offset {committed} passed the held command at 5"
+        );
+        observed.push(committed);
+        assert_eq!(
+            stack.results().await.len(),
+            59,
+            "the held command is still running"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        observed.contains(&5),
+        "the offset advanced up to the held command: {observed:?}"
+    );
+    // After release it catches up to the end.
+    stack.wait_for_results(60, Duration::from_secs(30)).await;
+    stack.wait_for_commits(Duration::from_secs(15)).await;
+    stop_all(vec![worker]).await;
+    stack.assert_books_balance().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_faults_lose_nothing_and_charge_nothing_twice() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let stack = Stack::new(4, SimulatorConfig::default()).await;
+    let records = worker::generate(
+        &WorkloadSpec {
+            count: 600,
+            duplicate_ratio: 0.25,
+            invalid_ratio: 0.05,
+            decline_ratio: 0.0,
+            seed: 11,
+        },
+        "flt",
+    );
+    stack.produce(&records).await;
+    let cluster = stack.kafka.cluster();
+    // Transient errors on produce (results) and on offset commits.
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 5],
+    );
+    cluster.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR; 5],
+    );
+    let settings = quick_worker_settings();
+    let workers: Vec<_> = (0..2)
+        .map(|i| stack.start_worker(&format!("f{i}"), &settings))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // All brokers down for a few seconds mid-run.
+    for broker in 1..=3 {
+        cluster.broker_down(broker).unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for broker in 1..=3 {
+        cluster.broker_up(broker).unwrap();
+    }
+    drop(cluster);
+    let results = stack
+        .wait_for_results(records.len(), Duration::from_secs(180))
+        .await;
+    stack.wait_for_commits(Duration::from_secs(60)).await;
+    stop_all(workers).await;
+    // A rebalance forced by the outage may answer a command again; never differently.
+    // Not in order, though: a command abandoned at the drain deadline after its
+    // payment committed leaves its result queued in the old member's producer, which
+    // may deliver it after the new owner's `duplicate`.
+    let mut answers: HashMap<(i32, i64), Vec<&worker::ResultRecord>> = HashMap::new();
+    for r in &results {
+        answers
+            .entry((r.source.partition, r.source.offset))
+            .or_default()
+            .push(r);
+    }
+    assert_eq!(answers.len(), records.len(), "every command answered");
+    for repeated in answers.values().filter(|a| a.len() > 1) {
+        let mut distinct: Vec<(&str, Option<&str>)> = repeated
+            .iter()
+            .filter(|a| a.outcome != "duplicate")
+            .map(|a| (a.outcome.as_str(), a.reason.as_deref()))
+            .collect();
+        distinct.dedup();
+        assert!(
+            distinct.len() <= 1
+                && repeated
+                    .iter()
+                    .all(|a| a.payment_id == repeated[0].payment_id),
+            "repeated answers disagree: {repeated:?}"
+        );
+    }
+    let charged: HashSet<String> = stack
+        .ledger()
+        .iter()
+        .map(|e| e.idempotency_key.clone())
+        .collect();
+    assert_eq!(charged, valid_keys(&records));
+    stack.assert_books_balance().await;
+}
+
+async fn time_to_drain(max_in_flight: usize) -> Duration {
+    let stack = Stack::new(
+        1,
+        SimulatorConfig {
+            latency_ms: 20,
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
+    let records = worker::generate(
+        &WorkloadSpec {
+            count: 200,
+            duplicate_ratio: 0.0,
+            invalid_ratio: 0.0,
+            decline_ratio: 0.0,
+            seed: 3,
+        },
+        "par",
+    );
+    stack.produce(&records).await;
+    let settings = payment_worker::configuration::WorkerSettings {
+        max_in_flight,
+        ..quick_worker_settings()
+    };
+    let worker = stack.start_worker("p", &settings);
+    // Time from the first result to the last, so group-join time does not count.
+    stack.wait_for_results(1, Duration::from_secs(30)).await;
+    let started = Instant::now();
+    stack
+        .wait_for_results(records.len(), Duration::from_secs(120))
+        .await;
+    let elapsed = started.elapsed();
+    stop_all(vec![worker]).await;
+    stack.assert_books_balance().await;
+    elapsed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn different_keys_of_one_partition_run_in_parallel() {
+    let sequential = time_to_drain(1).await;
+    let parallel = time_to_drain(64).await;
+    let ratio = sequential.as_secs_f64() / parallel.as_secs_f64();
+    assert!(
+        ratio >= 5.0,
+        "per-key parallelism: sequential {sequential:?} vs parallel {parallel:?} is only {ratio:.1}x"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_key_is_processed_in_order_within_a_partition() {
+    // Same key twice with different amounts back to back: the first wins, the
+    // second is refused as key reuse, never charged; order is the topic's order.
+    let stack = Stack::new(
+        1,
+        SimulatorConfig {
+            latency_ms: 30,
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
+    let mut records = vec![];
+    for amount in [100, 200, 100] {
+        let value = serde_json::json!({"idempotency_key": "same-key", "account_id": "acct", "amount_minor": amount,
+            "currency": "EUR", "payment_method": "pm_card_visa"});
+        records.push(WorkloadRecord {
+            kind: RecordKind::Valid,
+            key: Some(b"same-key".to_vec()),
+            value: Some(value.to_string().into_bytes()),
+            partition_hint: None,
+        });
+    }
+    stack.produce(&records).await;
+    let worker = stack.start_worker("o", &quick_worker_settings());
+    let results = stack.wait_for_results(3, Duration::from_secs(30)).await;
+    stop_all(vec![worker]).await;
+    let mut by_offset: HashMap<i64, &str> = HashMap::new();
+    for r in &results {
+        by_offset.insert(r.source.offset, r.outcome.as_str());
+    }
+    assert_eq!(by_offset.get(&0), Some(&"succeeded"));
+    assert_eq!(by_offset.get(&1), Some(&"rejected"));
+    assert_eq!(by_offset.get(&2), Some(&"duplicate"));
+    assert_eq!(stack.ledger().len(), 1);
+    let dead = stack.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        header(&dead[0], "x-error-kind").as_deref(),
+        Some("key_reused")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_too_large_to_dead_letter_whole_is_dead_lettered_without_its_value() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    // Our producer may send 4 MiB; the worker keeps librdkafka's 1 MB default.
+    let mut config = worker::producer_config(&stack.settings);
+    config.set("message.max.bytes", "4194304");
+    let producer: FutureProducer = config.create().unwrap();
+    let huge = vec![b'x'; 1536 * 1024];
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("huge-1")
+                .payload(&huge),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let after =
+        serde_json::json!({"idempotency_key": "after-huge", "account_id": "a", "amount_minor": 5,
+        "currency": "EUR", "payment_method": "pm_card_visa"})
+        .to_string();
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("after-huge")
+                .payload(&after),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let worker = stack.start_worker("big", &quick_worker_settings());
+    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    stack.wait_for_commits(Duration::from_secs(30)).await;
+    stop_all(vec![worker]).await;
+    assert_eq!(
+        results.iter().filter(|r| r.outcome == "succeeded").count(),
+        1
+    );
+    let dead = stack.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(header(&dead[0], "x-error-kind").as_deref(), Some("invalid"));
+    assert_eq!(
+        header(&dead[0], "x-payload-dropped").as_deref(),
+        Some("message_too_large")
+    );
+    assert_eq!(
+        header(&dead[0], "x-original-size"),
+        Some((1536 * 1024).to_string())
+    );
+    assert_eq!(header(&dead[0], "x-source-offset").as_deref(), Some("0"));
+    assert_eq!(
+        dead[0].key(),
+        Some(&b"huge-1"[..]),
+        "the original key is kept"
+    );
+    assert_eq!(dead[0].payload(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_are_redriven_once_with_their_original_key_value_and_headers() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let producer: FutureProducer = worker::producer_config(&stack.settings).create().unwrap();
+    let bad = br#"{"idempotency_key":"redrive-1","amount_minor":5}"#.to_vec();
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("redrive-1")
+                .payload(&bad)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "tenant",
+                    value: Some("acme"),
+                })),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let worker = stack.start_worker("d", &quick_worker_settings());
+    stack.wait_for_results(1, Duration::from_secs(30)).await;
+    stop_all(vec![worker]).await;
+    assert_eq!(stack.dead_letters().await.len(), 1);
+
+    let redrive = || worker::RedriveArgs {
+        kafka: stack.settings.clone(),
+        kind: None,
+        max: None,
+    };
+    worker::redrive(redrive()).await.unwrap();
+    let settings = stack.settings.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        worker::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        commands.len(),
+        2,
+        "the dead letter is back on the commands topic"
+    );
+    let again = &commands[1];
+    assert_eq!(again.key(), Some(&b"redrive-1"[..]));
+    assert_eq!(again.payload(), Some(&bad[..]));
+    assert_eq!(
+        header(again, "tenant").as_deref(),
+        Some("acme"),
+        "original headers kept"
+    );
+    assert_eq!(
+        header(again, "x-error-kind"),
+        None,
+        "dead-letter headers removed"
+    );
+
+    // Progress is remembered: a second redrive sends nothing.
+    worker::redrive(redrive()).await.unwrap();
+    let settings = stack.settings.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        worker::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(commands.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_result_repeats_the_original_answer() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let command = |key: &str| {
+        serde_json::json!({"idempotency_key": key, "account_id": "acct_dup", "amount_minor": 700,
+            "currency": "EUR", "payment_method": "pm_card_visa"})
+        .to_string()
+        .into_bytes()
+    };
+    // The second copy is decided by the Redis tombstone, the third after the token
+    // is gone (Redis lost) by the payment row: both repeat the first answer.
+    let record = |key: &str| WorkloadRecord {
+        kind: RecordKind::Valid,
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(command(key)),
+        partition_hint: Some(0),
+    };
+    stack.produce(&[record("dup-1"), record("dup-1")]).await;
+    let worker = stack.start_worker("dup", &quick_worker_settings());
+    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    let mut redis = stack.redis.conn.clone();
+    let token = format!("{}:token:{{dup-1}}", stack.redis.prefix);
+    let _: () = redis::AsyncCommands::del(&mut redis, &token).await.unwrap();
+    stack.produce(&[record("dup-1")]).await;
+    let results = if results.len() < 3 {
+        stack.wait_for_results(3, Duration::from_secs(60)).await
+    } else {
+        results
+    };
+    stop_all(vec![worker]).await;
+    let first = results.iter().find(|r| r.outcome == "succeeded").unwrap();
+    let duplicates: Vec<_> = results
+        .iter()
+        .filter(|r| r.outcome == "duplicate")
+        .collect();
+    assert_eq!(duplicates.len(), 2, "{results:?}");
+    for duplicate in duplicates {
+        let original = duplicate.original.as_ref().expect("the original answer");
+        assert_eq!(original.outcome, "succeeded");
+        assert_eq!(Some(original.payment_id), first.payment_id);
+        assert_eq!(
+            original.gateway_transaction_id,
+            first.gateway_transaction_id
+        );
+        assert_eq!(duplicate.payment_id, first.payment_id);
+    }
+    assert!(results
+        .iter()
+        .all(|r| r.outcome != "succeeded" || r.original.is_none()));
+    assert_eq!(stack.ledger().len(), 1);
+}

@@ -1,0 +1,8 @@
+//! The Kafka consumer: group membership, commit discipline, rebalances, bad records,
+//! managed-Kafka connectivity.
+
+mod consumer_group;
+mod corpus;
+mod kafka_connectivity;
+mod poison;
+mod rebalance;
