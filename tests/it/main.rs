@@ -7,6 +7,7 @@ mod cli_kafka;
 mod compose;
 mod corpus;
 mod demo;
+mod exactly_once;
 mod fencing;
 mod gateway;
 mod gateway_answers;
