@@ -484,6 +484,10 @@ const WORKER_OWNED_KAFKA_SETTINGS: &[(&str, &str)] = &[
         "producer retries must never duplicate a result",
     ),
     ("isolation.level", "the worker reads committed records only"),
+    (
+        "transactional.id",
+        "each worker process names its own transactions (--results exactly-once)",
+    ),
     ("group.id", "set it with --kafka-group-id (KAFKA_GROUP_ID)"),
     (
         "group.instance.id",
@@ -635,6 +639,50 @@ pub struct WorkerSettings {
     /// Identifies this member in token owners and logs (default: host-pid).
     #[arg(long = "worker-id", env = "WORKER_ID")]
     pub worker_id: Option<String>,
+    /// How results, dead letters and offsets leave the worker. `at-least-once`: each
+    /// is acknowledged, then the offset is committed (a crash in between answers a
+    /// command again, as a `duplicate`). `exactly-once`: they are produced in Kafka
+    /// transactions together with the offsets, so a `read_committed` reader sees
+    /// one result per command (needs brokers with transactions).
+    #[arg(
+        long = "results",
+        env = "RESULTS_MODE",
+        value_enum,
+        default_value = "at-least-once"
+    )]
+    pub results: ResultsMode,
+    /// `exactly-once`: an open transaction is committed at least this often
+    /// (results become visible to `read_committed` readers at commit).
+    #[arg(long = "transaction-interval", env = "TRANSACTION_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    pub transaction_interval: Duration,
+    /// `exactly-once`: an open transaction is committed once it holds this many
+    /// answered commands, even before `--transaction-interval` passed.
+    #[arg(
+        long = "transaction-max-records",
+        env = "TRANSACTION_MAX_RECORDS",
+        default_value_t = 1000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub transaction_max_records: u64,
+}
+
+/// How results and offsets leave the worker (docs/ARCHITECTURE.md, "Result delivery").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ResultsMode {
+    /// Acknowledged result, then offset commit: a command may be answered again.
+    #[default]
+    AtLeastOnce,
+    /// Results, dead letters and offsets committed in one Kafka transaction.
+    ExactlyOnce,
+}
+
+impl ResultsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AtLeastOnce => "at-least-once",
+            Self::ExactlyOnce => "exactly-once",
+        }
+    }
 }
 
 impl Default for WorkerSettings {
@@ -645,6 +693,9 @@ impl Default for WorkerSettings {
             drain_deadline: Duration::from_secs(4),
             health_listen: None,
             worker_id: None,
+            results: ResultsMode::AtLeastOnce,
+            transaction_interval: Duration::from_millis(100),
+            transaction_max_records: 1000,
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct DemoArgs {
     /// Simulated gateway latency.
     #[arg(long, default_value_t = 5)]
     pub gateway_latency_ms: u64,
+    /// How the workers deliver results (see `run --results`).
+    #[arg(long, value_enum, default_value = "at-least-once")]
+    pub results: crate::configuration::ResultsMode,
     #[command(flatten)]
     pub database: DatabaseSettings,
     #[command(flatten)]
@@ -51,6 +54,22 @@ struct Tally {
     results: usize,
     by_outcome: BTreeMap<String, usize>,
     answered: std::collections::HashSet<(i32, i64)>,
+    /// Every result read (repeats included), per command position.
+    per_position: HashMap<(i32, i64), usize>,
+}
+
+impl Tally {
+    /// "exactly 1", or the range seen, from what the `read_committed` reader counted.
+    fn results_per_command(&self) -> String {
+        let most = self.per_position.values().copied().max().unwrap_or(0);
+        let fewest = self.per_position.values().copied().min().unwrap_or(0);
+        if most == 1 && fewest == 1 {
+            "exactly 1".to_owned()
+        } else {
+            let repeated = self.per_position.values().filter(|n| **n > 1).count();
+            format!("{fewest} to {most} ({repeated} commands answered more than once)")
+        }
+    }
 }
 
 fn start_results_reader(
@@ -65,7 +84,8 @@ fn start_results_reader(
             format!("demo-results-{}", uuid::Uuid::new_v4().simple()),
         )
         .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false");
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
     let consumer: BaseConsumer = config.create()?;
     consumer.subscribe(&[kafka.results_topic.as_str()])?;
     Ok(std::thread::spawn(move || {
@@ -79,6 +99,10 @@ fn start_results_reader(
                     *tally.by_outcome.entry("unreadable".to_owned()).or_default() += 1;
                     continue;
                 };
+                *tally
+                    .per_position
+                    .entry((result.source.partition, result.source.offset))
+                    .or_default() += 1;
                 if tally
                     .answered
                     .insert((result.source.partition, result.source.offset))
@@ -182,7 +206,7 @@ fn start_group(
         .map(|i| {
             let handler = Arc::new(Handler::new(
                 Arc::clone(&processors[i % processors.len()]),
-                Publisher::new(kafka)?,
+                Publisher::for_mode(kafka, settings)?,
                 RetryPolicy {
                     budget: Duration::from_secs(60),
                     ..RetryPolicy::default()
@@ -235,6 +259,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let gateway_url = format!("http://{}", simulator.local_addr());
     let simulator = simulator.spawn();
     println!("  gateway:  simulator at {gateway_url} (2% transient errors)");
+    println!("  results:  {}", args.results.as_str());
 
     let gateway_settings = GatewaySettings {
         url: gateway_url.clone(),
@@ -295,6 +320,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let reader = start_results_reader(&kafka, Arc::clone(&tally), Arc::clone(&stop_reader))?;
     let worker_settings = WorkerSettings {
         drain_deadline: Duration::from_secs(4),
+        results: args.results,
         ..WorkerSettings::default()
     };
 
@@ -379,6 +405,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         rate(pass2.results, second),
         pass2.by_outcome
     );
+    if args.results == crate::configuration::ResultsMode::ExactlyOnce {
+        // Counted by a read_committed reader of the results topic, never assumed.
+        println!(
+            "results per command (read_committed): pass 1 {}, pass 2 {}",
+            pass1.results_per_command(),
+            pass2.results_per_command()
+        );
+    }
     let new_in_replay = pass2.by_outcome.get("succeeded").unwrap_or(&0)
         + pass2.by_outcome.get("declined").unwrap_or(&0);
     println!(

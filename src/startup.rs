@@ -208,7 +208,7 @@ pub fn handler(
     };
     Ok(Arc::new(Handler::new(
         processor,
-        Publisher::new(kafka)?,
+        Publisher::for_mode(kafka, worker)?,
         retry,
     )))
 }

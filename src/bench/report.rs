@@ -16,6 +16,8 @@ pub const TARGET_P99_HALF_LOAD_MS: f64 = 25.0;
 pub const TARGET_PEAK_RSS_MIB: f64 = 150.0;
 pub const TARGET_WORKER_CPU_MS: f64 = 0.3;
 pub const TARGET_BASELINE_MULTIPLE_20MS: f64 = 8.0;
+/// `--results exactly-once` throughput ÷ at-least-once, same run, same latency.
+pub const TARGET_EOS_RATIO: f64 = 0.8;
 /// Round trips of one fresh payment at most: Postgres, Redis, gateway.
 pub const TARGET_ROUND_TRIPS: RoundTripsPerPayment = RoundTripsPerPayment {
     postgres: 4.0,
@@ -213,6 +215,13 @@ pub struct BenchReport {
     pub baseline_tps_20ms: f64,
     pub baseline_multiple_20ms: f64,
     pub pass_baseline_multiple: bool,
+    /// The 0 ms and 20 ms phases again with `--results exactly-once`, and each as a
+    /// share of the at-least-once phase of the same latency.
+    pub eos_tps_0ms: f64,
+    pub eos_ratio_0ms: f64,
+    pub eos_tps_20ms: f64,
+    pub eos_ratio_20ms: f64,
+    pub pass_eos_ratio: bool,
     pub audit_ok: bool,
     pub all_pass: bool,
     pub settings: Settings,
@@ -281,6 +290,11 @@ impl BenchReport {
         self.pass_round_trips = self.round_trips.within(&TARGET_ROUND_TRIPS);
         self.baseline_multiple_20ms = ratio(self.e2e_tps_20ms, self.baseline_tps_20ms);
         self.pass_baseline_multiple = self.baseline_multiple_20ms >= TARGET_BASELINE_MULTIPLE_20MS;
+        self.eos_ratio_0ms = ratio(self.eos_tps_0ms, self.e2e_tps_0ms);
+        self.eos_ratio_20ms = ratio(self.eos_tps_20ms, self.e2e_tps_20ms);
+        // Opt-in mode: reported with its verdict, not part of `all_pass`.
+        self.pass_eos_ratio =
+            self.eos_ratio_0ms >= TARGET_EOS_RATIO && self.eos_ratio_20ms >= TARGET_EOS_RATIO;
         self.audit_ok = self.audit.ok;
         self.all_pass = self.pass_ratio_0ms
             && self.pass_worker_cpu
@@ -459,6 +473,23 @@ impl BenchReport {
             &format!(">= {TARGET_BASELINE_MULTIPLE_20MS:.0}"),
             verdict(self.pass_baseline_multiple),
         );
+        for (latency, tps, share) in [
+            ("0", self.eos_tps_0ms, self.eos_ratio_0ms),
+            ("20", self.eos_tps_20ms, self.eos_ratio_20ms),
+        ] {
+            row(
+                &format!("exactly-once results, {latency} ms (payments/s)"),
+                format!("{tps:.0}"),
+                "",
+                "",
+            );
+            row(
+                &format!("  ratio: exactly-once ÷ at-least-once at {latency} ms"),
+                format!("{share:.2}"),
+                &format!(">= {TARGET_EOS_RATIO:.1}"),
+                verdict(share >= TARGET_EOS_RATIO),
+            );
+        }
         row(
             "bench process peak RSS, all in one (MiB)",
             format!("{:.1}", self.bench_process_peak_rss_mib),
@@ -634,6 +665,10 @@ mod tests {
             "worker_cpu_ms_per_payment",
             "baseline_tps_20ms",
             "baseline_multiple_20ms",
+            "eos_tps_0ms",
+            "eos_ratio_0ms",
+            "eos_tps_20ms",
+            "eos_ratio_20ms",
         ] {
             assert!(json[key].is_number(), "{key} missing");
         }

@@ -410,6 +410,32 @@ async fn ceiling_after(bed: &Bed, count: usize, concurrency: usize) -> anyhow::R
     Ok(report)
 }
 
+async fn eos_phases(
+    bed: &mut Bed,
+    commands: usize,
+    audit: &mut AuditReport,
+) -> anyhow::Result<(PhaseReport, PhaseReport)> {
+    let zero = phase(
+        bed,
+        "eos-0ms",
+        0,
+        Load::Backlog(commands),
+        WorkerKind::InProcess,
+        audit,
+    )
+    .await?;
+    let slow = phase(
+        bed,
+        "eos-20ms",
+        SLOW_GATEWAY_MS,
+        Load::Backlog(commands),
+        WorkerKind::InProcess,
+        audit,
+    )
+    .await?;
+    Ok((zero, slow))
+}
+
 /// How much of everything the phases do.
 #[derive(Clone, Copy)]
 struct Plan {
@@ -461,6 +487,16 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
     .await?;
     report.e2e_tps_20ms = slow.payments_per_s;
     report.phases.push(slow);
+
+    // The same two phases with results, dead letters and offsets in transactions.
+    bed.worker.results = crate::configuration::ResultsMode::ExactlyOnce;
+    let eos = eos_phases(bed, e2e_commands, &mut audit).await;
+    bed.worker.results = crate::configuration::ResultsMode::AtLeastOnce;
+    let (eos_zero, eos_slow) = eos?;
+    report.eos_tps_0ms = eos_zero.payments_per_s;
+    report.eos_tps_20ms = eos_slow.payments_per_s;
+    report.phases.push(eos_zero);
+    report.phases.push(eos_slow);
 
     // What a plain consumer loop would do: one record of a partition at a time.
     let admitted = bed.worker.max_in_flight;

@@ -23,6 +23,7 @@ use super::health::{serve_health, HealthChecks, Liveness};
 use super::partition::PartitionTask;
 use super::rebalance::{Commits, Committer, PartitionId};
 use super::supervision::{is_fatal_broker_error, panic_message, WorkerFailure};
+use super::transactions::{TransactionFailure, Transactions};
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
 type Member = BaseConsumer<MemberContext>;
@@ -54,6 +55,10 @@ pub(super) struct Partitions {
     /// A static member (`group.instance.id`) does not leave the group on shutdown.
     static_member: bool,
     session_timeout: Duration,
+    /// Exactly-once mode: the open transaction that results and offsets go into.
+    pub(super) transactions: Option<Arc<Transactions>>,
+    /// A failure found inside a rebalance callback, reported by the poll loop.
+    pub(super) failure: Mutex<Option<WorkerFailure>>,
 }
 
 impl Partitions {
@@ -64,6 +69,9 @@ impl Partitions {
 
     fn dispatch(&self, consumer: &Arc<Member>, message: OwnedMessage) {
         let id = (message.topic().to_owned(), message.partition());
+        if let Some(transactions) = &self.transactions {
+            transactions.first_record(&id.0, id.1, message.offset());
+        }
         let mut assigned = self.lock();
         let entry = assigned.entry(id.clone()).or_insert_with(|| {
             // librdkafka resumes a paused partition only at its broker thread's next
@@ -82,6 +90,7 @@ impl Partitions {
                 group_id: Arc::clone(&self.group_id),
                 max_in_flight: self.max_in_flight.max(1),
                 progress: self.commits.progress_flag(),
+                transactions: self.transactions.clone(),
             };
             let task = self.runtime.spawn(task.run());
             Assigned {
@@ -174,6 +183,92 @@ impl Partitions {
             }
             reached
         })
+    }
+
+    /// Exactly-once: commits the open transaction; when it aborts instead, rewinds
+    /// every partition to its last committed offset before the next transaction
+    /// takes answers. Runs on the poll thread.
+    pub(super) fn commit_transaction(&self, consumer: &Member) {
+        let Some(transactions) = &self.transactions else {
+            return;
+        };
+        match transactions.commit(consumer.group_metadata()) {
+            Ok(committed) => tracing::debug!(
+                answers = committed.answers,
+                partitions = committed.partitions,
+                "transaction committed"
+            ),
+            Err((TransactionFailure::Aborted(_), closed)) => {
+                self.rewind(consumer);
+                drop(closed);
+            }
+            Err((TransactionFailure::Fatal(reason), _closed)) => self.fail(reason),
+        }
+    }
+
+    /// Exactly-once: rolls the open transaction back (this member may no longer
+    /// own what it holds) and rewinds what it still owns.
+    pub(super) fn abort_transaction(&self, consumer: &Member, reason: &str) {
+        let Some(transactions) = &self.transactions else {
+            return;
+        };
+        match transactions.abort(reason) {
+            (TransactionFailure::Fatal(reason), _closed) => self.fail(reason),
+            (TransactionFailure::Aborted(_), closed) => {
+                self.rewind(consumer);
+                drop(closed);
+            }
+        }
+    }
+
+    fn fail(&self, reason: String) {
+        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        failure.get_or_insert(WorkerFailure::FatalBroker(reason));
+    }
+
+    /// After an abort: every partition task is stopped at once (their commands wait
+    /// at the closed gate, or run without having answered; a command that charged
+    /// is answered as a duplicate when redone), and every partition this member
+    /// owns is read again from where the aborted transaction began. A partition
+    /// that cannot be rewound stops the worker: going on would commit past
+    /// commands whose answers were rolled back.
+    fn rewind(&self, consumer: &Member) {
+        let Some(transactions) = &self.transactions else {
+            return;
+        };
+        let stopped: Vec<Assigned> = self.lock().drain().map(|(_, entry)| entry).collect();
+        self.runtime.block_on(async move {
+            for entry in stopped {
+                entry.abandon.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(2), entry.task).await;
+            }
+        });
+        let owned: HashSet<PartitionId> =
+            self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut rewound = 0;
+        for ((topic, partition), offset) in transactions.restart_points() {
+            if !owned.contains(&(topic.clone(), partition)) {
+                continue;
+            }
+            let sought = consumer.seek(
+                &topic,
+                partition,
+                rdkafka::Offset::Offset(offset),
+                Duration::from_secs(10),
+            );
+            if let Err(error) = sought {
+                self.fail(format!(
+                    "rewinding {topic}/{partition} to {offset} after an abort failed: {error}"
+                ));
+                return;
+            }
+            pause(consumer, &(topic, partition), false);
+            rewound += 1;
+        }
+        tracing::warn!(
+            partitions = rewound,
+            "transaction aborted: partitions rewound to their last committed offsets"
+        );
     }
 
     /// Adds (`owned`) or removes `ids` from this member's assignment; returns how
@@ -347,7 +442,7 @@ pub fn start(
         assigned: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashSet::new()),
         commits: Arc::new(Commits::default()),
-        handler,
+        handler: Arc::clone(&handler),
         runtime: Handle::current(),
         max_in_flight: worker.max_in_flight,
         drain_deadline: worker.drain_deadline,
@@ -356,6 +451,8 @@ pub fn start(
         liveness: Arc::clone(&liveness),
         static_member: kafka.group_instance_id.is_some(),
         session_timeout: kafka.session_timeout,
+        transactions: handler.transactions().cloned(),
+        failure: Mutex::new(None),
     });
     kafka.check_passthrough()?;
     let consumer: Member = super::kafka::consumer_config(kafka)
@@ -369,8 +466,15 @@ pub fn start(
         .context("subscribing to the commands topic")?;
     let consumer = Arc::new(consumer);
     let _ = partitions.consumer.set(Arc::downgrade(&consumer));
-    let committer = Committer::start(&partitions.commits, Arc::clone(&consumer))
-        .context("spawning the commit thread")?;
+    // In exactly-once mode offsets leave with the transaction, committed by the
+    // poll loop; the consumer itself commits nothing.
+    let committer = match partitions.transactions {
+        Some(_) => None,
+        None => Some(
+            Committer::start(&partitions.commits, Arc::clone(&consumer))
+                .context("spawning the commit thread")?,
+        ),
+    };
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stopping);
     let (report, failure) = watch::channel(None);
@@ -406,14 +510,25 @@ pub fn start(
 fn poll_loop(
     consumer: Arc<Member>,
     partitions: Arc<Partitions>,
-    mut committer: Committer,
+    mut committer: Option<Committer>,
     stopping: &AtomicBool,
 ) -> Result<(), WorkerFailure> {
     let stall_after_first_record = crate::fault::Faults::stalls_poll_loop();
+    let mut last_turn = std::time::Instant::now();
     while !stopping.load(Ordering::SeqCst) {
         partitions.relieve(&consumer);
-        let polled = consumer.poll(Duration::from_millis(50));
+        let wait = match &partitions.transactions {
+            Some(transactions) => transactions.until_due().min(Duration::from_millis(50)),
+            None => Duration::from_millis(50),
+        };
+        let polled = consumer.poll(wait);
         partitions.liveness.polled();
+        // A loop that stood still longer than a session (the process was stopped,
+        // or starved) must assume the group gave its partitions away meanwhile: its
+        // open transaction is not committed but rolled back, whatever the broker
+        // would say (a broker with KIP-447 refuses that commit anyway).
+        let stood_still = last_turn.elapsed() > partitions.session_timeout;
+        last_turn = std::time::Instant::now();
         match polled {
             Some(Ok(message)) => {
                 // Detach at once: a borrowed message pins librdkafka buffers and can
@@ -441,13 +556,35 @@ fn poll_loop(
         if let Some((topic, partition)) = partitions.dead() {
             return Err(WorkerFailure::PartitionTaskEnded { topic, partition });
         }
+        if let Some(transactions) = &partitions.transactions {
+            if stood_still {
+                tracing::warn!("the poll loop stood still longer than the session timeout");
+                partitions.abort_transaction(&consumer, "the member may have been evicted");
+            } else if transactions.due() {
+                partitions.commit_transaction(&consumer);
+            }
+        }
+        if let Some(failure) = partitions
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            return Err(failure);
+        }
     }
     // Shutdown: drain everything, commit synchronously, then leave the group.
-    committer.stop();
+    if let Some(committer) = committer.as_mut() {
+        committer.stop();
+    }
     partitions.drain(&partitions.ids());
-    partitions
-        .commits
-        .commit_before_leaving(&consumer, partitions.session_timeout);
+    if partitions.transactions.is_some() {
+        partitions.commit_transaction(&consumer);
+    } else {
+        partitions
+            .commits
+            .commit_before_leaving(&consumer, partitions.session_timeout);
+    }
     if partitions.static_member {
         // Unsubscribing would send a LeaveGroup and rebalance the group; a static
         // member that closes stays in it for the session timeout, so its restart

@@ -36,6 +36,13 @@ struct Verdict {
     redacted: Option<RedactedPayload>,
 }
 
+/// A command answered: its outcome, and in exactly-once mode its place in the open
+/// transaction, held until the partition recorded the command as settled.
+pub struct Answer {
+    pub outcome: Outcome,
+    pub transaction: Option<super::transactions::AnswerGuard>,
+}
+
 /// A not-yet-final outcome, as an error so backon drives the retries.
 #[derive(Debug)]
 struct NotYet {
@@ -56,6 +63,11 @@ impl Handler {
         &self.processor
     }
 
+    /// The open-transaction bookkeeping, in exactly-once mode.
+    pub(super) fn transactions(&self) -> Option<&Arc<super::transactions::Transactions>> {
+        self.publisher.transactions()
+    }
+
     /// Returns once the outcome is final and every record about it is acknowledged,
     /// or `None` when `draining` stopped the retries first: then nothing was
     /// published and the command's offset must stay uncommitted.
@@ -63,7 +75,7 @@ impl Handler {
         &self,
         message: &OwnedMessage,
         draining: &CancellationToken,
-    ) -> Option<Outcome> {
+    ) -> Option<Answer> {
         let started = Instant::now();
         let verdict = match decode(message) {
             Ok(command) => {
@@ -97,7 +109,7 @@ impl Handler {
 
     /// The record made its handler panic `panics` times: dead-letter it as
     /// `internal` without touching it again, so the records behind it can flow.
-    pub async fn give_up_after_panics(&self, message: &OwnedMessage, panics: u32) -> Outcome {
+    pub async fn give_up_after_panics(&self, message: &OwnedMessage, panics: u32) -> Answer {
         let outcome = Outcome::Rejected {
             kind: RejectionKind::Internal,
             reason: format!("panicked: handling this record panicked {panics} times"),
@@ -125,8 +137,9 @@ impl Handler {
         self.answer(message, verdict, Instant::now()).await
     }
 
-    /// Publishes the dead letter (if any) and the result, and counts the outcome.
-    async fn answer(&self, message: &OwnedMessage, verdict: Verdict, started: Instant) -> Outcome {
+    /// Publishes the dead letter (if any) and the result, and counts the outcome. In
+    /// exactly-once mode both go into the same open transaction.
+    async fn answer(&self, message: &OwnedMessage, verdict: Verdict, started: Instant) -> Answer {
         let Verdict {
             outcome,
             key,
@@ -135,6 +148,7 @@ impl Handler {
             redacted,
         } = verdict;
         let source = source_of(message);
+        let transaction = self.publisher.enter().await;
         let span = tracing::Span::current();
         span.record("payment.outcome", outcome.label());
         if let Outcome::Rejected { kind, reason } = &outcome {
@@ -164,7 +178,10 @@ impl Handler {
         metrics
             .processing_duration
             .record(started.elapsed().as_secs_f64(), &labels);
-        outcome
+        Answer {
+            outcome,
+            transaction,
+        }
     }
 
     async fn process_with_retries(

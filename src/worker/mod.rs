@@ -10,6 +10,7 @@ mod partition;
 mod publisher;
 mod rebalance;
 mod supervision;
+mod transactions;
 
 pub use consumer::{run_until, start, RunningWorker};
 pub use handler::{command_span, lane_of, Handler};
@@ -23,6 +24,7 @@ pub use offsets::OffsetTracker;
 pub use publisher::Publisher;
 pub use rebalance::drain_bound;
 pub use supervision::WorkerFailure;
+pub use transactions::{AnswerGuard, TransactionFailure, Transactions};
 mod dry_run;
 mod tools;
 mod workload;

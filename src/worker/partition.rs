@@ -26,6 +26,7 @@ use tracing::Instrument;
 use super::handler::{command_span, lane_of, Handler};
 use super::offsets::OffsetTracker;
 use super::supervision::panic_message;
+use super::transactions::{AnswerGuard, Transactions};
 
 /// Records of one key wait behind the one running; keyless records share one lane.
 type Lane = Option<Vec<u8>>;
@@ -47,6 +48,9 @@ struct Finished {
     offset: i64,
     lane: Lane,
     ending: Ending,
+    /// Exactly-once: the answer's place in the open transaction, let go only once
+    /// the tracker recorded the command as settled (see `transactions.rs`).
+    transaction: Option<AnswerGuard>,
     /// Kept open so the offset commit is recorded inside the command's trace.
     span: tracing::Span,
 }
@@ -63,6 +67,8 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
     pub max_in_flight: usize,
     /// Raised whenever this task stored a higher offset: the member commits soon.
     pub progress: Arc<AtomicBool>,
+    /// Exactly-once: settled offsets go to the open transaction, not to the consumer.
+    pub transactions: Option<Arc<Transactions>>,
 }
 
 impl<C: ConsumerContext + 'static> PartitionTask<C> {
@@ -101,13 +107,15 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 }
                 Some(joined) = running.join_next(), if !running.is_empty() => {
                     // Every task catches its own panics; an error here is an abort.
-                    let Ok(Finished { offset, lane, ending, span }) = joined else { continue };
+                    let Ok(Finished { offset, lane, ending, transaction, span }) = joined else { continue };
                     crate::telemetry::metrics().in_flight.add(-1, &[]);
                     match ending {
                         Ending::Settled => {
                             panics.remove(&offset);
                             offsets.complete(offset);
                             span.in_scope(|| self.store(&mut offsets));
+                            // Only now may a commit run: its offsets include this one.
+                            drop(transaction);
                         }
                         Ending::Interrupted => {}
                         Ending::Panicked(message) => {
@@ -192,19 +200,22 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             }
             let work = async {
                 if panics >= PANICS_BEFORE_DEAD_LETTER {
-                    handler.give_up_after_panics(&message, panics).await;
-                    Some(())
+                    Some(handler.give_up_after_panics(&message, panics).await)
                 } else if draining.is_cancelled() {
                     None
                 } else {
-                    handler.handle(&message, &draining).await.map(|_| ())
+                    handler.handle(&message, &draining).await
                 }
             };
             let caught = AssertUnwindSafe(work.instrument(span.clone()))
                 .catch_unwind()
                 .await;
+            let mut transaction = None;
             let ending = match caught {
-                Ok(Some(())) => Ending::Settled,
+                Ok(Some(answer)) => {
+                    transaction = answer.transaction;
+                    Ending::Settled
+                }
                 Ok(None) => Ending::Interrupted,
                 Err(panic) => {
                     crate::telemetry::metrics().panics.add(1, &[]);
@@ -224,6 +235,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 offset,
                 lane,
                 ending,
+                transaction,
                 span,
             }
         });
@@ -244,6 +256,10 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             messaging.kafka.offset = next,
         )
         .entered();
+        if let Some(transactions) = &self.transactions {
+            transactions.settle(&self.topic, self.partition, next);
+            return;
+        }
         let mut list = TopicPartitionList::new();
         if list
             .add_partition_offset(&self.topic, self.partition, Offset::Offset(next))

@@ -1,5 +1,6 @@
 //! Produces results and dead letters, and waits until the broker acknowledged them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -9,7 +10,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
 use super::messages::{dead_letter_headers, DeadLetter, ResultRecord, PAYLOAD_REDACTED};
-use crate::configuration::KafkaSettings;
+use super::transactions::{AnswerGuard, Transactions};
+use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
 use crate::payment::RedactedPayload;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Header;
@@ -44,9 +46,12 @@ pub struct Publisher {
     producer: FutureProducer,
     results_topic: String,
     dlq_topic: String,
+    /// Set in `exactly-once` mode: every record goes into the open transaction.
+    transactions: Option<Arc<Transactions>>,
 }
 
 impl Publisher {
+    /// An at-least-once publisher: each record is acknowledged on its own.
     pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
         settings.check_passthrough()?;
         let producer = super::kafka::producer_config(settings)
@@ -56,11 +61,43 @@ impl Publisher {
             producer,
             results_topic: settings.results_topic.clone(),
             dlq_topic: settings.dlq_topic.clone(),
+            transactions: None,
         })
+    }
+
+    /// The publisher of `worker.results`; in `exactly-once` mode this creates the
+    /// process's transactional producer (blocking for its first broker round trips).
+    pub fn for_mode(settings: &KafkaSettings, worker: &WorkerSettings) -> anyhow::Result<Self> {
+        match worker.results {
+            ResultsMode::AtLeastOnce => Self::new(settings),
+            ResultsMode::ExactlyOnce => {
+                settings.check_passthrough()?;
+                let transactions = Transactions::start(settings, worker)?;
+                Ok(Self {
+                    producer: transactions.producer().clone(),
+                    results_topic: settings.results_topic.clone(),
+                    dlq_topic: settings.dlq_topic.clone(),
+                    transactions: Some(transactions),
+                })
+            }
+        }
     }
 
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
+    }
+
+    pub(super) fn transactions(&self) -> Option<&Arc<Transactions>> {
+        self.transactions.as_ref()
+    }
+
+    /// Admits one command's answer to the open transaction (waits while one is
+    /// being committed); `None` in at-least-once mode.
+    pub(super) async fn enter(&self) -> Option<AnswerGuard> {
+        match &self.transactions {
+            Some(transactions) => Some(transactions.enter().await),
+            None => None,
+        }
     }
 
     /// Sends one record and waits for the broker's acknowledgement. librdkafka retries
@@ -92,6 +129,19 @@ impl Publisher {
                 .map(|_| ())
                 .map_err(|(error, _)| error)
         };
+        if let Some(transactions) = &self.transactions {
+            // Inside a transaction a failed record leaves it abortable: retrying here
+            // would only fail again. The commit aborts instead, and the command is
+            // redone from the last committed offset.
+            return match attempt().await {
+                Err(error) if !is_too_large(&error) => {
+                    tracing::warn!(%error, topic, "produce failed; the transaction will abort");
+                    transactions.mark_broken();
+                    Ok(())
+                }
+                other => other,
+            };
+        }
         attempt
             .retry(
                 ExponentialBuilder::default()

@@ -341,6 +341,46 @@ impl MemberContext {
         );
         let started = Instant::now();
         let reached = self.partitions.drain(&ids);
+        if let Some(transactions) = &self.partitions.transactions {
+            // Exactly-once: the drained partitions' answers and offsets leave in one
+            // transaction before they are given up. A lost assignment means another
+            // member may already redo them: roll back instead.
+            if lost {
+                self.partitions
+                    .abort_transaction(consumer, "the assignment was lost");
+            } else {
+                self.partitions.commit_transaction(consumer);
+            }
+            transactions.forget(&ids);
+            tracing::info!(
+                partitions = ids.len(),
+                drained_ms = started.elapsed().as_millis() as u64,
+                lost,
+                "drained; transaction settled"
+            );
+        } else {
+            self.commit_drained(consumer, &ids, reached, lost, started);
+        }
+        let applied = if cooperative {
+            consumer.incremental_unassign(list)
+        } else {
+            consumer.unassign()
+        };
+        if let Err(error) = applied {
+            tracing::error!(%error, "giving up the revoked partitions failed");
+        }
+    }
+
+    /// At-least-once: commits the stored offsets after a drain, or keeps them for
+    /// a later attempt.
+    fn commit_drained(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        ids: &[PartitionId],
+        reached: HashMap<PartitionId, i64>,
+        lost: bool,
+        started: Instant,
+    ) {
         let commit = if lost {
             // The group moved on without this member: the commit would be refused.
             Err(KafkaError::ConsumerCommit(
@@ -363,14 +403,6 @@ impl MemberContext {
                 tracing::warn!(%error, partitions = reached.len(), "commit after the drain failed; kept for a later retry");
                 self.partitions.commits.remember(reached);
             }
-        }
-        let applied = if cooperative {
-            consumer.incremental_unassign(list)
-        } else {
-            consumer.unassign()
-        };
-        if let Err(error) = applied {
-            tracing::error!(%error, "giving up the revoked partitions failed");
         }
     }
 }

@@ -272,7 +272,7 @@ impl Stack {
     pub fn start_worker(&self, id: &str, settings: &WorkerSettings) -> RunningWorker {
         let handler = Arc::new(Handler::new(
             self.processor(id),
-            Publisher::new(&self.settings).unwrap(),
+            Publisher::for_mode(&self.settings, settings).unwrap(),
             RetryPolicy {
                 budget: Duration::from_secs(60),
                 ..RetryPolicy::default()

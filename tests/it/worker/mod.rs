@@ -3,6 +3,7 @@
 
 mod consumer_group;
 mod corpus;
+mod exactly_once;
 mod kafka_connectivity;
 mod poison;
 mod rebalance;

@@ -1,0 +1,315 @@
+//! `--results exactly-once`: results, dead letters and the consumed offsets leave the
+//! worker in one Kafka transaction (KIP-447: one transactional producer per process,
+//! fenced through the consumer group's metadata).
+//!
+//! A command's answer (its dead letter, then its result) is produced while holding
+//! the *gate* for reading; the partition task lets go of it only after the gap-free
+//! tracker recorded the command as settled. A commit takes the gate for writing, so
+//! at that moment every answer produced in the open transaction is acknowledged and
+//! its offset is among the settled offsets sent with `send_offsets_to_transaction`,
+//! and no answer of a command whose offset is not sent can be in the transaction.
+//! The offsets and the answers they cover therefore become visible together, or,
+//! when the transaction is aborted, neither does: the member then rewinds its
+//! partitions to the last committed offsets and answers those commands again (as
+//! `duplicate`, with the original answer, since the charge itself is idempotent).
+//!
+//! Commits, aborts and rewinds run on the poll thread, which owns the consumer and
+//! the partition map; see `consumer.rs`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+
+use crate::configuration::{KafkaSettings, WorkerSettings};
+
+type PartitionId = (String, i32);
+
+/// Held by a command from the start of its answer until its partition recorded it
+/// as settled; a commit waits for every one of them.
+pub struct AnswerGuard {
+    _gate: OwnedRwLockReadGuard<()>,
+}
+
+/// Why a transaction did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum TransactionFailure {
+    /// Aborted; what it held is discarded and must be redone.
+    #[error("transaction aborted: {0}")]
+    Aborted(String),
+    /// The producer cannot go on (fenced by a newer instance, or fatal).
+    #[error("transactional producer failed for good: {0}")]
+    Fatal(String),
+}
+
+pub struct Transactions {
+    producer: FutureProducer,
+    gate: Arc<RwLock<()>>,
+    /// Settled offsets (next offset to read) not yet sent in a committed transaction.
+    settled: Mutex<HashMap<PartitionId, i64>>,
+    /// Where each partition would restart if the open transaction were aborted: the
+    /// offset this member last committed for it, or the first record it was given.
+    restart_at: Mutex<HashMap<PartitionId, i64>>,
+    /// Answers produced in the open transaction.
+    answers: AtomicU64,
+    /// A record of the open transaction was not delivered: it cannot commit.
+    broken: AtomicBool,
+    opened: Mutex<Instant>,
+    interval: Duration,
+    max_records: u64,
+    /// Bound of each transactional call to the brokers.
+    call_timeout: Duration,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every mutation is a single insert/remove/replace: a poisoned map is still valid.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Transactions {
+    /// Creates this process's transactional producer, fences any earlier producer
+    /// of the same transactional id, and opens the first transaction. Blocks for
+    /// broker round trips: call it before the worker starts consuming.
+    pub fn start(kafka: &KafkaSettings, worker: &WorkerSettings) -> anyhow::Result<Arc<Self>> {
+        // Unique per process (KIP-447): fencing comes from the group's generation,
+        // not from reusing an id, so two members can never fence each other.
+        let transactional_id = format!(
+            "{}-{}-{}",
+            kafka.group_id,
+            worker.worker_id(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let mut config = super::kafka::producer_config(kafka);
+        config.set("transactional.id", &transactional_id);
+        let producer: FutureProducer = config
+            .create()
+            .context("creating the transactional Kafka producer")?;
+        let call_timeout = kafka.session_timeout.max(Duration::from_secs(10));
+        producer
+            .init_transactions(call_timeout)
+            .context("initialising Kafka transactions (do the brokers support them?)")?;
+        producer
+            .begin_transaction()
+            .context("opening the first Kafka transaction")?;
+        tracing::info!(%transactional_id, "exactly-once results: transactional producer ready");
+        Ok(Arc::new(Self {
+            producer,
+            gate: Arc::new(RwLock::new(())),
+            settled: Mutex::default(),
+            restart_at: Mutex::default(),
+            answers: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
+            opened: Mutex::new(Instant::now()),
+            interval: worker.transaction_interval,
+            max_records: worker.transaction_max_records,
+            call_timeout,
+        }))
+    }
+
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+
+    /// Waits while a commit is under way, then admits one answer to the open transaction.
+    pub async fn enter(&self) -> AnswerGuard {
+        let gate = Arc::clone(&self.gate).read_owned().await;
+        self.answers.fetch_add(1, Ordering::SeqCst);
+        AnswerGuard { _gate: gate }
+    }
+
+    /// A record of the open transaction failed for good: the transaction must abort.
+    pub fn mark_broken(&self) {
+        self.broken.store(true, Ordering::SeqCst);
+    }
+
+    /// The partition's tracker moved: every command below `next` is settled.
+    pub fn settle(&self, topic: &str, partition: i32, next: i64) {
+        let mut settled = lock(&self.settled);
+        let entry = settled.entry((topic.to_owned(), partition)).or_insert(next);
+        *entry = (*entry).max(next);
+    }
+
+    /// The first record this member got for a partition since it was assigned (or
+    /// rewound): the restart point while nothing was committed for it.
+    pub fn first_record(&self, topic: &str, partition: i32, offset: i64) {
+        lock(&self.restart_at)
+            .entry((topic.to_owned(), partition))
+            .or_insert(offset);
+    }
+
+    /// The partitions left this member: nothing of theirs is restarted here.
+    pub fn forget(&self, ids: &[PartitionId]) {
+        let mut restart_at = lock(&self.restart_at);
+        let mut settled = lock(&self.settled);
+        for id in ids {
+            restart_at.remove(id);
+            settled.remove(id);
+        }
+    }
+
+    /// Where to rewind each partition that had records, after an abort.
+    pub fn restart_points(&self) -> Vec<(PartitionId, i64)> {
+        lock(&self.restart_at)
+            .iter()
+            .map(|(id, offset)| (id.clone(), *offset))
+            .collect()
+    }
+
+    /// Whether the open transaction should be committed now.
+    pub fn due(&self) -> bool {
+        let answers = self.answers.load(Ordering::SeqCst);
+        answers >= self.max_records
+            || ((answers > 0 || !lock(&self.settled).is_empty())
+                && lock(&self.opened).elapsed() >= self.interval)
+    }
+
+    /// How long until the interval of the open transaction ends.
+    pub fn until_due(&self) -> Duration {
+        self.interval
+            .saturating_sub(lock(&self.opened).elapsed())
+            .max(Duration::from_millis(1))
+    }
+
+    /// Commits the open transaction with the settled offsets, fenced by `group`
+    /// (the consumer's current generation), and opens the next one. Blocks: call it
+    /// from the poll thread, never from the async runtime. On `Aborted` the
+    /// transaction was rolled back and a new one is open, but the gate stays closed
+    /// until the caller rewound its partitions and dropped the returned guard.
+    pub fn commit(
+        &self,
+        group: Option<ConsumerGroupMetadata>,
+    ) -> Result<Committed, (TransactionFailure, GateClosed<'_>)> {
+        let closed = GateClosed {
+            _gate: self.gate.blocking_write(),
+        };
+        let offsets: HashMap<PartitionId, i64> = lock(&self.settled).drain().collect();
+        let answers = self.answers.load(Ordering::SeqCst);
+        if answers == 0 && offsets.is_empty() {
+            *lock(&self.opened) = Instant::now();
+            return Ok(Committed::default());
+        }
+        match self.try_commit(&offsets, group) {
+            Ok(()) => {
+                let mut restart_at = lock(&self.restart_at);
+                for (id, offset) in &offsets {
+                    restart_at.insert(id.clone(), *offset);
+                }
+                drop(restart_at);
+                self.reopen().map_err(|failure| (failure, closed))?;
+                Ok(Committed {
+                    answers,
+                    partitions: offsets.len(),
+                })
+            }
+            Err(failure) => {
+                let failure = match failure {
+                    TransactionFailure::Aborted(reason) => self.abort_and_reopen(reason),
+                    fatal => fatal,
+                };
+                Err((failure, closed))
+            }
+        }
+    }
+
+    /// Rolls the open transaction back (a lost assignment, a zombie that woke up),
+    /// and opens the next one; the caller rewinds, then drops the guard.
+    pub fn abort(&self, reason: &str) -> (TransactionFailure, GateClosed<'_>) {
+        let closed = GateClosed {
+            _gate: self.gate.blocking_write(),
+        };
+        lock(&self.settled).clear();
+        (self.abort_and_reopen(reason.to_owned()), closed)
+    }
+
+    fn try_commit(
+        &self,
+        offsets: &HashMap<PartitionId, i64>,
+        group: Option<ConsumerGroupMetadata>,
+    ) -> Result<(), TransactionFailure> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(TransactionFailure::Aborted(
+                "a record of the transaction was not delivered".to_owned(),
+            ));
+        }
+        if !offsets.is_empty() {
+            let group = group.ok_or_else(|| {
+                TransactionFailure::Aborted("the consumer has no group metadata".to_owned())
+            })?;
+            let mut list = TopicPartitionList::new();
+            for ((topic, partition), offset) in offsets {
+                list.add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                    .map_err(|e| TransactionFailure::Aborted(e.to_string()))?;
+            }
+            self.retrying(|p| p.send_offsets_to_transaction(&list, &group, self.call_timeout))?;
+        }
+        self.retrying(|p| p.commit_transaction(self.call_timeout))
+    }
+
+    /// Runs a transactional call again while librdkafka calls its error retriable.
+    fn retrying(
+        &self,
+        call: impl Fn(&FutureProducer) -> Result<(), KafkaError>,
+    ) -> Result<(), TransactionFailure> {
+        let deadline = Instant::now() + self.call_timeout;
+        loop {
+            let error = match call(&self.producer) {
+                Ok(()) => return Ok(()),
+                Err(error) => error,
+            };
+            match &error {
+                KafkaError::Transaction(e) if e.is_fatal() => {
+                    return Err(TransactionFailure::Fatal(error.to_string()))
+                }
+                KafkaError::Transaction(e) if e.is_retriable() && Instant::now() < deadline => {
+                    tracing::info!(%error, "transactional call failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                _ => return Err(TransactionFailure::Aborted(error.to_string())),
+            }
+        }
+    }
+
+    fn abort_and_reopen(&self, reason: String) -> TransactionFailure {
+        tracing::warn!(%reason, "aborting the Kafka transaction; its commands are redone");
+        if let Err(failure) = self.retrying(|p| p.abort_transaction(self.call_timeout)) {
+            return failure;
+        }
+        match self.reopen() {
+            Ok(()) => TransactionFailure::Aborted(reason),
+            Err(failure) => failure,
+        }
+    }
+
+    fn reopen(&self) -> Result<(), TransactionFailure> {
+        self.answers.store(0, Ordering::SeqCst);
+        self.broken.store(false, Ordering::SeqCst);
+        *lock(&self.opened) = Instant::now();
+        self.producer
+            .begin_transaction()
+            .map_err(|error| match &error {
+                KafkaError::Transaction(e) if !e.is_fatal() => {
+                    TransactionFailure::Aborted(error.to_string())
+                }
+                _ => TransactionFailure::Fatal(error.to_string()),
+            })
+    }
+}
+
+/// What one commit carried.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Committed {
+    pub answers: u64,
+    pub partitions: usize,
+}
+
+/// No answer enters a transaction while this is held.
+pub struct GateClosed<'a> {
+    _gate: tokio::sync::RwLockWriteGuard<'a, ()>,
+}
