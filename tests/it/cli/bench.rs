@@ -69,6 +69,10 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "worker_cpu_ms_per_payment",
         "baseline_tps_20ms",
         "baseline_multiple_20ms",
+        "eos_tps_0ms",
+        "eos_ratio_0ms",
+        "eos_tps_20ms",
+        "eos_ratio_20ms",
     ] {
         assert!(
             report[key].as_f64().is_some_and(|v| v > 0.0),
@@ -86,6 +90,7 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "pass_worker_cpu",
         "pass_round_trips",
         "pass_baseline_multiple",
+        "pass_eos_ratio",
         "audit_ok",
     ] {
         assert!(report[key].is_boolean(), "{key}: {}", report[key]);
@@ -107,6 +112,8 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
             "e2e-0ms-pgtokens",
             "e2e-0ms-pgtokens-purging",
             "e2e-20ms",
+            "eos-0ms",
+            "eos-20ms",
             "baseline-20ms",
             "half-load",
             "worker-process"

@@ -196,13 +196,14 @@ async fn an_aborted_transaction_is_redone_as_duplicates_of_the_original_answers(
     let records = worker::generate(&spec, &unique("eos-abort"));
     let worker = stack.start_worker("eos", &exactly_once_settings());
     crate::support::helpers::wait_for_stable_group(std::slice::from_ref(&worker), 3).await;
-    stack.produce(&records).await;
-    // Mid-run, so the refused transactions hold answers.
-    stack.wait_for_results(100, Duration::from_secs(60)).await;
+    // Armed before the first record: a transaction commits nothing until it holds
+    // answers, so the first three that do are refused, whatever the machine's speed
+    // (armed mid-run, a fast worker could have committed everything already).
     stack.kafka.cluster().request_errors(
         RDKafkaApiKey::TxnOffsetCommit,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION; 3],
     );
+    stack.produce(&records).await;
     stack
         .wait_for_results(records.len(), Duration::from_secs(120))
         .await;
