@@ -13,11 +13,11 @@ use clap::{Parser, Subcommand};
 use crate::configuration::{
     parse_duration, DatabaseSettings, KafkaSettings, StoreSettings, WorkerSettings,
 };
-use crate::gateway::SimulatorConfig;
+use crate::devtools::SimulatorConfig;
 use crate::payment::{CommandContext, Outcome, PaymentCommand, RejectionKind};
 use crate::startup::{self, ProcessorSettings};
 use crate::token::{IdempotencyKey, IssueOutcome};
-use crate::worker::{self, LocalKafka};
+use crate::worker;
 
 /// The exit statuses of every command, in one place: `exit_code` maps errors to
 /// them, `--help` and the manual list them from [`EXIT_STATUSES`].
@@ -165,7 +165,7 @@ pub enum Command {
     },
     /// The whole product on embedded defaults: local Kafka, gateway simulator,
     /// Redis/Postgres at the default URLs; a workload, a worker group, a replay.
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::devtools::DemoArgs),
     /// Apply `migrations/` to the database.
     Migrate {
         #[command(flatten)]
@@ -185,10 +185,10 @@ pub enum Command {
         processor: ProcessorSettings,
     },
     /// Publish commands from a JSON-lines file or a generated workload.
-    Produce(crate::worker::ProduceArgs),
+    Produce(crate::operator::ProduceArgs),
     /// Rewind a consumer group (the group must have no live members).
     #[command(after_help = REPLAY_EXIT_HELP)]
-    Replay(crate::worker::ReplayArgs),
+    Replay(crate::operator::ReplayArgs),
     /// Reconcile Redis tokens, Postgres payments and the gateway ledger; exits
     /// non-zero on any invariant violation. `--repair` settles stuck tokens.
     #[command(after_help = AUDIT_EXIT_HELP)]
@@ -199,25 +199,9 @@ pub enum Command {
         command: DlqCommand,
     },
     /// A standalone local Kafka (librdkafka mock cluster) for development.
-    DevKafka {
-        /// Host to advertise; the mock cluster picks its own ports and prints them.
-        #[arg(long, default_value = "127.0.0.1")]
-        listen: String,
-        /// Partitions of each payment topic.
-        #[arg(long, default_value_t = 6)]
-        partitions: i32,
-        /// Mock brokers in the cluster. Its own id: the flattened KafkaSettings
-        /// already owns the argument id `brokers` (`--kafka-brokers`).
-        #[arg(id = "mock_brokers", long = "brokers", default_value_t = 3)]
-        brokers: i32,
-        /// Also write the bootstrap address to this file.
-        #[arg(long)]
-        bootstrap_file: Option<PathBuf>,
-        #[command(flatten)]
-        kafka: KafkaSettings,
-    },
+    DevKafka(crate::devtools::DevKafkaArgs),
     /// Throughput, latency and memory against a Postgres ceiling measured in the same run.
-    Bench(crate::bench::BenchArgs),
+    Bench(crate::devtools::BenchArgs),
     /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
     GatewaySim {
         /// Address to serve on (port 0 picks a free port and prints it).
@@ -269,7 +253,7 @@ pub enum TokensCommand {
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Put dead-lettered records back on the commands topic.
-    Redrive(crate::worker::RedriveArgs),
+    Redrive(crate::operator::RedriveArgs),
 }
 
 /// The process exit code for a command that failed, from the error's type (the
@@ -360,7 +344,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let handler = startup::handler(processor, &kafka, &worker)?;
             worker::run_until(&kafka, &worker, handler, startup::shutdown_signal()).await
         }
-        Command::Demo(args) => crate::demo::run(args).await,
+        Command::Demo(args) => crate::devtools::run_demo(args).await,
         Command::Migrate { database } => {
             database.connect_and_migrate().await?;
             println!("migrations applied");
@@ -431,44 +415,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             println!(
                 "{}",
-                serde_json::to_string(&crate::worker::OutcomeView::from(&outcome))?
+                serde_json::to_string(&crate::operator::OutcomeView::from(&outcome))?
             );
             Ok(process_result(&outcome)?)
         }
-        Command::Produce(args) => worker::produce(args).await,
-        Command::Replay(args) => worker::replay(args).await,
+        Command::Produce(args) => crate::operator::produce(args).await,
+        Command::Replay(args) => crate::operator::replay(args).await,
         Command::Audit(args) => crate::audit::run(args).await,
         Command::Dlq {
             command: DlqCommand::Redrive(args),
-        } => worker::redrive(args).await,
-        Command::DevKafka {
-            listen,
-            partitions,
-            brokers,
-            bootstrap_file,
-            kafka,
-        } => {
-            let local = LocalKafka::start(brokers)?;
-            local.create_payment_topics(&kafka, partitions)?;
-            let bootstrap = local.bootstrap_servers();
-            let advertised = if listen == "127.0.0.1" {
-                bootstrap.clone()
-            } else {
-                bootstrap.replace("127.0.0.1", &listen)
-            };
-            if let Some(path) = bootstrap_file {
-                std::fs::write(&path, &advertised)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            println!("dev-kafka bootstrap {advertised}");
-            std::io::stdout().flush()?;
-            startup::shutdown_signal().await;
-            tokio::task::spawn_blocking(move || drop(local)).await?;
-            Ok(())
-        }
-        Command::Bench(args) => crate::bench::run(args).await,
+        } => crate::operator::redrive(args).await,
+        Command::DevKafka(args) => crate::devtools::run_dev_kafka(args).await,
+        Command::Bench(args) => crate::devtools::run_bench(args).await,
         Command::GatewaySim { listen, config } => {
-            crate::gateway::run_simulator(listen, config).await
+            crate::devtools::run_simulator(listen, config).await
         }
         Command::Completions { shell } => {
             // Rendered into memory first: clap_complete panics on a failed write

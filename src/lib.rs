@@ -2,12 +2,12 @@
 //! delivered, replayed, or the worker crashes. See `docs/ARCHITECTURE.md`.
 
 pub mod audit;
-pub mod bench;
 pub mod cli;
 pub mod configuration;
-pub mod demo;
+pub mod devtools;
 pub mod fault;
 pub mod gateway;
+pub mod operator;
 pub mod payment;
 pub mod retry;
 pub mod startup;

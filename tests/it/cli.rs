@@ -3,7 +3,7 @@
 
 use std::process::{Output, Stdio};
 
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::PaymentCommand;
 use payment_worker::token::IdempotencyKey;
 

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::configuration::DatabaseSettings;
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::gateway::{
-    GatewaySimulator, HttpGateway, LedgerEntry, PaymentGateway, RunningSimulator, SimulatorConfig,
-};
+use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore,

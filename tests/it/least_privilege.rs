@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use serde_json::json;
 
 use crate::helpers::{unique, Stack};
 use crate::procs::{binary, run_to_end, Proc};
 use payment_worker::configuration::{DatabaseSettings, MigrateMode};
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
 
 /// A login role with `SELECT, INSERT, UPDATE, DELETE` on the test database's
 /// tables, `USAGE` on its sequences, and nothing else. Dropped on drop.

@@ -1,4 +1,5 @@
 //! One integration-test binary (one link step); each module is a capability.
+mod architecture;
 mod audit;
 mod bench;
 mod cli;

@@ -11,8 +11,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use payment_worker::gateway::SimulatorConfig;
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::helpers::{unique, Stack};

@@ -10,13 +10,14 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use payment_worker::configuration::DatabaseSettings;
+use payment_worker::devtools::{GatewaySimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
-use payment_worker::gateway::{GatewaySimulator, SimulatorConfig};
+use payment_worker::operator;
+use payment_worker::operator::WorkloadSpec;
 use payment_worker::startup::{purge_round, PURGE_BATCHES_PER_ROUND};
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, Reservation, TokenPolicy, TokenStore,
 };
-use payment_worker::worker::{self, WorkloadSpec};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::helpers::{quick_worker_settings, stop_all, unique, Stack, TestDb, REDIS_URL};
@@ -276,7 +277,7 @@ async fn expired_token_rows_are_purged_in_bounded_batches_while_a_worker_runs() 
     let oldest = before.oldest_expired_for.expect("an oldest dead row");
     assert!(oldest >= Duration::from_secs(7100), "{oldest:?}");
 
-    let records = worker::generate(
+    let records = operator::generate(
         &WorkloadSpec {
             count: 400,
             duplicate_ratio: 0.25,

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use payment_worker::gateway::SimulatorConfig;
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 
 use crate::helpers::{unique, Stack};
 use crate::pki::{path_str, TestPki};

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use payment_worker::configuration::DatabaseSettings;
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig, SlowKey};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::gateway::{
-    Charge, ChargeRequest, ChargeStatus, GatewayError, GatewaySimulator, HttpGateway, LedgerEntry,
-    PaymentGateway, RunningSimulator, SimulatorConfig, SlowKey,
+    Charge, ChargeRequest, ChargeStatus, GatewayError, HttpGateway, LedgerEntry, PaymentGateway,
 };
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::payment::{
     CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, RejectionKind,
 };
@@ -23,7 +24,7 @@ use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, RedisTokenStore, TokenMode, TokenPolicy, TokenState,
     TokenStore, TokenView,
 };
-use payment_worker::worker::{self, RecordKind, WorkloadRecord};
+use payment_worker::worker;
 use rdkafka::message::{Headers, Message};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use payment_worker::configuration::{redact_url, DatabaseSettings, KafkaSettings, RedisSettings};
-use payment_worker::gateway::SimulatorConfig;
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use tokio::io::AsyncReadExt;
 
 use crate::helpers::{unique, Stack, PG_ADDR, REDIS_URL};

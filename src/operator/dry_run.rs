@@ -8,12 +8,11 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 
-use super::kafka::base_config;
-use super::messages::decode;
-use super::tools::{partition_count, read_ranges, PartitionRange};
+use super::topics::{partition_count, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
 use crate::payment::GatewayLookup;
 use crate::token::{TokenMode, TokenState, TokenStore};
+use crate::worker::{base_config, decode};
 
 /// Every verdict, in the order the summary prints them.
 pub const VERDICTS: [&str; 7] = [

@@ -16,8 +16,9 @@ use super::rss::read_memory;
 use crate::configuration::{
     redact_url, DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL,
 };
+use crate::devtools::LocalKafka;
 use crate::token::{RedisTokenStore, TokenPolicy, TokenStore};
-use crate::worker::{self, LocalKafka};
+use crate::worker;
 
 pub const DEFAULT_BENCH_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments_bench";
 

@@ -39,7 +39,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::interface::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
+use crate::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
 use crate::token::IdempotencyKey;
 
 /// A payment method the simulator always declines, whatever `--decline-rate` says.

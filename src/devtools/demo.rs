@@ -16,13 +16,13 @@ use rdkafka::producer::FutureProducer;
 use crate::configuration::{
     DatabaseSettings, GatewaySettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
 };
-use crate::gateway::{
-    ChargeStatus, GatewaySimulator, HttpGateway, PaymentGateway, SimulatorConfig,
-};
+use crate::devtools::{GatewaySimulator, LocalKafka, SimulatorConfig};
+use crate::gateway::{ChargeStatus, HttpGateway, PaymentGateway};
+use crate::operator::{self, WorkloadSpec};
 use crate::payment::{GatewayLookup, Processor};
 use crate::retry::RetryPolicy;
 use crate::startup;
-use crate::worker::{self, Handler, LocalKafka, Publisher, ResultRecord, WorkloadSpec};
+use crate::worker::{self, Handler, Publisher, ResultRecord};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -275,19 +275,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         seed: rand::random(),
     };
     let prefix = format!("demo-{run_id}");
-    let records = worker::generate(&spec, &prefix);
+    let records = operator::generate(&spec, &prefix);
     let producer: FutureProducer = worker::producer_config(&kafka).create()?;
-    worker::publish_records(&producer, &kafka.commands_topic, args.partitions, &records).await?;
-    let mut kinds: HashMap<worker::RecordKind, usize> = HashMap::new();
+    operator::publish_records(&producer, &kafka.commands_topic, args.partitions, &records).await?;
+    let mut kinds: HashMap<operator::RecordKind, usize> = HashMap::new();
     for r in &records {
         *kinds.entry(r.kind).or_default() += 1;
     }
     println!(
         "\nproduced {} commands: {} unique, {} duplicates, {} invalid",
         records.len(),
-        kinds.get(&worker::RecordKind::Valid).unwrap_or(&0),
-        kinds.get(&worker::RecordKind::Duplicate).unwrap_or(&0),
-        kinds.get(&worker::RecordKind::Invalid).unwrap_or(&0),
+        kinds.get(&operator::RecordKind::Valid).unwrap_or(&0),
+        kinds.get(&operator::RecordKind::Duplicate).unwrap_or(&0),
+        kinds.get(&operator::RecordKind::Invalid).unwrap_or(&0),
     );
 
     let tally = Arc::new(Mutex::new(Tally::default()));
@@ -309,7 +309,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     println!("\npass 2: rewind the group to offset 0 and replay every command");
     let rewind_kafka = kafka.clone();
-    tokio::task::spawn_blocking(move || worker::rewind_group(&rewind_kafka, None))
+    tokio::task::spawn_blocking(move || operator::rewind_group(&rewind_kafka, None))
         .await?
         .context("rewinding the group")?;
     let group = start_group(args.workers, &kafka, &worker_settings, &processors)?;
