@@ -199,8 +199,7 @@ fn explain_missing_rights(error: anyhow::Error, url: &str) -> anyhow::Error {
 /// With `--migrate skip` nobody applied migrations on this start: fail early and
 /// say so when the tables are missing. `to_regclass` needs no privilege.
 async fn ensure_schema_present(pool: &PgPool) -> anyhow::Result<()> {
-    let present: bool = sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")
-        .fetch_one(pool)
+    let present = crate::payment::payments_table_exists(pool)
         .await
         .context("checking the schema")?;
     anyhow::ensure!(

@@ -17,7 +17,7 @@ use crate::configuration::{
     DatabaseSettings, GatewaySettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
 };
 use crate::devtools::{GatewaySimulator, LocalKafka, SimulatorConfig};
-use crate::gateway::{ChargeStatus, HttpGateway, PaymentGateway};
+use crate::gateway::{HttpGateway, PaymentGateway};
 use crate::operator::{self, WorkloadSpec};
 use crate::payment::{GatewayLookup, Processor};
 use crate::retry::RetryPolicy;
@@ -331,37 +331,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .into_iter()
         .filter(|e| e.idempotency_key.starts_with(&prefix))
         .collect();
-    let mut charges_per_key: HashMap<&str, usize> = HashMap::new();
-    for entry in &ledger {
-        *charges_per_key
-            .entry(entry.idempotency_key.as_str())
-            .or_default() += 1;
-    }
-    let double_charged = charges_per_key.values().filter(|n| **n > 1).count();
-    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
-        "SELECT idempotency_key, status, gateway_transaction_id FROM payments WHERE idempotency_key LIKE $1",
-    )
-    .bind(format!("{prefix}-%"))
-    .fetch_all(&pool)
-    .await?;
-    let rows_by_key: HashMap<&str, (&str, Option<&str>)> = rows
-        .iter()
-        .map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref())))
-        .collect();
-    let mut mismatches = 0usize;
-    for entry in &ledger {
-        let expected = match entry.status {
-            ChargeStatus::Approved => "succeeded",
-            ChargeStatus::Declined => "declined",
-        };
-        match rows_by_key.get(entry.idempotency_key.as_str()) {
-            Some((status, Some(txn))) if *status == expected && *txn == entry.transaction_id => {}
-            _ => mismatches += 1,
-        }
-    }
-    let rows_without_charge = rows
-        .len()
-        .saturating_sub(ledger.len() - mismatches.min(ledger.len()));
+    let rows = crate::payment::booked_payments(&pool, &prefix, token_settings.lease).await?;
+    let books = crate::audit::reconcile(&ledger, &rows);
+    let double_charged = books.double_charged.len();
+    let mismatches = books.unbooked_charges;
+    let rows_without_charge = books.rows_unbacked();
 
     println!("\n=== report ===");
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(0.001);
@@ -384,7 +358,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "ledger audit: {} charges for {} keys, {} payment rows",
         ledger.len(),
-        charges_per_key.len(),
+        books.charges.len(),
         rows.len()
     );
     println!("  double charges:               {double_charged}");

@@ -375,13 +375,7 @@ impl PaymentGateway for HttpGateway {
                 return Err(error);
             }
         };
-        tracing::Span::current().record(
-            "gateway.status",
-            match charge.status {
-                crate::gateway::ChargeStatus::Approved => "approved",
-                crate::gateway::ChargeStatus::Declined => "declined",
-            },
-        );
+        tracing::Span::current().record("gateway.status", charge.status.as_str());
         Ok(charge)
     }
 

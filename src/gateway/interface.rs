@@ -28,6 +28,16 @@ pub enum ChargeStatus {
     Declined,
 }
 
+impl ChargeStatus {
+    /// The gateway's own spelling (`approved`, `declined`), as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Declined => "declined",
+        }
+    }
+}
+
 /// The gateway's answer for one idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Charge {

@@ -24,7 +24,8 @@ impl PaymentStatus {
         }
     }
 
-    fn parse(value: &str) -> Option<Self> {
+    /// The status a row spells as `value`; `None` for anything else.
+    pub fn parse(value: &str) -> Option<Self> {
         match value {
             "processing" => Some(Self::Processing),
             "succeeded" => Some(Self::Succeeded),
@@ -41,6 +42,77 @@ impl From<ChargeStatus> for PaymentStatus {
             ChargeStatus::Declined => Self::Declined,
         }
     }
+}
+
+/// A row as the books see it: what `audit`, the demo and the bench reconcile
+/// against the gateway ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookedPayment {
+    pub idempotency_key: String,
+    pub status: PaymentStatus,
+    pub gateway_transaction_id: Option<String>,
+    /// `processing` for longer than the lease given to [`booked_payments`].
+    pub stale: bool,
+}
+
+/// Every row whose idempotency key starts with `key_prefix` (all rows for an
+/// empty prefix); a `processing` row last updated more than `lease` ago is `stale`.
+pub async fn booked_payments(
+    pool: &sqlx::PgPool,
+    key_prefix: &str,
+    lease: std::time::Duration,
+) -> Result<Vec<BookedPayment>, sqlx::Error> {
+    let rows: Vec<(String, String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT idempotency_key, status, gateway_transaction_id,
+                status = 'processing' AND updated_at < now() - make_interval(secs => $2)
+           FROM payments
+          WHERE left(idempotency_key, char_length($1)) = $1",
+    )
+    .bind(key_prefix)
+    .bind(lease.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(idempotency_key, status, gateway_transaction_id, stale)| {
+            let status =
+                PaymentStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
+                    index: "status".into(),
+                    source: format!("unknown payment status {status:?}").into(),
+                })?;
+            Ok(BookedPayment {
+                idempotency_key,
+                status,
+                gateway_transaction_id,
+                stale,
+            })
+        })
+        .collect()
+}
+
+/// Deletes every row whose idempotency key starts with `key_prefix` (the bench
+/// clears its own keys between runs); returns the rows deleted.
+pub async fn delete_payments_with_prefix(
+    pool: &sqlx::PgPool,
+    key_prefix: &str,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query("DELETE FROM payments WHERE starts_with(idempotency_key, $1)")
+        .bind(key_prefix)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// `VACUUM ANALYZE payments`: fresh statistics and no dead rows before a measurement.
+pub async fn vacuum_payments(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("VACUUM ANALYZE payments").execute(pool).await?;
+    Ok(())
+}
+
+/// Whether the `payments` table exists (`to_regclass` needs no privilege).
+pub async fn payments_table_exists(pool: &sqlx::PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")
+        .fetch_one(pool)
+        .await
 }
 
 /// Where a command came from; stored on its payment row.

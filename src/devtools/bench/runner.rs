@@ -167,9 +167,7 @@ async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> 
 
 /// Deletes this run's rows and tokens, so repeated runs measure the same table.
 async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> anyhow::Result<()> {
-    sqlx::query("DELETE FROM payments WHERE starts_with(idempotency_key, $1)")
-        .bind(format!("{run_prefix}-"))
-        .execute(pool)
+    crate::payment::delete_payments_with_prefix(pool, &format!("{run_prefix}-"))
         .await
         .context("deleting the run's payment rows")?;
     sqlx::query("DELETE FROM idempotency_tokens WHERE starts_with(key, $1)")
@@ -252,7 +250,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     .connect_and_migrate()
     .await?;
     // Earlier runs' deleted rows stay as dead tuples where autovacuum is off.
-    if let Err(error) = sqlx::query("VACUUM ANALYZE payments").execute(&admin).await {
+    if let Err(error) = crate::payment::vacuum_payments(&admin).await {
         tracing::warn!(%error, "VACUUM of the bench database failed");
     }
     let tokens: Arc<dyn TokenStore> = Arc::new(
