@@ -11,11 +11,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::configuration::{
-    parse_duration, DatabaseSettings, KafkaSettings, StoreSettings, WorkerSettings,
+    parse_duration, DatabaseSettings, KafkaSettings, ProcessorSettings, StoreSettings,
+    WorkerSettings,
 };
 use crate::devtools::SimulatorConfig;
 use crate::payment::{CommandContext, Outcome, PaymentCommand, RejectionKind};
-use crate::startup::{self, ProcessorSettings};
+use crate::startup;
 use crate::token::{IdempotencyKey, IssueOutcome};
 use crate::worker;
 
@@ -331,7 +332,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             check_drain_deadline(&worker, &processor);
             let settings = processor;
-            let processor = Arc::new(settings.build(&worker_id).await?);
+            let processor = Arc::new(startup::build_processor(&settings, &worker_id).await?);
             tracing::info!(
                 payments_at_once = processor.attempt_slots(),
                 admitted_per_partition = worker.max_in_flight,
@@ -346,7 +347,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo(args) => crate::devtools::run_demo(args).await,
         Command::Migrate { database } => {
-            database.connect_and_migrate().await?;
+            startup::connect_and_migrate(&database).await?;
             println!("migrations applied");
             Ok(())
         }
@@ -354,7 +355,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = match &command {
                 TokensCommand::Issue { store, .. } | TokensCommand::Show { store, .. } => store,
             };
-            let (_pool, store) = settings.open().await?;
+            let (_pool, store) = startup::open_stores(settings).await?;
             let mut out = std::io::stdout().lock();
             match command {
                 TokensCommand::Issue {
@@ -401,9 +402,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             // outcome), before any service is needed.
             let outcome = match PaymentCommand::parse(json.as_bytes()) {
                 Ok(command) => {
-                    let processor = processor
-                        .build(&WorkerSettings::default().worker_id())
-                        .await?;
+                    let processor = startup::build_processor(
+                        &processor,
+                        &WorkerSettings::default().worker_id(),
+                    )
+                    .await?;
                     processor
                         .process(&command, &CommandContext::default())
                         .await

@@ -344,8 +344,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// Reads trace context from raw Kafka headers: names or values that are not UTF-8
-/// are skipped, never unwrapped (see `worker/headers.rs`).
-struct KafkaHeaderExtractor<'a>(Vec<crate::worker::headers::RawHeader<'a>>);
+/// are skipped, never unwrapped (see `kafka_headers.rs`).
+struct KafkaHeaderExtractor<'a>(Vec<crate::kafka_headers::RawHeader<'a>>);
 
 impl Extractor for KafkaHeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
@@ -366,7 +366,7 @@ impl Extractor for KafkaHeaderExtractor<'_> {
 /// fails a payment.
 pub fn adopt_remote_parent(span: &tracing::Span, headers: Option<&OwnedHeaders>) {
     let Some(headers) = headers else { return };
-    let extractor = KafkaHeaderExtractor(crate::worker::headers::raw(headers));
+    let extractor = KafkaHeaderExtractor(crate::kafka_headers::raw(headers));
     let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&extractor));
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);

@@ -205,13 +205,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("payment-worker demo (run {run_id})");
     println!(
         "  postgres: {}",
-        crate::configuration::redact_url(&args.database.url)
+        crate::redaction::redact_url(&args.database.url)
     );
     println!(
         "  redis:    {}",
-        crate::configuration::redact_url(&args.redis.url)
+        crate::redaction::redact_url(&args.redis.url)
     );
-    let pool = args.database.connect_and_migrate().await?;
+    let pool = startup::connect_and_migrate(&args.database).await?;
 
     let local = LocalKafka::start(3)?;
     let mut kafka = KafkaSettings::local(local.bootstrap_servers(), format!("demo-{run_id}"));

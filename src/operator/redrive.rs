@@ -72,7 +72,7 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
         }
         let kind = record
             .headers()
-            .and_then(|h| crate::worker::headers::last_value(h, ERROR_KIND))
+            .and_then(|h| crate::kafka_headers::last_value(h, ERROR_KIND))
             .and_then(|v| String::from_utf8(v.to_vec()).ok());
         progress.insert(record.partition(), record.offset() + 1);
         if args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref()) {

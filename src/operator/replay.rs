@@ -89,7 +89,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 }
 
 async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
-    let (pool, store) = args.stores.open().await?;
+    let (pool, store) = crate::startup::open_stores(&args.stores).await?;
     let scope = DryRunScope {
         to_offset: if args.to_beginning {
             None

@@ -16,7 +16,7 @@ use super::{
     Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode,
     TokenPolicy, TokenState, TokenStore, TokenView, Transition,
 };
-use crate::configuration::redact_url;
+use crate::redaction::redact_url;
 
 /// Longest wait for one script's answer, on top of the connection's own timeouts: a
 /// caller-supplied `ConnectionManager` may have none, and a hung call must surface as

@@ -183,5 +183,8 @@ pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> O
 /// (for a dead letter of a redriven record, and for the redrive itself).
 pub fn without_dead_letter_headers(message: &OwnedMessage) -> Option<OwnedHeaders> {
     let original = message.headers()?;
-    Some(super::headers::copy_without(original, &DEAD_LETTER_HEADERS))
+    Some(crate::kafka_headers::copy_without(
+        original,
+        &DEAD_LETTER_HEADERS,
+    ))
 }

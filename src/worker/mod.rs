@@ -1,7 +1,6 @@
 //! The Kafka consumer-group worker (invariant I3: offsets move only past finished commands).
 mod consumer;
 mod handler;
-pub mod headers;
 mod health;
 mod kafka;
 mod messages;

@@ -52,3 +52,91 @@ fn no_product_file_uses_the_development_tools() {
         "product files that use src/devtools/ (the tools may use the product, never the other way): {offenders:?}"
     );
 }
+
+/// The library's top-level modules (`src/<name>.rs` or `src/<name>/`) and, for
+/// each, the others its code names as `crate::<name>` (also inside a
+/// `use crate::{…}` list).
+fn module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = src();
+    let mut files: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            files.insert(name, rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main" {
+            files.insert(name, vec![path]);
+        }
+    }
+    let names: Vec<String> = files.keys().cloned().collect();
+    files
+        .iter()
+        .map(|(module, paths)| {
+            let mut used = std::collections::BTreeSet::new();
+            for path in paths {
+                let code = code_of(path);
+                for (at, _) in code.match_indices("crate::") {
+                    let rest = &code[at + "crate::".len()..];
+                    // `crate::{a, b::c}` names every item of the list, `crate::a::…` one.
+                    let list = match rest.strip_prefix('{') {
+                        Some(list) => &list[..list.find('}').unwrap_or(list.len())],
+                        None => &rest[..rest.find("::").unwrap_or(rest.len())],
+                    };
+                    for item in list.split(',') {
+                        let head: String = item
+                            .trim()
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        if names.contains(&head) && &head != module {
+                            used.insert(head);
+                        }
+                    }
+                }
+            }
+            (module.clone(), used)
+        })
+        .collect()
+}
+
+#[test]
+fn no_import_cycle_between_top_level_modules() {
+    let graph = module_graph();
+    assert!(
+        graph["worker"].contains("payment") && graph["payment"].contains("token"),
+        "the scan finds the known edges: {graph:?}"
+    );
+    // Depth-first search for a back edge: a module reached again while on the path.
+    fn visit<'a>(
+        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        module: &'a str,
+        path: &mut Vec<&'a str>,
+        done: &mut std::collections::BTreeSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|m| *m == module) {
+            let mut cycle: Vec<String> = path[at..].iter().map(|m| m.to_string()).collect();
+            cycle.push(module.to_owned());
+            return Some(cycle);
+        }
+        if !done.insert(module) {
+            return None;
+        }
+        path.push(module);
+        for next in &graph[module] {
+            if let Some(cycle) = visit(graph, next, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for module in graph.keys() {
+        let cycle = visit(&graph, module, &mut Vec::new(), &mut done);
+        assert!(
+            cycle.is_none(),
+            "import cycle between top-level modules: {}",
+            cycle.unwrap().join(" -> ")
+        );
+    }
+}

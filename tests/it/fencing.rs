@@ -59,11 +59,10 @@ impl Rig {
             // A pool of its own, as `run` has: token statements never queue behind the
             // payment transaction that is held open.
             Backend::Postgres => {
-                let pool = DatabaseSettings {
+                let pool = payment_worker::startup::connect(&DatabaseSettings {
                     max_connections: 4,
                     ..DatabaseSettings::with_url(&db.url)
-                }
-                .connect()
+                })
                 .await
                 .unwrap();
                 Arc::new(PostgresTokenStore::new(pool, policy))

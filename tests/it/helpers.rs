@@ -146,7 +146,9 @@ impl TestDb {
             max_connections: 12,
             ..DatabaseSettings::with_url(&url)
         };
-        let pool = settings.connect_and_migrate().await.expect("test database");
+        let pool = payment_worker::startup::connect_and_migrate(&settings)
+            .await
+            .expect("test database");
         Self { name, url, pool }
     }
 }

@@ -904,10 +904,10 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let mut postgres = PrivatePostgres::start().await;
     let database_url = postgres.url("pw_chaos");
     // Created here, before three workers race to create it.
-    let pool = DatabaseSettings::with_url(&database_url)
-        .connect_and_migrate()
-        .await
-        .unwrap();
+    let pool =
+        payment_worker::startup::connect_and_migrate(&DatabaseSettings::with_url(&database_url))
+            .await
+            .unwrap();
     let mut redis = TestRedis::new().await;
     let gateway_seed = seed.to_string();
     let mut deployment = Deployment::start(

@@ -14,7 +14,7 @@ use payment_worker::devtools::{GatewaySimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::operator;
 use payment_worker::operator::WorkloadSpec;
-use payment_worker::startup::{purge_round, PURGE_BATCHES_PER_ROUND};
+use payment_worker::startup::{connect_with_size, purge_round, PURGE_BATCHES_PER_ROUND};
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, Reservation, TokenPolicy, TokenStore,
 };
@@ -230,11 +230,10 @@ const EXPIRED_ROWS: i64 = 10_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_token_rows_are_purged_in_bounded_batches_while_a_worker_runs() {
     let mut stack = Stack::new(2, SimulatorConfig::default()).await;
-    let lease_pool = DatabaseSettings {
+    let lease_pool = payment_worker::startup::connect(&DatabaseSettings {
         max_connections: 2,
         ..DatabaseSettings::with_url(&stack.db.url)
-    }
-    .connect()
+    })
     .await
     .unwrap();
     let store = Arc::new(
@@ -411,8 +410,8 @@ async fn a_running_worker_purges_expired_rows_and_exports_the_purge_metric() {
 async fn lease_renewal_is_served_while_every_payment_connection_is_held() {
     let db = TestDb::new().await;
     let settings = DatabaseSettings::with_url(&db.url);
-    let payment_pool = settings.connect_with_size(1).await.unwrap();
-    let lease_pool = settings.connect_with_size(1).await.unwrap();
+    let payment_pool = connect_with_size(&settings, 1).await.unwrap();
+    let lease_pool = connect_with_size(&settings, 1).await.unwrap();
     let policy = TokenPolicy::default();
     let own_pool = PostgresTokenStore::new(payment_pool.clone(), policy)
         .with_maintenance_pool(lease_pool)

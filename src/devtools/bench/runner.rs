@@ -13,10 +13,9 @@ use super::ceiling;
 use super::e2e::{Bed, Load, PhaseOutcome, WorkerKind};
 use super::report::{BenchReport, LoopReport, PhaseReport, Settings};
 use super::rss::read_memory;
-use crate::configuration::{
-    redact_url, DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL,
-};
+use crate::configuration::{DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL};
 use crate::devtools::LocalKafka;
+use crate::redaction::redact_url;
 use crate::token::{RedisTokenStore, TokenPolicy, TokenStore};
 use crate::worker;
 
@@ -152,7 +151,7 @@ fn load_average() -> f64 {
 /// A pool of the worker's size with every connection already open, so neither
 /// the ceiling nor a phase pays for connecting inside its measurement.
 async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> {
-    let pool = database.connect().await?;
+    let pool = crate::startup::connect(database).await?;
     let mut held = Vec::new();
     for _ in 0..database.max_connections {
         held.push(
@@ -243,11 +242,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     // Set-up, audit and clean-up share two connections, so the measured pools have
     // the server's connection slots to themselves.
-    let admin = DatabaseSettings {
+    let admin = crate::startup::connect_and_migrate(&DatabaseSettings {
         max_connections: 2,
         ..database.clone()
-    }
-    .connect_and_migrate()
+    })
     .await?;
     // Earlier runs' deleted rows stay as dead tuples where autovacuum is off.
     if let Err(error) = crate::payment::vacuum_payments(&admin).await {
