@@ -23,6 +23,7 @@ use crate::worker;
 /// The exit statuses of every command, in one place: `exit_code` maps errors to
 /// them, `--help` and the manual list them from [`EXIT_STATUSES`].
 pub mod exit_status {
+    /// The command did what was asked.
     pub const SUCCESS: u8 = 0;
     /// Any failure not listed below (a service unreachable, a bad setting, …).
     pub const FAILURE: u8 = 1;
@@ -132,6 +133,7 @@ pub enum CommandFailure {
 }
 
 impl CommandFailure {
+    /// The exit status this failure ends the process with.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::InvalidInput(_) => exit_status::DATA_ERROR,
@@ -141,6 +143,7 @@ impl CommandFailure {
     }
 }
 
+/// The command line: one subcommand.
 #[derive(Debug, Parser)]
 #[command(
     name = "payment-worker",
@@ -149,18 +152,23 @@ impl CommandFailure {
     after_help = exit_status_help()
 )]
 pub struct Cli {
+    /// The command to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// Every `payment-worker` command.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a consumer-group member; SIGTERM drains, commits and leaves the group.
     Run {
+        /// The worker's Kafka topics, group and client settings.
         #[command(flatten)]
         kafka: KafkaSettings,
+        /// How the worker admits, retries and drains commands.
         #[command(flatten)]
         worker: WorkerSettings,
+        /// Stores and gateway.
         #[command(flatten)]
         processor: ProcessorSettings,
     },
@@ -169,11 +177,13 @@ pub enum Command {
     Demo(crate::devtools::DemoArgs),
     /// Apply `migrations/` to the database.
     Migrate {
+        /// The database to migrate.
         #[command(flatten)]
         database: DatabaseSettings,
     },
     /// Issue and inspect idempotency tokens.
     Tokens {
+        /// `issue` or `show`.
         #[command(subcommand)]
         command: TokensCommand,
     },
@@ -182,6 +192,7 @@ pub enum Command {
     Process {
         /// The command as JSON; `-` reads it from standard input.
         json: String,
+        /// Stores and gateway.
         #[command(flatten)]
         processor: ProcessorSettings,
     },
@@ -196,6 +207,7 @@ pub enum Command {
     Audit(crate::audit::AuditArgs),
     /// Dead-letter topic tools.
     Dlq {
+        /// The dead-letter command to run.
         #[command(subcommand)]
         command: DlqCommand,
     },
@@ -208,6 +220,7 @@ pub enum Command {
         /// Address to serve on (port 0 picks a free port and prints it).
         #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// The faults and latency the simulator injects.
         #[command(flatten)]
         config: SimulatorConfig,
     },
@@ -226,6 +239,7 @@ pub enum Command {
     },
 }
 
+/// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Mint pending tokens and print one per line (random keys unless KEYs are given).
@@ -238,6 +252,7 @@ pub enum TokensCommand {
         count: usize,
         /// Idempotency keys to mint tokens for.
         keys: Vec<IdempotencyKey>,
+        /// Where the tokens live.
         #[command(flatten)]
         store: StoreSettings,
     },
@@ -246,11 +261,13 @@ pub enum TokensCommand {
     Show {
         /// The idempotency key.
         key: IdempotencyKey,
+        /// Where the tokens live.
         #[command(flatten)]
         store: StoreSettings,
     },
 }
 
+/// The `dlq` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Put dead-lettered records back on the commands topic.
@@ -319,6 +336,7 @@ fn write_manual(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the parsed command to its end; the error decides the exit status ([`exit_code`]).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run {

@@ -10,8 +10,11 @@ use sqlx::ConnectOptions;
 use crate::redaction::redact_url;
 use crate::token::{TokenMode, TokenPolicy};
 
+/// `DATABASE_URL` when none is given: the local `payments` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments";
+/// `REDIS_URL` when none is given: a local Redis.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// `KAFKA_BROKERS` when none is given: a local broker.
 pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
 
 /// Parse `30s`, `1500ms`, `5m`, `24h` (clap value parser).
@@ -19,6 +22,7 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value).map_err(|e| format!("{value:?} is not a duration: {e}"))
 }
 
+/// The payments database: where it is and how many connections the pool holds.
 #[derive(Clone, clap::Args)]
 pub struct DatabaseSettings {
     /// Postgres URL (`sslmode`, `sslrootcert` honoured); with `--migrate auto` the
@@ -44,6 +48,7 @@ impl std::fmt::Debug for DatabaseSettings {
 }
 
 impl DatabaseSettings {
+    /// Settings for the database at `url`, with the default pool size.
     pub fn with_url(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -73,6 +78,7 @@ pub enum MigrateMode {
     Skip,
 }
 
+/// Where the Redis token store is and how its keys are named.
 #[derive(Clone, clap::Args)]
 pub struct RedisSettings {
     /// Redis URL: `redis://` or `rediss://` (TLS) for one node; `redis+cluster://h1:p1,h2:p2`
@@ -124,12 +130,20 @@ impl RedisSettings {
     }
 }
 
+/// Which store keeps the idempotency tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TokenStoreKind {
+    /// Redis (the fast path): one hash per key, every transition a Lua script.
+    // The flag's help describes the values; a help per value would switch `--help`
+    // to its long layout. The doc comments are for the library.
+    #[value(help = None::<&str>)]
     Redis,
+    /// The `idempotency_tokens` table in the payments database.
+    #[value(help = None::<&str>)]
     Postgres,
 }
 
+/// The token store and the lifetimes of its tokens.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenSettings {
     /// Where tokens live: Redis (fast path) or the payments database.
@@ -161,6 +175,7 @@ pub struct TokenSettings {
 }
 
 impl TokenSettings {
+    /// The lifetimes and mode these settings give every token.
     pub fn policy(&self) -> TokenPolicy {
         TokenPolicy {
             mode: self.mode,
@@ -213,12 +228,16 @@ pub struct StoreSettings {
     /// leaves that to the `migrate` command, so a DML-only role is enough.
     #[arg(long = "migrate", env = "MIGRATE", value_enum, default_value = "auto")]
     pub migrate: MigrateMode,
+    /// The payments database.
     #[command(flatten)]
     pub database: DatabaseSettings,
+    /// The Redis token store (unused with `--token-store postgres`).
     #[command(flatten)]
     pub redis: RedisSettings,
+    /// Which token store, and the tokens' lifetimes.
     #[command(flatten)]
     pub tokens: TokenSettings,
+    /// The Postgres token store's own pool and purge.
     #[command(flatten)]
     pub token_table: TokenTableSettings,
 }
@@ -234,6 +253,7 @@ impl StoreSettings {
     }
 }
 
+/// The payment gateway: where it is and how long to wait for it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewaySettings {
     /// Base URL of the payment gateway.
@@ -265,12 +285,15 @@ pub struct GatewaySettings {
 /// Everything one command needs besides Kafka.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProcessorSettings {
+    /// Where payments and tokens live.
     #[command(flatten)]
     pub stores: StoreSettings,
+    /// The payment gateway.
     #[command(flatten)]
     pub gateway: GatewaySettings,
 }
 
+/// The Kafka cluster, the group and the three topics the worker uses.
 #[derive(Clone, clap::Args)]
 pub struct KafkaSettings {
     /// Bootstrap brokers, `host:port[,host:port…]`.
@@ -347,7 +370,13 @@ pub fn environment_passthrough() -> Vec<(String, String)> {
 /// Which consumer-group protocol the member speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum GroupProtocol {
+    /// JoinGroup/SyncGroup with the cooperative-sticky assignor.
+    // The flag's help describes the values; a help per value would switch `--help`
+    // to its long layout. The doc comments are for the library.
+    #[value(help = None::<&str>)]
     Classic,
+    /// KIP-848: the broker assigns partitions (Kafka 4.0+).
+    #[value(help = None::<&str>)]
     Consumer,
 }
 
@@ -403,7 +432,9 @@ const WORKER_OWNED_KAFKA_SETTINGS: &[(&str, &str)] = &[
 #[derive(Debug, thiserror::Error)]
 #[error("the Kafka setting {key:?} cannot be passed through (--kafka-config / KAFKA_CONFIG_*): {reason}")]
 pub struct WorkerOwnedKafkaSetting {
+    /// The setting as it was passed.
     pub key: String,
+    /// What the worker does instead of taking it.
     pub reason: &'static str,
 }
 
@@ -447,6 +478,7 @@ fn is_secret_setting(key: &str) -> bool {
 }
 
 impl KafkaSettings {
+    /// Settings for a local cluster (the mock cluster of the tests and tools): default topics, a 6 s session timeout.
     pub fn local(brokers: impl Into<String>, group_id: impl Into<String>) -> Self {
         Self {
             brokers: brokers.into(),
@@ -511,6 +543,7 @@ impl std::fmt::Debug for KafkaSettings {
     }
 }
 
+/// How one worker process admits, retries and drains commands.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerSettings {
     /// Commands admitted at once per partition (different keys run in parallel,
@@ -545,6 +578,7 @@ impl Default for WorkerSettings {
 }
 
 impl WorkerSettings {
+    /// `--worker-id`, or `<hostname>-<pid>` when none is given.
     pub fn worker_id(&self) -> String {
         self.worker_id.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -7,8 +7,10 @@ use crate::gateway::HttpGateway;
 
 use super::checks::{audit, AuditOptions};
 
+/// `payment-worker audit`: where the books are, what to audit and whether to repair.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuditArgs {
+    /// Where payments and tokens live.
     #[command(flatten)]
     pub stores: StoreSettings,
     /// The gateway whose ledger (`GET /charges`) is reconciled.

@@ -14,6 +14,7 @@ use crate::token::{IdempotencyKey, TokenState, TokenStore};
 /// Most stuck tokens listed (and repaired) in one run.
 const MAX_STUCK_TOKENS: usize = 100_000;
 
+/// What an audit covers and whether it repairs.
 #[derive(Debug, Clone, Default)]
 pub struct AuditOptions {
     /// Settle tokens stuck in `processing` where that is safe.

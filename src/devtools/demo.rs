@@ -24,6 +24,7 @@ use crate::retry::RetryPolicy;
 use crate::startup;
 use crate::worker::{self, Handler, Publisher, ResultRecord};
 
+/// `payment-worker demo`: the workload's size and the services to use.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Commands in the workload.
@@ -38,8 +39,10 @@ pub struct DemoArgs {
     /// Simulated gateway latency.
     #[arg(long, default_value_t = 5)]
     pub gateway_latency_ms: u64,
+    /// The database the demo's payments go to (created and migrated when missing).
     #[command(flatten)]
     pub database: DatabaseSettings,
+    /// The Redis the demo's tokens go to (under a key prefix of this run).
     #[command(flatten)]
     pub redis: RedisSettings,
 }
@@ -200,6 +203,7 @@ async fn stop_group(workers: Vec<worker::RunningWorker>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the demo: two passes over one workload, then the books; fails on any double charge or unbooked charge.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     println!("payment-worker demo (run {run_id})");

@@ -122,7 +122,9 @@ impl SimulatorConfig {
 /// One `--slow-key KEY=MS`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlowKey {
+    /// The key whose charges are slowed.
     pub key: IdempotencyKey,
+    /// How much longer its charges take.
     pub delay: Duration,
 }
 
@@ -517,6 +519,7 @@ impl GatewaySimulator {
         })
     }
 
+    /// The address the simulator is bound to (port 0 resolved).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
@@ -584,6 +587,7 @@ pub struct RunningSimulator {
 }
 
 impl RunningSimulator {
+    /// The address the running simulator serves on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

@@ -19,6 +19,7 @@ pub struct LocalKafka {
 }
 
 impl LocalKafka {
+    /// Starts a mock cluster of `brokers` brokers, first-rebalance delay off.
     pub fn start(brokers: i32) -> anyhow::Result<Self> {
         let producer: BaseProducer<DefaultProducerContext> = ClientConfig::new()
             .set("test.mock.num.brokers", brokers.to_string())
@@ -40,6 +41,7 @@ impl LocalKafka {
         Ok(Self { producer })
     }
 
+    /// The mock cluster, for fault injection (broker down, request errors, RTT).
     pub fn cluster(&self) -> MockCluster<'_, DefaultProducerContext> {
         // `start` checked that the handle has a mock cluster.
         self.producer
@@ -48,10 +50,12 @@ impl LocalKafka {
             .expect("LocalKafka always owns a mock cluster")
     }
 
+    /// The cluster's `host:port,…` bootstrap list.
     pub fn bootstrap_servers(&self) -> String {
         self.cluster().bootstrap_servers()
     }
 
+    /// Creates `name` with `partitions` partitions (replication factor 1).
     pub fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
         self.cluster()
             .create_topic(name, partitions, 1)

@@ -7,8 +7,11 @@ use crate::payment::Outcome;
 /// An outcome as `process` prints it.
 #[derive(Debug, serde::Serialize)]
 pub struct OutcomeView {
+    /// `succeeded`, `declined`, `duplicate`, `rejected` or `retry`.
     pub outcome: &'static str,
+    /// The payment's id, when there is one.
     pub payment_id: Option<Uuid>,
+    /// The gateway transaction id, the rejection reason or why to retry.
     pub detail: Option<String>,
 }
 

@@ -15,8 +15,10 @@ use super::workload::{generate, RecordKind, WorkloadRecord, WorkloadSpec};
 use crate::configuration::KafkaSettings;
 use crate::worker::producer_config;
 
+/// `payment-worker produce`: what to publish, and where.
 #[derive(Debug, clap::Args)]
 pub struct ProduceArgs {
+    /// The cluster and the commands topic.
     #[command(flatten)]
     pub kafka: KafkaSettings,
     /// JSON-lines file of commands (`-`: standard input); otherwise a generated workload.
@@ -88,6 +90,7 @@ pub async fn publish_records(
     Ok(())
 }
 
+/// Publishes the file's or the generated workload's records, waits for every acknowledgement and says how many.
 pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     let mut generated_keys = None;
     let records = match &args.file {

@@ -13,8 +13,10 @@ use super::topics::{partition_count, read_partitions};
 use crate::configuration::KafkaSettings;
 use crate::worker::{base_config, producer_config, without_dead_letter_headers, ERROR_KIND};
 
+/// `payment-worker dlq redrive`: which dead letters, how many.
 #[derive(Debug, clap::Args)]
 pub struct RedriveArgs {
+    /// The cluster, the group (its `.dlq-redrive` group keeps the progress) and the topics.
     #[command(flatten)]
     pub kafka: KafkaSettings,
     /// Only records with this `x-error-kind`. Progress is one offset per partition,

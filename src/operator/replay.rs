@@ -12,9 +12,11 @@ use super::topics::partition_count;
 use crate::configuration::{KafkaSettings, StoreSettings};
 use crate::worker::consumer_config;
 
+/// `payment-worker replay`: which group to rewind and to where, or what a dry run reports.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["to_beginning", "to_offset"])))]
 pub struct ReplayArgs {
+    /// The cluster, the group and the commands topic.
     #[command(flatten)]
     pub kafka: KafkaSettings,
     /// The group to rewind (default: --kafka-group-id).
@@ -48,6 +50,7 @@ pub struct ReplayArgs {
         default_value = "uncertain"
     )]
     pub gateway_lookup: crate::payment::GatewayLookup,
+    /// Where payments and tokens live (read by `--dry-run` only).
     #[command(flatten)]
     pub stores: StoreSettings,
 }
@@ -70,6 +73,7 @@ fn replay_targets(
         .collect()
 }
 
+/// Rewinds the group (every member must be gone), or prints the dry run's report.
 pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let mut kafka = args.kafka.clone();
     if let Some(group) = &args.group {

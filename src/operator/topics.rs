@@ -12,6 +12,7 @@ use uuid::Uuid;
 use crate::configuration::KafkaSettings;
 use crate::worker::base_config;
 
+/// How many partitions `topic` has; an error when it has none (or does not exist).
 pub fn partition_count(settings: &KafkaSettings, topic: &str) -> anyhow::Result<i32> {
     let consumer: BaseConsumer = base_config(settings).create()?;
     let metadata = consumer
@@ -34,9 +35,13 @@ pub fn partition_count(settings: &KafkaSettings, topic: &str) -> anyhow::Result<
 /// holds from `from` on (more than `to - from` when a limit cut the range short).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionRange {
+    /// The partition.
     pub partition: i32,
+    /// First offset to read.
     pub from: i64,
+    /// Offset to stop before.
     pub to: i64,
+    /// Records the partition holds from `from` on.
     pub available: i64,
 }
 

@@ -8,14 +8,19 @@ use uuid::Uuid;
 use super::{Fingerprint, PaymentCommand};
 use crate::gateway::{Charge, ChargeStatus};
 
+/// A row's `status`: `processing` until the charge is recorded, then final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PaymentStatus {
+    /// Written before the gateway call; never committed (a CHECK forbids it).
     Processing,
+    /// Charged.
     Succeeded,
+    /// Declined by the gateway.
     Declined,
 }
 
 impl PaymentStatus {
+    /// The status as the `status` column spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Processing => "processing",
@@ -48,8 +53,11 @@ impl From<ChargeStatus> for PaymentStatus {
 /// against the gateway ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BookedPayment {
+    /// The row's key.
     pub idempotency_key: String,
+    /// The row's status.
     pub status: PaymentStatus,
+    /// The gateway's transaction id (`None` while `processing`).
     pub gateway_transaction_id: Option<String>,
     /// `processing` for longer than the lease given to [`booked_payments`].
     pub stale: bool,
@@ -118,18 +126,26 @@ pub async fn payments_table_exists(pool: &sqlx::PgPool) -> Result<bool, sqlx::Er
 /// Where a command came from; stored on its payment row.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SourcePosition {
+    /// The commands topic.
     pub topic: String,
+    /// The record's partition.
     pub partition: i32,
+    /// The record's offset.
     pub offset: i64,
 }
 
 /// The parts of a row the processor decides on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentRecord {
+    /// The payment's id (UUIDv7).
     pub id: Uuid,
+    /// The request fingerprint the payment was made with.
     pub fingerprint: Fingerprint,
+    /// The row's status.
     pub status: PaymentStatus,
+    /// The gateway's transaction id (`None` while `processing`).
     pub gateway_transaction_id: Option<String>,
+    /// The trace that charged (hex), for links from later duplicates.
     pub trace_id: Option<String>,
     /// The span that charged (hex), for links from later duplicates.
     pub span_id: Option<String>,
@@ -163,6 +179,7 @@ fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<PaymentRecord, sqlx::E
     })
 }
 
+/// The row for `key`, if any.
 pub async fn find_payment(
     conn: &mut PgConnection,
     key: &str,

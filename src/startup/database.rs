@@ -51,6 +51,7 @@ pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A pool of `settings.max_connections` connections to the database.
 pub async fn connect(settings: &DatabaseSettings) -> anyhow::Result<PgPool> {
     connect_with_size(settings, settings.max_connections).await
 }

@@ -1,11 +1,17 @@
 //! The Kafka consumer-group worker (invariant I3: offsets move only past finished commands).
+// Being reworked for exactly-once results in parallel; their nine undocumented
+// public items get their docs with that change, then these allows go.
+#[allow(missing_docs)]
 mod consumer;
+#[allow(missing_docs)]
 mod handler;
 mod health;
+#[allow(missing_docs)]
 mod kafka;
 mod messages;
 mod offsets;
 mod partition;
+#[allow(missing_docs)]
 mod publisher;
 mod rebalance;
 mod supervision;

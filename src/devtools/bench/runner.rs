@@ -24,6 +24,7 @@ pub const DEFAULT_BENCH_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432
 /// The latency of the slow-gateway phase, fixed by the performance targets.
 const SLOW_GATEWAY_MS: u64 = 20;
 
+/// `payment-worker bench`: how long, how much, and where.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Also write the report as JSON to this file.
@@ -200,6 +201,7 @@ async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> any
     }
 }
 
+/// Runs every phase, prints the report (and writes JSON and a picture when asked); fails when the books do not balance.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let run_prefix = format!("bench-{run_id}");
