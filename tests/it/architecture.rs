@@ -1,5 +1,6 @@
-//! The layout docs/ARCHITECTURE.md draws holds in the source: the product never
-//! uses the development tools.
+//! docs/ARCHITECTURE.md stays true: the product never uses the development tools,
+//! no import cycle joins the top-level modules, and the document's figures are the
+//! code's.
 
 use std::path::{Path, PathBuf};
 
@@ -139,4 +140,123 @@ fn no_import_cycle_between_top_level_modules() {
             cycle.unwrap().join(" -> ")
         );
     }
+}
+
+/// docs/ARCHITECTURE.md, read once.
+fn architecture_doc() -> String {
+    std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md"))
+        .unwrap()
+}
+
+/// The number written right after `phrase` in `text` (digits, `,` as thousands
+/// separator, a decimal point allowed); fails when the phrase is gone, so a figure
+/// cannot drop out of the document unnoticed either.
+fn number_after(text: &str, phrase: &str) -> f64 {
+    let at = text
+        .find(phrase)
+        .unwrap_or_else(|| panic!("the document no longer says {phrase:?}"));
+    let digits: String = text[at + phrase.len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == ',' || *c == '.')
+        .filter(|c| *c != ',')
+        .collect();
+    digits
+        .trim_end_matches('.')
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {phrase:?}"))
+}
+
+/// The integer in the source text of `file` right after `phrase` (for constants
+/// the library keeps private).
+fn source_number(file: &str, phrase: &str) -> f64 {
+    number_after(&std::fs::read_to_string(src().join(file)).unwrap(), phrase)
+}
+
+#[test]
+fn the_architecture_documents_figures_are_the_codes() {
+    use clap::Parser;
+    use payment_worker::cli::{Cli, Command};
+    let doc = architecture_doc();
+    // The defaults as the command line gives them to `run`.
+    let Command::Run {
+        worker, processor, ..
+    } = Cli::try_parse_from(["payment-worker", "run"])
+        .unwrap()
+        .command
+    else {
+        unreachable!("`run` parses as Command::Run")
+    };
+    let max_in_flight = worker.max_in_flight as f64;
+    assert_eq!(
+        number_after(&doc, "`max_in_flight` (default "),
+        max_in_flight
+    );
+    assert_eq!(number_after(&doc, "6 partitions × "), max_in_flight);
+    assert_eq!(
+        number_after(&doc, &format!("6 partitions × {max_in_flight} = ")),
+        6.0 * max_in_flight
+    );
+    let budget_min = worker.retry_budget.as_secs_f64() / 60.0;
+    assert_eq!(number_after(&doc, "until final or budget ("), budget_min);
+    assert_eq!(number_after(&doc, "`--retry-budget` (default "), budget_min);
+    let table = &processor.stores.token_table;
+    assert_eq!(
+        number_after(&doc, "`--token-lease-connections`, default "),
+        f64::from(table.lease_connections)
+    );
+    assert_eq!(
+        number_after(&doc, "`--token-purge-interval` ("),
+        table.purge_interval.as_secs_f64()
+    );
+    assert_eq!(
+        number_after(&doc, "`--token-purge-batch` ("),
+        table.purge_batch as f64
+    );
+    assert_eq!(
+        number_after(&doc, "per statement, at most "),
+        payment_worker::startup::PURGE_BATCHES_PER_ROUND as f64,
+        "purge statements per round"
+    );
+    // Figures the library keeps in private constants, read from their source.
+    assert_eq!(
+        number_after(&doc, "capacity max(max_in_flight, "),
+        source_number(
+            "worker/consumer.rs",
+            "mpsc::channel(self.max_in_flight.max(1).max("
+        )
+    );
+    assert_eq!(
+        number_after(&doc, "poll("),
+        source_number("worker/consumer.rs", "consumer.poll(Duration::from_millis(")
+    );
+    assert_eq!(
+        number_after(&doc, "a failed commit is retried after "),
+        source_number(
+            "worker/rebalance.rs",
+            "COMMIT_RETRY_PAUSE: Duration = Duration::from_millis("
+        )
+    );
+    assert_eq!(
+        number_after(&doc, " ms, and a "),
+        source_number(
+            "worker/rebalance.rs",
+            "COMMIT_SWEEP: Duration = Duration::from_secs("
+        ),
+        "the commit sweep"
+    );
+    assert_eq!(
+        number_after(&doc, "**Redis calls** time out after "),
+        source_number(
+            "token/redis.rs",
+            "DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs("
+        )
+    );
+    assert_eq!(
+        number_after(&doc, "from librdkafka statistics every ") * 1000.0,
+        source_number("worker/kafka.rs", "\"statistics.interval.ms\", \"")
+    );
+    assert_eq!(
+        number_after(&doc, "`queued.max.messages.kbytes="),
+        source_number("worker/kafka.rs", "\"queued.max.messages.kbytes\", \"")
+    );
 }
