@@ -217,46 +217,57 @@ fn the_architecture_documents_figures_are_the_codes() {
         payment_worker::startup::PURGE_BATCHES_PER_ROUND as f64,
         "purge statements per round"
     );
-    // Figures the library keeps in private constants, read from their source.
-    assert_eq!(
-        number_after(&doc, "capacity max(max_in_flight, "),
-        source_number(
+    // Figures the library keeps in private constants, read from their source:
+    // (what the document says, the file, what the code says, document unit per code unit).
+    let constants: [(&str, &str, &str, f64); 7] = [
+        (
+            "capacity max(max_in_flight, ",
             "worker/consumer.rs",
-            "mpsc::channel(self.max_in_flight.max(1).max("
-        )
-    );
-    assert_eq!(
-        number_after(&doc, "poll("),
-        source_number("worker/consumer.rs", "consumer.poll(Duration::from_millis(")
-    );
-    assert_eq!(
-        number_after(&doc, "a failed commit is retried after "),
-        source_number(
-            "worker/rebalance.rs",
-            "COMMIT_RETRY_PAUSE: Duration = Duration::from_millis("
-        )
-    );
-    assert_eq!(
-        number_after(&doc, " ms, and a "),
-        source_number(
-            "worker/rebalance.rs",
-            "COMMIT_SWEEP: Duration = Duration::from_secs("
+            "mpsc::channel(self.max_in_flight.max(1).max(",
+            1.0,
         ),
-        "the commit sweep"
-    );
-    assert_eq!(
-        number_after(&doc, "**Redis calls** time out after "),
-        source_number(
+        (
+            "poll(",
+            "worker/consumer.rs",
+            "consumer.poll(Duration::from_millis(",
+            1.0,
+        ),
+        (
+            "a failed commit is retried after ",
+            "worker/rebalance.rs",
+            "COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(",
+            1.0,
+        ),
+        (
+            " ms, and a ",
+            "worker/rebalance.rs",
+            "COMMIT_SWEEP: Duration = Duration::from_secs(",
+            1.0,
+        ),
+        (
+            "**Redis calls** time out after ",
             "token/redis.rs",
-            "DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs("
-        )
-    );
-    assert_eq!(
-        number_after(&doc, "from librdkafka statistics every ") * 1000.0,
-        source_number("worker/kafka.rs", "\"statistics.interval.ms\", \"")
-    );
-    assert_eq!(
-        number_after(&doc, "`queued.max.messages.kbytes="),
-        source_number("worker/kafka.rs", "\"queued.max.messages.kbytes\", \"")
-    );
+            "DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(",
+            1.0,
+        ),
+        (
+            "from librdkafka statistics every ",
+            "worker/kafka.rs",
+            "\"statistics.interval.ms\", \"",
+            1000.0,
+        ),
+        (
+            "`queued.max.messages.kbytes=",
+            "worker/kafka.rs",
+            "\"queued.max.messages.kbytes\", \"",
+            1.0,
+        ),
+    ];
+    for (said, file, code, scale) in constants {
+        assert_eq!(
+            number_after(&doc, said) * scale,
+            source_number(file, code),
+            "the document's {said:?} against {file}"
+        );
+    }
 }
