@@ -11,17 +11,19 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::configuration::{
-    parse_duration, DatabaseSettings, KafkaSettings, StoreSettings, WorkerSettings,
+    parse_duration, DatabaseSettings, KafkaSettings, ProcessorSettings, StoreSettings,
+    WorkerSettings,
 };
-use crate::gateway::SimulatorConfig;
+use crate::devtools::SimulatorConfig;
 use crate::payment::{CommandContext, Outcome, PaymentCommand, RejectionKind};
-use crate::startup::{self, ProcessorSettings};
+use crate::startup;
 use crate::token::{IdempotencyKey, IssueOutcome};
-use crate::worker::{self, LocalKafka};
+use crate::worker;
 
 /// The exit statuses of every command, in one place: `exit_code` maps errors to
 /// them, `--help` and the manual list them from [`EXIT_STATUSES`].
 pub mod exit_status {
+    /// The command did what was asked.
     pub const SUCCESS: u8 = 0;
     /// Any failure not listed below (a service unreachable, a bad setting, …).
     pub const FAILURE: u8 = 1;
@@ -131,6 +133,7 @@ pub enum CommandFailure {
 }
 
 impl CommandFailure {
+    /// The exit status this failure ends the process with.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::InvalidInput(_) => exit_status::DATA_ERROR,
@@ -140,6 +143,7 @@ impl CommandFailure {
     }
 }
 
+/// The command line: one subcommand.
 #[derive(Debug, Parser)]
 #[command(
     name = "payment-worker",
@@ -148,31 +152,38 @@ impl CommandFailure {
     after_help = exit_status_help()
 )]
 pub struct Cli {
+    /// The command to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// Every `payment-worker` command.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a consumer-group member; SIGTERM drains, commits and leaves the group.
     Run {
+        /// The worker's Kafka topics, group and client settings.
         #[command(flatten)]
         kafka: KafkaSettings,
+        /// How the worker admits, retries and drains commands.
         #[command(flatten)]
         worker: WorkerSettings,
+        /// Stores and gateway.
         #[command(flatten)]
         processor: ProcessorSettings,
     },
     /// The whole product on embedded defaults: local Kafka, gateway simulator,
     /// Redis/Postgres at the default URLs; a workload, a worker group, a replay.
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::devtools::DemoArgs),
     /// Apply `migrations/` to the database.
     Migrate {
+        /// The database to migrate.
         #[command(flatten)]
         database: DatabaseSettings,
     },
     /// Issue and inspect idempotency tokens.
     Tokens {
+        /// `issue` or `show`.
         #[command(subcommand)]
         command: TokensCommand,
     },
@@ -181,48 +192,35 @@ pub enum Command {
     Process {
         /// The command as JSON; `-` reads it from standard input.
         json: String,
+        /// Stores and gateway.
         #[command(flatten)]
         processor: ProcessorSettings,
     },
     /// Publish commands from a JSON-lines file or a generated workload.
-    Produce(crate::worker::ProduceArgs),
+    Produce(crate::operator::ProduceArgs),
     /// Rewind a consumer group (the group must have no live members).
     #[command(after_help = REPLAY_EXIT_HELP)]
-    Replay(crate::worker::ReplayArgs),
+    Replay(crate::operator::ReplayArgs),
     /// Reconcile Redis tokens, Postgres payments and the gateway ledger; exits
     /// non-zero on any invariant violation. `--repair` settles stuck tokens.
     #[command(after_help = AUDIT_EXIT_HELP)]
     Audit(crate::audit::AuditArgs),
     /// Dead-letter topic tools.
     Dlq {
+        /// The dead-letter command to run.
         #[command(subcommand)]
         command: DlqCommand,
     },
     /// A standalone local Kafka (librdkafka mock cluster) for development.
-    DevKafka {
-        /// Host to advertise; the mock cluster picks its own ports and prints them.
-        #[arg(long, default_value = "127.0.0.1")]
-        listen: String,
-        /// Partitions of each payment topic.
-        #[arg(long, default_value_t = 6)]
-        partitions: i32,
-        /// Mock brokers in the cluster. Its own id: the flattened KafkaSettings
-        /// already owns the argument id `brokers` (`--kafka-brokers`).
-        #[arg(id = "mock_brokers", long = "brokers", default_value_t = 3)]
-        brokers: i32,
-        /// Also write the bootstrap address to this file.
-        #[arg(long)]
-        bootstrap_file: Option<PathBuf>,
-        #[command(flatten)]
-        kafka: KafkaSettings,
-    },
+    DevKafka(crate::devtools::DevKafkaArgs),
     /// Throughput, latency and memory against a Postgres ceiling measured in the same run.
-    Bench(crate::bench::BenchArgs),
+    Bench(crate::devtools::BenchArgs),
     /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
     GatewaySim {
         /// Address to serve on (port 0 picks a free port and prints it).
         #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// The faults and latency the simulator injects.
         #[command(flatten)]
         config: SimulatorConfig,
     },
@@ -241,6 +239,7 @@ pub enum Command {
     },
 }
 
+/// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Mint pending tokens and print one per line (random keys unless KEYs are given).
@@ -253,6 +252,7 @@ pub enum TokensCommand {
         count: usize,
         /// Idempotency keys to mint tokens for.
         keys: Vec<IdempotencyKey>,
+        /// Where the tokens live.
         #[command(flatten)]
         store: StoreSettings,
     },
@@ -261,15 +261,17 @@ pub enum TokensCommand {
     Show {
         /// The idempotency key.
         key: IdempotencyKey,
+        /// Where the tokens live.
         #[command(flatten)]
         store: StoreSettings,
     },
 }
 
+/// The `dlq` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Put dead-lettered records back on the commands topic.
-    Redrive(crate::worker::RedriveArgs),
+    Redrive(crate::operator::RedriveArgs),
 }
 
 /// The process exit code for a command that failed, from the error's type (the
@@ -334,6 +336,7 @@ fn write_manual(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the parsed command to its end; the error decides the exit status ([`exit_code`]).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run {
@@ -347,7 +350,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             check_drain_deadline(&worker, &processor);
             let settings = processor;
-            let processor = Arc::new(settings.build(&worker_id).await?);
+            let processor = Arc::new(startup::build_processor(&settings, &worker_id).await?);
             tracing::info!(
                 payments_at_once = processor.attempt_slots(),
                 admitted_per_partition = worker.max_in_flight,
@@ -360,9 +363,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let handler = startup::handler(processor, &kafka, &worker)?;
             worker::run_until(&kafka, &worker, handler, startup::shutdown_signal()).await
         }
-        Command::Demo(args) => crate::demo::run(args).await,
+        Command::Demo(args) => crate::devtools::run_demo(args).await,
         Command::Migrate { database } => {
-            database.connect_and_migrate().await?;
+            startup::connect_and_migrate(&database).await?;
             println!("migrations applied");
             Ok(())
         }
@@ -370,7 +373,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = match &command {
                 TokensCommand::Issue { store, .. } | TokensCommand::Show { store, .. } => store,
             };
-            let (_pool, store) = settings.open().await?;
+            let (_pool, store) = startup::open_stores(settings).await?;
             let mut out = std::io::stdout().lock();
             match command {
                 TokensCommand::Issue {
@@ -417,9 +420,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             // outcome), before any service is needed.
             let outcome = match PaymentCommand::parse(json.as_bytes()) {
                 Ok(command) => {
-                    let processor = processor
-                        .build(&WorkerSettings::default().worker_id())
-                        .await?;
+                    let processor = startup::build_processor(
+                        &processor,
+                        &WorkerSettings::default().worker_id(),
+                    )
+                    .await?;
                     processor
                         .process(&command, &CommandContext::default())
                         .await
@@ -431,44 +436,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             println!(
                 "{}",
-                serde_json::to_string(&crate::worker::OutcomeView::from(&outcome))?
+                serde_json::to_string(&crate::operator::OutcomeView::from(&outcome))?
             );
             Ok(process_result(&outcome)?)
         }
-        Command::Produce(args) => worker::produce(args).await,
-        Command::Replay(args) => worker::replay(args).await,
+        Command::Produce(args) => crate::operator::produce(args).await,
+        Command::Replay(args) => crate::operator::replay(args).await,
         Command::Audit(args) => crate::audit::run(args).await,
         Command::Dlq {
             command: DlqCommand::Redrive(args),
-        } => worker::redrive(args).await,
-        Command::DevKafka {
-            listen,
-            partitions,
-            brokers,
-            bootstrap_file,
-            kafka,
-        } => {
-            let local = LocalKafka::start(brokers)?;
-            local.create_payment_topics(&kafka, partitions)?;
-            let bootstrap = local.bootstrap_servers();
-            let advertised = if listen == "127.0.0.1" {
-                bootstrap.clone()
-            } else {
-                bootstrap.replace("127.0.0.1", &listen)
-            };
-            if let Some(path) = bootstrap_file {
-                std::fs::write(&path, &advertised)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            println!("dev-kafka bootstrap {advertised}");
-            std::io::stdout().flush()?;
-            startup::shutdown_signal().await;
-            tokio::task::spawn_blocking(move || drop(local)).await?;
-            Ok(())
-        }
-        Command::Bench(args) => crate::bench::run(args).await,
+        } => crate::operator::redrive(args).await,
+        Command::DevKafka(args) => crate::devtools::run_dev_kafka(args).await,
+        Command::Bench(args) => crate::devtools::run_bench(args).await,
         Command::GatewaySim { listen, config } => {
-            crate::gateway::run_simulator(listen, config).await
+            crate::devtools::run_simulator(listen, config).await
         }
         Command::Completions { shell } => {
             // Rendered into memory first: clap_complete panics on a failed write

@@ -4,13 +4,17 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::ConnectOptions;
 
+use crate::redaction::redact_url;
 use crate::token::{TokenMode, TokenPolicy};
 
+/// `DATABASE_URL` when none is given: the local `payments` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments";
+/// `REDIS_URL` when none is given: a local Redis.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// `KAFKA_BROKERS` when none is given: a local broker.
 pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
 
 /// Parse `30s`, `1500ms`, `5m`, `24h` (clap value parser).
@@ -18,19 +22,7 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value).map_err(|e| format!("{value:?} is not a duration: {e}"))
 }
 
-/// `scheme://user:secret@host/db` → `scheme://user:***@host/db`.
-pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            // set_password only fails for URLs that cannot carry one.
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(parsed) => parsed.to_string(),
-        Err(_) => "<unparseable url>".to_owned(),
-    }
-}
-
+/// The payments database: where it is and how many connections the pool holds.
 #[derive(Clone, clap::Args)]
 pub struct DatabaseSettings {
     /// Postgres URL (`sslmode`, `sslrootcert` honoured); with `--migrate auto` the
@@ -56,6 +48,7 @@ impl std::fmt::Debug for DatabaseSettings {
 }
 
 impl DatabaseSettings {
+    /// Settings for the database at `url`, with the default pool size.
     pub fn with_url(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -63,102 +56,15 @@ impl DatabaseSettings {
         }
     }
 
-    fn options(&self) -> anyhow::Result<PgConnectOptions> {
+    /// The connection options `DATABASE_URL` names (no connection is made);
+    /// statements are logged by the tracing spans, not by sqlx.
+    pub fn connect_options(&self) -> anyhow::Result<PgConnectOptions> {
         let options: PgConnectOptions = self
             .url
             .parse()
             .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.url)))?;
         // Statements are logged at debug by the tracing spans, not by sqlx at info.
         Ok(options.log_statements(tracing::log::LevelFilter::Trace))
-    }
-
-    /// Creates the database named in the URL if it does not exist yet.
-    pub async fn ensure_database(&self) -> anyhow::Result<()> {
-        let options = self.options()?;
-        let name = options.get_database().unwrap_or("postgres").to_owned();
-        let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
-            .await
-            .map_err(name_tls_failure)
-            .with_context(|| format!("cannot reach Postgres at {}", redact_url(&self.url)))?;
-        let exists: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-                .bind(&name)
-                .fetch_one(&mut admin)
-                .await?;
-        if !exists {
-            let quoted = format!("\"{}\"", name.replace('"', "\"\""));
-            match sqlx::query(&format!("CREATE DATABASE {quoted}"))
-                .execute(&mut admin)
-                .await
-            {
-                Ok(_) => {}
-                // Another process created it between our check and our CREATE: Postgres
-                // says duplicate_database, or unique_violation when both raced the catalog.
-                Err(sqlx::Error::Database(e))
-                    if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
-                Err(e) => return Err(e).context("CREATE DATABASE failed"),
-            }
-        }
-        admin.close().await.ok();
-        Ok(())
-    }
-
-    pub async fn connect(&self) -> anyhow::Result<PgPool> {
-        self.connect_with_size(self.max_connections).await
-    }
-
-    /// A pool of `size` connections to the same database (the token store's own).
-    pub async fn connect_with_size(&self, size: u32) -> anyhow::Result<PgPool> {
-        PgPoolOptions::new()
-            .max_connections(size)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(self.options()?)
-            .await
-            .map_err(name_tls_failure)
-            .with_context(|| format!("cannot connect to Postgres at {}", redact_url(&self.url)))
-    }
-
-    /// `ensure_database`, `connect`, then apply `migrations/`.
-    pub async fn connect_and_migrate(&self) -> anyhow::Result<PgPool> {
-        self.ensure_database().await?;
-        let pool = self.connect().await?;
-        crate::startup::migrate(&pool).await?;
-        Ok(pool)
-    }
-
-    /// The payments database as `mode` wants it: `Auto` creates and migrates it
-    /// (owner rights needed), `Skip` only connects, so a role with nothing but
-    /// `SELECT, INSERT, UPDATE, DELETE` on the tables is enough.
-    pub async fn open(&self, mode: MigrateMode) -> anyhow::Result<PgPool> {
-        match mode {
-            MigrateMode::Auto => self
-                .connect_and_migrate()
-                .await
-                .map_err(|error| explain_missing_rights(error, &self.url)),
-            MigrateMode::Skip => {
-                let pool = self.connect().await?;
-                ensure_schema_present(&pool).await?;
-                Ok(pool)
-            }
-        }
-    }
-}
-
-/// sqlx reports a refused server certificate as an I/O error carrying the rustls
-/// error; say that it is the TLS handshake, so the operator looks at `sslrootcert`.
-fn name_tls_failure(error: sqlx::Error) -> anyhow::Error {
-    let tls = match &error {
-        sqlx::Error::Tls(_) => true,
-        sqlx::Error::Io(io) => io
-            .get_ref()
-            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
-        _ => false,
-    };
-    if tls {
-        anyhow::Error::new(error)
-            .context("TLS handshake with Postgres failed (check sslmode and the CA in sslrootcert)")
-    } else {
-        error.into()
     }
 }
 
@@ -172,47 +78,7 @@ pub enum MigrateMode {
     Skip,
 }
 
-/// SQLSTATE 42501 (insufficient_privilege) anywhere in the chain: the role may use
-/// the tables but may not change the schema.
-fn explain_missing_rights(error: anyhow::Error, url: &str) -> anyhow::Error {
-    let denied = error.chain().any(|cause| {
-        cause
-            .downcast_ref::<sqlx::Error>()
-            .and_then(|e| e.as_database_error())
-            .and_then(|e| e.code())
-            .is_some_and(|code| code == "42501")
-            || cause
-                .downcast_ref::<sqlx::migrate::MigrateError>()
-                .is_some_and(|e| e.to_string().contains("permission denied"))
-    });
-    if denied {
-        error.context(format!(
-            "the role in {} may not create or migrate the schema: run `payment-worker migrate` \
-             once with an owner role, then start workers with `--migrate skip` (MIGRATE=skip)",
-            redact_url(url)
-        ))
-    } else {
-        error
-    }
-}
-
-/// With `--migrate skip` nobody applied migrations on this start: fail early and
-/// say so when the tables are missing. `to_regclass` needs no privilege.
-async fn ensure_schema_present(pool: &PgPool) -> anyhow::Result<()> {
-    let present: bool = sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")
-        .fetch_one(pool)
-        .await
-        .context("checking the schema")?;
-    anyhow::ensure!(
-        present,
-        "the payments table does not exist: run `payment-worker migrate` with an owner role \
-         before starting workers with `--migrate skip`"
-    );
-    Ok(())
-}
-
-use sqlx::PgConnection;
-
+/// Where the Redis token store is and how its keys are named.
 #[derive(Clone, clap::Args)]
 pub struct RedisSettings {
     /// Redis URL: `redis://` or `rediss://` (TLS) for one node; `redis+cluster://h1:p1,h2:p2`
@@ -264,12 +130,20 @@ impl RedisSettings {
     }
 }
 
+/// Which store keeps the idempotency tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TokenStoreKind {
+    /// Redis (the fast path): one hash per key, every transition a Lua script.
+    // The flag's help describes the values; a help per value would switch `--help`
+    // to its long layout. The doc comments are for the library.
+    #[value(help = None::<&str>)]
     Redis,
+    /// The `idempotency_tokens` table in the payments database.
+    #[value(help = None::<&str>)]
     Postgres,
 }
 
+/// The token store and the lifetimes of its tokens.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenSettings {
     /// Where tokens live: Redis (fast path) or the payments database.
@@ -301,6 +175,7 @@ pub struct TokenSettings {
 }
 
 impl TokenSettings {
+    /// The lifetimes and mode these settings give every token.
     pub fn policy(&self) -> TokenPolicy {
         TokenPolicy {
             mode: self.mode,
@@ -353,16 +228,32 @@ pub struct StoreSettings {
     /// leaves that to the `migrate` command, so a DML-only role is enough.
     #[arg(long = "migrate", env = "MIGRATE", value_enum, default_value = "auto")]
     pub migrate: MigrateMode,
+    /// The payments database.
     #[command(flatten)]
     pub database: DatabaseSettings,
+    /// The Redis token store (unused with `--token-store postgres`).
     #[command(flatten)]
     pub redis: RedisSettings,
+    /// Which token store, and the tokens' lifetimes.
     #[command(flatten)]
     pub tokens: TokenSettings,
+    /// The Postgres token store's own pool and purge.
     #[command(flatten)]
     pub token_table: TokenTableSettings,
 }
 
+impl StoreSettings {
+    /// Connections this process opens to Postgres at most.
+    pub fn connections_needed(&self) -> u32 {
+        let lease_pool = match self.tokens.store {
+            TokenStoreKind::Redis => 0,
+            TokenStoreKind::Postgres => self.token_table.lease_connections,
+        };
+        self.database.max_connections.saturating_add(lease_pool)
+    }
+}
+
+/// The payment gateway: where it is and how long to wait for it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewaySettings {
     /// Base URL of the payment gateway.
@@ -391,6 +282,18 @@ pub struct GatewaySettings {
     pub lookup: crate::payment::GatewayLookup,
 }
 
+/// Everything one command needs besides Kafka.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProcessorSettings {
+    /// Where payments and tokens live.
+    #[command(flatten)]
+    pub stores: StoreSettings,
+    /// The payment gateway.
+    #[command(flatten)]
+    pub gateway: GatewaySettings,
+}
+
+/// The Kafka cluster, the group and the three topics the worker uses.
 #[derive(Clone, clap::Args)]
 pub struct KafkaSettings {
     /// Bootstrap brokers, `host:port[,host:port…]`.
@@ -446,12 +349,34 @@ pub struct KafkaSettings {
     /// owns (offset storing, auto-commit, acks, idempotence, isolation) are refused.
     #[arg(id = "kafka_config", long = "kafka-config", value_parser = parse_key_value)]
     pub extra: Vec<(String, String)>,
+    /// The `KAFKA_CONFIG_*` environment variables as librdkafka settings, read once
+    /// when these settings are made (parsed, or [`KafkaSettings::local`]): the
+    /// environment is read at the edge, never by a client builder or `Debug`.
+    #[arg(skip = environment_passthrough())]
+    pub from_environment: Vec<(String, String)>,
+}
+
+/// Every `KAFKA_CONFIG_*` environment variable as a librdkafka setting (`_`
+/// becomes `.`, lower-cased).
+pub fn environment_passthrough() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter_map(|(k, v)| {
+            k.strip_prefix("KAFKA_CONFIG_")
+                .map(|rest| (rest.to_ascii_lowercase().replace('_', "."), v))
+        })
+        .collect()
 }
 
 /// Which consumer-group protocol the member speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum GroupProtocol {
+    /// JoinGroup/SyncGroup with the cooperative-sticky assignor.
+    // The flag's help describes the values; a help per value would switch `--help`
+    // to its long layout. The doc comments are for the library.
+    #[value(help = None::<&str>)]
     Classic,
+    /// KIP-848: the broker assigns partitions (Kafka 4.0+).
+    #[value(help = None::<&str>)]
     Consumer,
 }
 
@@ -511,7 +436,9 @@ const WORKER_OWNED_KAFKA_SETTINGS: &[(&str, &str)] = &[
 #[derive(Debug, thiserror::Error)]
 #[error("the Kafka setting {key:?} cannot be passed through (--kafka-config / KAFKA_CONFIG_*): {reason}")]
 pub struct WorkerOwnedKafkaSetting {
+    /// The setting as it was passed.
     pub key: String,
+    /// What the worker does instead of taking it.
     pub reason: &'static str,
 }
 
@@ -555,6 +482,7 @@ fn is_secret_setting(key: &str) -> bool {
 }
 
 impl KafkaSettings {
+    /// Settings for a local cluster (the mock cluster of the tests and tools): default topics, a 6 s session timeout.
     pub fn local(brokers: impl Into<String>, group_id: impl Into<String>) -> Self {
         Self {
             brokers: brokers.into(),
@@ -566,19 +494,18 @@ impl KafkaSettings {
             group_instance_id: None,
             group_protocol: GroupProtocol::Classic,
             extra: Vec::new(),
+            from_environment: environment_passthrough(),
         }
     }
 
-    /// `--kafka-config` pairs plus every `KAFKA_CONFIG_*` environment variable.
+    /// The `KAFKA_CONFIG_*` settings read from the environment, then the
+    /// `--kafka-config` pairs (a later pair wins in librdkafka).
     pub fn passthrough(&self) -> Vec<(String, String)> {
-        let mut settings: Vec<(String, String)> = std::env::vars()
-            .filter_map(|(k, v)| {
-                k.strip_prefix("KAFKA_CONFIG_")
-                    .map(|rest| (rest.to_ascii_lowercase().replace('_', "."), v))
-            })
-            .collect();
-        settings.extend(self.extra.iter().cloned());
-        settings
+        self.from_environment
+            .iter()
+            .chain(&self.extra)
+            .cloned()
+            .collect()
     }
 
     /// Refuses passed-through settings the worker owns (`--kafka-config` is checked
@@ -620,6 +547,7 @@ impl std::fmt::Debug for KafkaSettings {
     }
 }
 
+/// How one worker process admits, retries and drains commands.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerSettings {
     /// Commands admitted at once per partition (different keys run in parallel,
@@ -677,6 +605,7 @@ pub enum ResultsMode {
 }
 
 impl ResultsMode {
+    /// The spelling of the flag's value, as logs and the demo print it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::AtLeastOnce => "at-least-once",
@@ -701,6 +630,7 @@ impl Default for WorkerSettings {
 }
 
 impl WorkerSettings {
+    /// `--worker-id`, or `<hostname>-<pid>` when none is given.
     pub fn worker_id(&self) -> String {
         self.worker_id.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -10,6 +10,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
+/// A point of the payment path where a test can crash, freeze or pause an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPoint {
     /// Token reserved, transaction not begun.
@@ -23,6 +24,7 @@ pub enum FaultPoint {
 }
 
 impl FaultPoint {
+    /// The point `PAYMENT_WORKER_FAULT` names (`after_reserve`, …); `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
         match value {
             "after_reserve" => Some(Self::AfterReserve),
@@ -33,6 +35,7 @@ impl FaultPoint {
         }
     }
 
+    /// The point's name, as `PAYMENT_WORKER_FAULT` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::AfterReserve => "after_reserve",
@@ -57,6 +60,7 @@ enum FaultAction {
     Pause(Pause),
 }
 
+/// The faults armed for a processor: none in production.
 #[derive(Debug, Clone, Default)]
 pub struct Faults {
     armed: Option<(FaultPoint, FaultAction)>,
@@ -109,6 +113,7 @@ impl Pause {
     }
 }
 
+/// The error an attempt fails with at an armed point.
 #[derive(Debug, thiserror::Error)]
 #[error("fault injected at {0:?}")]
 pub struct InjectedFault(pub FaultPoint);
@@ -117,15 +122,19 @@ pub struct InjectedFault(pub FaultPoint);
 pub const FROZEN_MARKER: &str = "payment-worker: frozen at fault point";
 
 impl Faults {
+    /// The variable that arms a fault: a point's name (`after_reserve`, …) freezes the attempt there, `panic:<point>` panics there, `stall_poll_loop` freezes the poll thread.
     pub const ENV: &'static str = "PAYMENT_WORKER_FAULT";
+    /// Restricts the fault to commands with this idempotency key.
     pub const KEY_ENV: &'static str = "PAYMENT_WORKER_FAULT_KEY";
     /// The `PAYMENT_WORKER_FAULT` value that freezes the poll thread.
     pub const STALL_POLL_LOOP: &'static str = "stall_poll_loop";
 
+    /// No fault anywhere (production).
     pub fn none() -> Self {
         Self::default()
     }
 
+    /// Every attempt fails at `point`.
     pub fn fail_at(point: FaultPoint) -> Self {
         Self {
             armed: Some((point, FaultAction::Fail)),
@@ -143,6 +152,7 @@ impl Faults {
         (faults, pause)
     }
 
+    /// The faults `PAYMENT_WORKER_FAULT` and `PAYMENT_WORKER_FAULT_KEY` arm (none when unset).
     pub fn from_env() -> Self {
         let value = std::env::var(Self::ENV).unwrap_or_default();
         let value = value.trim();

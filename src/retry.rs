@@ -8,8 +8,11 @@ use backon::ExponentialBuilder;
 /// exhausted after 5 minutes by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
+    /// First wait between attempts.
     pub min_delay: Duration,
+    /// Longest wait between attempts.
     pub max_delay: Duration,
+    /// No retry starts once this much time has passed since the first attempt.
     pub budget: Duration,
 }
 
@@ -24,6 +27,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Exponential backoff with jitter between `min_delay` and `max_delay`.
     pub fn backoff(&self) -> ExponentialBuilder {
         ExponentialBuilder::default()
             .with_min_delay(self.min_delay)

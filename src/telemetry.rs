@@ -24,6 +24,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+/// `service.name` of every span and metric.
 pub const SERVICE_NAME: &str = "payment-worker";
 
 /// The span of one command, end to end: the one span that log lines carry.
@@ -298,6 +299,7 @@ pub fn init(default_filter: &str) -> Telemetry {
 }
 
 impl Telemetry {
+    /// Flushes and stops the exporters; spans and metrics not yet exported are lost without it.
     pub fn shutdown(self) {
         if let Some(provider) = self.tracer_provider {
             if let Err(error) = provider.shutdown() {
@@ -316,16 +318,27 @@ impl Telemetry {
 /// names, outcome labels, error kinds, partition numbers; never a key, token,
 /// account or payment method.
 pub struct Metrics {
+    /// `payment_worker.atomic_operation.failures`: a token script or statement that failed, by operation and reason.
     pub atomic_operation_failures: Counter<u64>,
+    /// `payment_worker.token.inconsistencies`: a token found in another state than the operation expected.
     pub token_inconsistencies: Counter<u64>,
+    /// `payment_worker.commands`: commands finished, by outcome.
     pub commands: Counter<u64>,
+    /// `payment_worker.command.duration`: seconds from first attempt to final outcome.
     pub processing_duration: Histogram<f64>,
+    /// `payment_worker.commands.in_flight`: commands admitted and not finished.
     pub in_flight: UpDownCounter<i64>,
+    /// `payment_worker.command.retries`: attempts that ended in a retry.
     pub retries: Counter<u64>,
+    /// `payment_worker.dead_letters`: records dead-lettered, by kind.
     pub dead_letters: Counter<u64>,
+    /// `payment_worker.panics`: panics caught while handling a record.
     pub panics: Counter<u64>,
+    /// `payment_worker.gateway.failures`: gateway calls that failed, by operation and kind.
     pub gateway_failures: Counter<u64>,
+    /// `payment_worker.consumer.lag`: records behind the high watermark, by partition.
     pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
+    /// `payment_worker.tokens.purged`: expired token rows deleted.
     pub tokens_purged: Counter<u64>,
 }
 
@@ -393,6 +406,7 @@ pub fn metrics() -> &'static Metrics {
     METRICS.get_or_init(|| build_metrics(&opentelemetry::global::meter(SERVICE_NAME)))
 }
 
+/// Counts a failed token operation (low-cardinality operation and reason).
 pub fn record_atomic_failure(operation: &'static str, reason: &'static str) {
     metrics().atomic_operation_failures.add(
         1,
@@ -403,6 +417,7 @@ pub fn record_atomic_failure(operation: &'static str, reason: &'static str) {
     );
 }
 
+/// Counts a token found in another state than the operation expected (by expected and actual state).
 pub fn record_token_inconsistency(expected: &'static str, actual: &'static str) {
     metrics().token_inconsistencies.add(
         1,
@@ -422,8 +437,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// Reads trace context from raw Kafka headers: names or values that are not UTF-8
-/// are skipped, never unwrapped (see `worker/headers.rs`).
-struct KafkaHeaderExtractor<'a>(Vec<crate::worker::headers::RawHeader<'a>>);
+/// are skipped, never unwrapped (see `kafka_headers.rs`).
+struct KafkaHeaderExtractor<'a>(Vec<crate::kafka_headers::RawHeader<'a>>);
 
 impl Extractor for KafkaHeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
@@ -444,7 +459,7 @@ impl Extractor for KafkaHeaderExtractor<'_> {
 /// fails a payment.
 pub fn adopt_remote_parent(span: &tracing::Span, headers: Option<&OwnedHeaders>) {
     let Some(headers) = headers else { return };
-    let extractor = KafkaHeaderExtractor(crate::worker::headers::raw(headers));
+    let extractor = KafkaHeaderExtractor(crate::kafka_headers::raw(headers));
     let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&extractor));
     if parent.span().span_context().is_valid() {
         let _ = span.set_parent(parent);
@@ -537,6 +552,7 @@ pub struct RoundTripCounter {
 }
 
 impl RoundTripCounter {
+    /// The round trips counted so far.
     pub fn snapshot(&self) -> RoundTrips {
         RoundTrips {
             postgres: self.postgres.load(Ordering::Relaxed),

@@ -7,8 +7,10 @@ use crate::gateway::HttpGateway;
 
 use super::checks::{audit, AuditOptions};
 
+/// `payment-worker audit`: where the books are, what to audit and whether to repair.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuditArgs {
+    /// Where payments and tokens live.
     #[command(flatten)]
     pub stores: StoreSettings,
     /// The gateway whose ledger (`GET /charges`) is reconciled.
@@ -34,7 +36,7 @@ pub struct AuditArgs {
 
 /// Prints the report; fails (non-zero exit) when any invariant (docs/CONTRACT.md) is violated.
 pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
-    let (pool, tokens) = args.stores.open().await?;
+    let (pool, tokens) = crate::startup::open_stores(&args.stores).await?;
     let gateway = HttpGateway::new(
         &args.gateway_url,
         Duration::from_secs(10),

@@ -1,20 +1,20 @@
 //! The reconciliation itself: ledger against rows, rows against the ledger, and the
 //! token store against both.
 
-use std::collections::{BTreeMap, HashMap};
-
 use anyhow::Context;
 use sqlx::PgPool;
 
+use super::books::reconcile;
 use super::repair::repair_stuck_token;
 use super::report::AuditReport;
-use crate::gateway::{ChargeStatus, LedgerEntry, PaymentGateway};
-use crate::payment::{unresolved_charges, UnresolvedCharge};
+use crate::gateway::{LedgerEntry, PaymentGateway};
+use crate::payment::{booked_payments, unresolved_charges, PaymentStatus, UnresolvedCharge};
 use crate::token::{IdempotencyKey, TokenState, TokenStore};
 
 /// Most stuck tokens listed (and repaired) in one run.
 const MAX_STUCK_TOKENS: usize = 100_000;
 
+/// What an audit covers and whether it repairs.
 #[derive(Debug, Clone, Default)]
 pub struct AuditOptions {
     /// Settle tokens stuck in `processing` where that is safe.
@@ -31,48 +31,6 @@ impl AuditOptions {
     }
 }
 
-struct Row {
-    key: String,
-    status: String,
-    transaction_id: Option<String>,
-    stale: bool,
-}
-
-fn expected_status(status: ChargeStatus) -> &'static str {
-    match status {
-        ChargeStatus::Approved => "succeeded",
-        ChargeStatus::Declined => "declined",
-    }
-}
-
-async fn payment_rows(
-    pool: &PgPool,
-    options: &AuditOptions,
-    lease_secs: f64,
-) -> anyhow::Result<Vec<Row>> {
-    let prefix = options.key_prefix.clone().unwrap_or_default();
-    let rows: Vec<(String, String, Option<String>, bool)> = sqlx::query_as(
-        "SELECT idempotency_key, status, gateway_transaction_id,
-                status = 'processing' AND updated_at < now() - make_interval(secs => $2)
-           FROM payments
-          WHERE left(idempotency_key, char_length($1)) = $1",
-    )
-    .bind(&prefix)
-    .bind(lease_secs)
-    .fetch_all(pool)
-    .await
-    .context("reading payment rows")?;
-    Ok(rows
-        .into_iter()
-        .map(|(key, status, transaction_id, stale)| Row {
-            key,
-            status,
-            transaction_id,
-            stale,
-        })
-        .collect())
-}
-
 /// Reconciles the ledger, Postgres and the token store; with `options.repair`,
 /// settles stuck tokens first-hand (see `repair.rs`). Errors only when a source
 /// cannot be read; violations are in the report.
@@ -85,7 +43,13 @@ pub async fn audit(
     let lease = tokens.policy().lease;
     // Rows first: a command finishing during the audit then shows up as a charge
     // without a row at worst, never as a row without its charge.
-    let rows = payment_rows(pool, options, lease.as_secs_f64()).await?;
+    let rows = booked_payments(
+        pool,
+        options.key_prefix.as_deref().unwrap_or_default(),
+        lease,
+    )
+    .await
+    .context("reading payment rows")?;
     let unresolved = unresolved_charges(pool, options.key_prefix.as_deref().unwrap_or_default())
         .await
         .context("reading the commands dead-lettered with their charge unknown")?;
@@ -103,79 +67,66 @@ pub async fn audit(
         ..AuditReport::default()
     };
 
-    // Sorted, so examples and repairs come out in a stable order.
-    let mut charges: BTreeMap<&str, Vec<&LedgerEntry>> = BTreeMap::new();
-    for entry in &ledger {
-        charges
-            .entry(entry.idempotency_key.as_str())
-            .or_default()
-            .push(entry);
+    let books = reconcile(&ledger, &rows);
+    let charges = &books.charges;
+    let rows_by_key = &books.rows;
+    for key in &books.double_charged {
+        let entries = &charges[key];
+        let ids: Vec<&str> = entries.iter().map(|e| e.transaction_id.as_str()).collect();
+        report.double_charges.push(
+            key,
+            format!("{} charges: {}", entries.len(), ids.join(", ")),
+        );
     }
-    let rows_by_key: HashMap<&str, &Row> = rows.iter().map(|r| (r.key.as_str(), r)).collect();
-
-    for (key, entries) in &charges {
-        if entries.len() > 1 {
-            let ids: Vec<&str> = entries.iter().map(|e| e.transaction_id.as_str()).collect();
-            report.double_charges.push(
-                key,
-                format!("{} charges: {}", entries.len(), ids.join(", ")),
-            );
-        }
-        if !rows_by_key.contains_key(key) {
-            let entry = entries[0];
-            let status = match entry.status {
-                ChargeStatus::Approved => "approved",
-                ChargeStatus::Declined => "declined",
-            };
-            report.charges_without_row.push(
-                key,
-                format!(
-                    "{} {status} {} {}",
-                    entry.transaction_id, entry.amount_minor, entry.currency
-                ),
-            );
-        }
+    for key in &books.charged_without_row {
+        let entry = charges[key][0];
+        report.charges_without_row.push(
+            key,
+            format!(
+                "{} {} {} {}",
+                entry.transaction_id,
+                entry.status.as_str(),
+                entry.amount_minor,
+                entry.currency
+            ),
+        );
     }
-
-    for row in &rows {
-        if row.status == "processing" {
-            if row.stale {
-                report
-                    .stale_processing_rows
-                    .push(&row.key, "committed in processing for longer than a lease");
-            }
-            continue;
-        }
-        let Some(entries) = charges.get(row.key.as_str()) else {
-            report.rows_without_charge.push(
-                &row.key,
+    for row in books.rows_processing.iter().filter(|row| row.stale) {
+        report.stale_processing_rows.push(
+            &row.idempotency_key,
+            "committed in processing for longer than a lease",
+        );
+    }
+    for row in &books.rows_without_charge {
+        report.rows_without_charge.push(
+            &row.idempotency_key,
+            format!(
+                "{} {}",
+                row.status.as_str(),
+                row.gateway_transaction_id.as_deref().unwrap_or("-")
+            ),
+        );
+    }
+    for row in &books.rows_disagreeing {
+        let ledger_side: Vec<String> = charges[row.idempotency_key.as_str()]
+            .iter()
+            .map(|e| {
                 format!(
                     "{} {}",
-                    row.status,
-                    row.transaction_id.as_deref().unwrap_or("-")
-                ),
-            );
-            continue;
-        };
-        let agrees = entries.iter().any(|entry| {
-            row.transaction_id.as_deref() == Some(entry.transaction_id.as_str())
-                && row.status == expected_status(entry.status)
-        });
-        if !agrees {
-            let ledger_side: Vec<String> = entries
-                .iter()
-                .map(|e| format!("{} {}", expected_status(e.status), e.transaction_id))
-                .collect();
-            report.rows_disagreeing.push(
-                &row.key,
-                format!(
-                    "row {} {}, ledger {}",
-                    row.status,
-                    row.transaction_id.as_deref().unwrap_or("-"),
-                    ledger_side.join(" / ")
-                ),
-            );
-        }
+                    PaymentStatus::from(e.status).as_str(),
+                    e.transaction_id
+                )
+            })
+            .collect();
+        report.rows_disagreeing.push(
+            &row.idempotency_key,
+            format!(
+                "row {} {}, ledger {}",
+                row.status.as_str(),
+                row.gateway_transaction_id.as_deref().unwrap_or("-"),
+                ledger_side.join(" / ")
+            ),
+        );
     }
 
     for given_up in &unresolved {
@@ -220,11 +171,11 @@ pub async fn audit(
     let mut unsafe_keys = std::collections::HashSet::new();
     for key in &stuck {
         match rows_by_key.get(key.as_str()) {
-            Some(row) if row.status != "processing" => report.lease_left_tokens.push(
+            Some(row) if row.status != PaymentStatus::Processing => report.lease_left_tokens.push(
                 key.as_str(),
                 format!(
                     "processing past its lease, {} row committed: settled on next touch",
-                    row.status
+                    row.status.as_str()
                 ),
             ),
             row => {
@@ -282,13 +233,12 @@ fn describe_unresolved(given_up: &UnresolvedCharge, ledger: &[&LedgerEntry]) -> 
             let listed: Vec<String> = entries
                 .iter()
                 .map(|e| {
-                    let status = match e.status {
-                        ChargeStatus::Approved => "approved",
-                        ChargeStatus::Declined => "declined",
-                    };
                     format!(
-                        "{status} {} {} {}",
-                        e.transaction_id, e.amount_minor, e.currency
+                        "{} {} {} {}",
+                        e.status.as_str(),
+                        e.transaction_id,
+                        e.amount_minor,
+                        e.currency
                     )
                 })
                 .collect();

@@ -1,11 +1,13 @@
 //! `payment-worker audit`: reconciles the gateway ledger, the `payments` table and
 //! the token store against the invariants I1–I7 (docs/CONTRACT.md), and repairs stuck tokens.
 mod args;
+mod books;
 mod checks;
 mod repair;
 mod report;
 
 pub use args::{run, AuditArgs, ViolationsFound};
+pub use books::{reconcile, Books};
 pub use checks::{audit, AuditOptions};
 pub use repair::{RepairAction, TokenRepair};
 pub use report::{AuditReport, Example, Finding, MAX_EXAMPLES};

@@ -32,6 +32,7 @@ impl RepairAction {
         matches!(self, Self::Completed | Self::Restored | Self::AlreadyMoved)
     }
 
+    /// One line for the report: what was done to the token.
     pub fn describe(self) -> &'static str {
         match self {
             Self::Completed => "completed from its committed payment row",
@@ -43,10 +44,14 @@ impl RepairAction {
     }
 }
 
+/// What `--repair` did to one stuck token.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TokenRepair {
+    /// The token's key.
     pub idempotency_key: String,
+    /// What was done.
     pub action: RepairAction,
+    /// Why, in words (the row or ledger entry that decided it).
     pub detail: String,
 }
 

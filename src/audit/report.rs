@@ -12,17 +12,23 @@ pub const MAX_EXAMPLES: usize = 5;
 /// method or anything else from the command beyond its key.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Example {
+    /// The key the finding is about.
     pub idempotency_key: String,
+    /// What was found for it (statuses, transaction ids; never the payment method).
     pub detail: String,
 }
 
+/// One kind of finding: how many, and the first few by key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Finding {
+    /// Keys found, all of them.
     pub count: usize,
+    /// The first [`MAX_EXAMPLES`] of them.
     pub examples: Vec<Example>,
 }
 
 impl Finding {
+    /// Counts one more key, and keeps it as an example while there is room.
     pub fn push(&mut self, key: &str, detail: impl Into<String>) {
         self.count += 1;
         if self.examples.len() < MAX_EXAMPLES {
@@ -33,6 +39,7 @@ impl Finding {
         }
     }
 
+    /// The keys of the examples kept.
     pub fn keys(&self) -> Vec<&str> {
         self.examples
             .iter()
@@ -41,11 +48,14 @@ impl Finding {
     }
 }
 
+/// Everything one `audit` run found, violation by violation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct AuditReport {
     /// Only idempotency keys starting with this were audited.
     pub key_prefix: Option<String>,
+    /// Ledger entries read (within the key prefix).
     pub ledger_entries: usize,
+    /// Payment rows read (within the key prefix).
     pub payment_rows: usize,
     /// I1: ledger entries per key > 1.
     pub double_charges: Finding,
@@ -106,6 +116,7 @@ impl AuditReport {
             + self.stale_processing_rows.count
     }
 
+    /// No violation found (warnings such as lease-left tokens do not count).
     pub fn is_clean(&self) -> bool {
         self.violations() == 0
     }

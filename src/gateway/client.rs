@@ -32,6 +32,7 @@ const MAX_REASON_LEN: usize = 512;
 /// The ledger dump can be large (one entry per charge); it gets at least this long.
 const MIN_LEDGER_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The gateway over HTTP: `POST /charges` with an `Idempotency-Key`, `GET /charges/{key}`, `GET /charges`.
 pub struct HttpGateway {
     http: reqwest::Client,
     /// Always ends without a slash, so `{base}/charges` never doubles it.
@@ -91,6 +92,7 @@ impl HttpGateway {
         })
     }
 
+    /// The gateway's base URL, without a trailing slash.
     pub fn base_url(&self) -> &str {
         &self.base
     }
@@ -375,13 +377,7 @@ impl PaymentGateway for HttpGateway {
                 return Err(error);
             }
         };
-        tracing::Span::current().record(
-            "gateway.status",
-            match charge.status {
-                crate::gateway::ChargeStatus::Approved => "approved",
-                crate::gateway::ChargeStatus::Declined => "declined",
-            },
-        );
+        tracing::Span::current().record("gateway.status", charge.status.as_str());
         Ok(charge)
     }
 

@@ -5,8 +5,11 @@ use crate::token::IdempotencyKey;
 /// The body of `POST /charges` (the gateway contract, docs/CONTRACT.md). The idempotency key travels as a header.
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChargeRequest {
+    /// Amount in minor units (cents).
     pub amount_minor: i64,
+    /// ISO 4217 code.
     pub currency: String,
+    /// What to charge; never logged.
     pub payment_method: String,
 }
 
@@ -21,34 +24,56 @@ impl std::fmt::Debug for ChargeRequest {
     }
 }
 
+/// The gateway's verdict on a charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChargeStatus {
+    /// Charged.
     Approved,
+    /// Refused by the payment method's issuer; final.
     Declined,
+}
+
+impl ChargeStatus {
+    /// The gateway's own spelling (`approved`, `declined`), as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Declined => "declined",
+        }
+    }
 }
 
 /// The gateway's answer for one idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Charge {
+    /// The gateway's id of the charge.
     pub transaction_id: String,
+    /// Approved or declined.
     pub status: ChargeStatus,
 }
 
 /// One row of `GET /charges` (the gateway contract, docs/CONTRACT.md), and the answer of `GET /charges/{key}`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LedgerEntry {
+    /// The key the charge was made under.
     pub idempotency_key: String,
+    /// The gateway's id of the charge.
     pub transaction_id: String,
+    /// Amount in minor units.
     pub amount_minor: i64,
+    /// ISO 4217 code.
     pub currency: String,
+    /// Approved or declined.
     pub status: ChargeStatus,
+    /// When the gateway made the charge.
     pub charged_at: DateTime<Utc>,
     /// POST requests this entry received (the first included).
     pub attempts: u64,
 }
 
 impl LedgerEntry {
+    /// The charge this entry records.
     pub fn charge(&self) -> Charge {
         Charge {
             transaction_id: self.transaction_id.clone(),
@@ -84,8 +109,14 @@ pub enum GatewayError {
     Unavailable(String),
     /// The gateway refused this request for good (422: key reused with another body;
     /// 400 and other 4xx: the request itself is refused).
+    /// The gateway refused this request for good (422: key reused with another body; 400 and other 4xx: the request itself is refused).
     #[error("gateway rejected the request with HTTP {status}: {reason}")]
-    Rejected { status: u16, reason: String },
+    Rejected {
+        /// The HTTP status.
+        status: u16,
+        /// The gateway's reason, shortened.
+        reason: String,
+    },
     /// A look-up or ledger answer this client cannot read (no charge is at stake).
     #[error("gateway answered unreadably: {0}")]
     Protocol(String),

@@ -1,11 +1,9 @@
+//! The payment gateway as the worker sees it: the interface and the HTTP client.
+//! (The simulator that answers it in development lives in `devtools`.)
 mod client;
 mod interface;
-mod simulator;
 
 pub use client::HttpGateway;
 pub use interface::{
     Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway,
-};
-pub use simulator::{
-    run_cli, run_cli as run_simulator, GatewaySimulator, RunningSimulator, SimulatorConfig, SlowKey,
 };

@@ -20,6 +20,7 @@ pub enum RejectionKind {
 }
 
 impl RejectionKind {
+    /// The rejection's code in results and dead letters (`invalid`, `key_reused`, …).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Invalid => "invalid",
@@ -37,35 +38,50 @@ impl RejectionKind {
 pub struct OriginalAnswer {
     /// `succeeded` or `declined`.
     pub outcome: String,
+    /// The payment's id.
     pub payment_id: Uuid,
+    /// The gateway's transaction id, when the first answer charged.
     pub gateway_transaction_id: Option<String>,
 }
 
 /// What happened to one command Only `Retry` is not final.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// Charged; the row is committed `succeeded`.
     Succeeded {
+        /// The payment's id.
         payment_id: Uuid,
+        /// The gateway's transaction id.
         transaction_id: String,
     },
+    /// Declined by the gateway; the row is committed `declined`.
     Declined {
+        /// The payment's id.
         payment_id: Uuid,
+        /// The gateway's transaction id.
         transaction_id: String,
     },
     /// Already handled: `payment_id` is the original payment, `original` its first
     /// answer (when its row could be read), repeated like a cached response.
     Duplicate {
+        /// The payment's id.
         payment_id: Uuid,
+        /// The first answer, read from the payment row.
         original: Option<OriginalAnswer>,
     },
+    /// Final refusal: dead-lettered and answered, never retried.
     Rejected {
+        /// Why, as a code.
         kind: RejectionKind,
+        /// Why, in words.
         reason: String,
     },
     /// A transient failure; the token was restored (or left to its lease when the
     /// outcome is unknown). Try again no sooner than `after`.
     Retry {
+        /// Wait at least this long before the next attempt.
         after: Duration,
+        /// What failed.
         reason: String,
         /// What this attempt learnt about a charge at the gateway.
         charge: ChargeEvidence,
@@ -112,6 +128,7 @@ impl Outcome {
         }
     }
 
+    /// The payment's id, for outcomes that have one.
     pub fn payment_id(&self) -> Option<Uuid> {
         match self {
             Self::Succeeded { payment_id, .. }

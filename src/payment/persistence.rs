@@ -8,14 +8,19 @@ use uuid::Uuid;
 use super::{Fingerprint, PaymentCommand};
 use crate::gateway::{Charge, ChargeStatus};
 
+/// A row's `status`: `processing` until the charge is recorded, then final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PaymentStatus {
+    /// Written before the gateway call; never committed (a CHECK forbids it).
     Processing,
+    /// Charged.
     Succeeded,
+    /// Declined by the gateway.
     Declined,
 }
 
 impl PaymentStatus {
+    /// The status as the `status` column spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Processing => "processing",
@@ -24,7 +29,8 @@ impl PaymentStatus {
         }
     }
 
-    fn parse(value: &str) -> Option<Self> {
+    /// The status a row spells as `value`; `None` for anything else.
+    pub fn parse(value: &str) -> Option<Self> {
         match value {
             "processing" => Some(Self::Processing),
             "succeeded" => Some(Self::Succeeded),
@@ -43,21 +49,103 @@ impl From<ChargeStatus> for PaymentStatus {
     }
 }
 
+/// A row as the books see it: what `audit`, the demo and the bench reconcile
+/// against the gateway ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookedPayment {
+    /// The row's key.
+    pub idempotency_key: String,
+    /// The row's status.
+    pub status: PaymentStatus,
+    /// The gateway's transaction id (`None` while `processing`).
+    pub gateway_transaction_id: Option<String>,
+    /// `processing` for longer than the lease given to [`booked_payments`].
+    pub stale: bool,
+}
+
+/// Every row whose idempotency key starts with `key_prefix` (all rows for an
+/// empty prefix); a `processing` row last updated more than `lease` ago is `stale`.
+pub async fn booked_payments(
+    pool: &sqlx::PgPool,
+    key_prefix: &str,
+    lease: std::time::Duration,
+) -> Result<Vec<BookedPayment>, sqlx::Error> {
+    let rows: Vec<(String, String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT idempotency_key, status, gateway_transaction_id,
+                status = 'processing' AND updated_at < now() - make_interval(secs => $2)
+           FROM payments
+          WHERE left(idempotency_key, char_length($1)) = $1",
+    )
+    .bind(key_prefix)
+    .bind(lease.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(idempotency_key, status, gateway_transaction_id, stale)| {
+            let status =
+                PaymentStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
+                    index: "status".into(),
+                    source: format!("unknown payment status {status:?}").into(),
+                })?;
+            Ok(BookedPayment {
+                idempotency_key,
+                status,
+                gateway_transaction_id,
+                stale,
+            })
+        })
+        .collect()
+}
+
+/// Deletes every row whose idempotency key starts with `key_prefix` (the bench
+/// clears its own keys between runs); returns the rows deleted.
+pub async fn delete_payments_with_prefix(
+    pool: &sqlx::PgPool,
+    key_prefix: &str,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query("DELETE FROM payments WHERE starts_with(idempotency_key, $1)")
+        .bind(key_prefix)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// `VACUUM ANALYZE payments`: fresh statistics and no dead rows before a measurement.
+pub async fn vacuum_payments(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("VACUUM ANALYZE payments").execute(pool).await?;
+    Ok(())
+}
+
+/// Whether the `payments` table exists (`to_regclass` needs no privilege).
+pub async fn payments_table_exists(pool: &sqlx::PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+}
+
 /// Where a command came from; stored on its payment row.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SourcePosition {
+    /// The commands topic.
     pub topic: String,
+    /// The record's partition.
     pub partition: i32,
+    /// The record's offset.
     pub offset: i64,
 }
 
 /// The parts of a row the processor decides on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentRecord {
+    /// The payment's id (UUIDv7).
     pub id: Uuid,
+    /// The request fingerprint the payment was made with.
     pub fingerprint: Fingerprint,
+    /// The row's status.
     pub status: PaymentStatus,
+    /// The gateway's transaction id (`None` while `processing`).
     pub gateway_transaction_id: Option<String>,
+    /// The trace that charged (hex), for links from later duplicates.
     pub trace_id: Option<String>,
     /// The span that charged (hex), for links from later duplicates.
     pub span_id: Option<String>,
@@ -91,6 +179,7 @@ fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<PaymentRecord, sqlx::E
     })
 }
 
+/// The row for `key`, if any.
 pub async fn find_payment(
     conn: &mut PgConnection,
     key: &str,

@@ -35,7 +35,9 @@ pub enum GatewayLookup {
 /// Where a command came from, carried onto its payment row.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CommandContext<'a> {
+    /// Where the command came from (stored on the row).
     pub source: Option<&'a SourcePosition>,
+    /// The trace the attempt runs in (stored on the row).
     pub trace_id: Option<&'a str>,
 }
 
@@ -66,6 +68,7 @@ enum Settlement {
     Settled(Outcome),
 }
 
+/// Processes one attempt of one command: token, row, charge, settlement (one connection at a time).
 pub struct Processor {
     tokens: Arc<dyn TokenStore>,
     gateway: Arc<dyn PaymentGateway>,
@@ -183,6 +186,7 @@ fn original_answer(row: &PaymentRecord) -> Option<OriginalAnswer> {
 }
 
 impl Processor {
+    /// A processor over these stores and gateway; its attempts are owned by `<worker_id>:<uuid>`, faults armed from the environment (none in production).
     pub fn new(
         tokens: Arc<dyn TokenStore>,
         gateway: Arc<dyn PaymentGateway>,
@@ -206,15 +210,18 @@ impl Processor {
         attempt_slots(&self.pool)
     }
 
+    /// The same processor with `faults` armed (tests only).
     pub fn with_faults(mut self, faults: Faults) -> Self {
         self.faults = faults;
         self
     }
 
+    /// The token store.
     pub fn tokens(&self) -> &Arc<dyn TokenStore> {
         &self.tokens
     }
 
+    /// The payment pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

@@ -14,11 +14,17 @@ const MAX_REASON_CHARS: usize = 512;
 /// One command given up on with its charge outcome unknown.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct UnresolvedCharge {
+    /// The command's key.
     pub idempotency_key: String,
+    /// Amount asked for, in minor units.
     pub amount_minor: i64,
+    /// ISO 4217 code.
     pub currency: String,
+    /// Why the last attempt failed.
     pub reason: String,
+    /// Attempts made.
     pub attempts: i32,
+    /// When it was dead-lettered.
     pub dead_lettered_at: DateTime<Utc>,
 }
 

@@ -11,17 +11,25 @@ pub const MAX_KEY_LEN: usize = 128;
 #[serde(transparent)]
 pub struct IdempotencyKey(String);
 
+/// Why a string is not an idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidKey {
+    /// The key is empty.
     #[error("idempotency_key is empty")]
     Empty,
+    /// The key is longer than allowed (its length in characters).
     #[error("idempotency_key is longer than {MAX_KEY_LEN} characters ({0})")]
     TooLong(usize),
+    /// The key holds a character outside `[A-Za-z0-9._:-]`.
     #[error("idempotency_key contains a character outside [A-Za-z0-9._:-] at position {position}")]
-    IllegalCharacter { position: usize },
+    IllegalCharacter {
+        /// Where, from the start of the key.
+        position: usize,
+    },
 }
 
 impl IdempotencyKey {
+    /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }

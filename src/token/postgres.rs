@@ -183,6 +183,7 @@ struct TokenRow {
     ttl_ms: Option<i64>,
 }
 
+/// Tokens in the `idempotency_tokens` table: single statements on one row, time from `now()`.
 #[derive(Clone, Debug)]
 pub struct PostgresTokenStore {
     pool: PgPool,
@@ -213,6 +214,7 @@ impl PostgresTokenStore {
         self
     }
 
+    /// The pool for lease renewals and the purge (the payment pool unless one was given).
     pub fn maintenance_pool(&self) -> &PgPool {
         &self.maintenance
     }
@@ -223,6 +225,7 @@ impl PostgresTokenStore {
         self
     }
 
+    /// The payment pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

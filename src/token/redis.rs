@@ -16,7 +16,7 @@ use super::{
     Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode,
     TokenPolicy, TokenState, TokenStore, TokenView, Transition,
 };
-use crate::configuration::redact_url;
+use crate::redaction::redact_url;
 
 /// Longest wait for one script's answer, on top of the connection's own timeouts: a
 /// caller-supplied `ConnectionManager` may have none, and a hung call must surface as
@@ -53,6 +53,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     show: Script::new(include_str!("scripts/show.lua")),
 });
 
+/// Tokens in Redis: one hash per key, each transition one Lua script timed by `TIME`.
 #[derive(Clone)]
 pub struct RedisTokenStore {
     conn: RedisConnection,
@@ -71,6 +72,7 @@ impl std::fmt::Debug for RedisTokenStore {
 }
 
 impl RedisTokenStore {
+    /// A store over an open connection, keys under `prefix`.
     pub fn new(
         conn: ConnectionManager,
         key_prefix: impl Into<String>,
@@ -117,6 +119,7 @@ impl RedisTokenStore {
         Self::connect_to(&target, key_prefix, policy).await
     }
 
+    /// Connects to `target` and loads the scripts.
     pub async fn connect_to(
         target: &RedisTarget,
         key_prefix: impl Into<String>,
@@ -131,6 +134,7 @@ impl RedisTokenStore {
         &self.conn
     }
 
+    /// The key prefix (`<prefix>:token:{<key>}`).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

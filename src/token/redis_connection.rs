@@ -12,7 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
 
-use crate::configuration::redact_url;
+use crate::redaction::redact_url;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -22,8 +22,11 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// roots when none is given).
 #[derive(Clone)]
 pub struct RedisTarget {
+    /// The node URLs (the seed nodes of a cluster).
     pub nodes: Vec<String>,
+    /// Whether the nodes are a Redis Cluster.
     pub cluster: bool,
+    /// PEM of the CA that signs the servers' certificates (`None`: system roots).
     pub ca_pem: Option<Vec<u8>>,
 }
 
@@ -97,6 +100,7 @@ impl RedisTarget {
         })
     }
 
+    /// The same target with this CA.
     pub fn with_ca_pem(mut self, pem: Option<Vec<u8>>) -> Self {
         self.ca_pem = pem;
         self
@@ -170,15 +174,24 @@ pub fn single_node_config() -> ConnectionManagerConfig {
 /// One node (reconnecting) or a whole cluster, behind one command interface.
 #[derive(Clone)]
 pub enum RedisConnection {
+    /// One node, reconnecting.
     Single(ConnectionManager),
+    /// A Redis Cluster, commands routed by slot.
     Cluster(ClusterConnection),
 }
 
 /// A node a scan must cover: the only node, or one cluster master by address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScanTarget {
+    /// The only node.
     TheNode,
-    Master { host: String, port: u16 },
+    /// One cluster master.
+    Master {
+        /// Its host.
+        host: String,
+        /// Its port.
+        port: u16,
+    },
 }
 
 impl RedisConnection {

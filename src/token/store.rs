@@ -8,13 +8,21 @@ use super::IdempotencyKey;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reservation {
     /// This caller now owns the token under `fence`, until its lease runs out.
-    Reserved { fence: u64 },
+    Reserved {
+        /// The fencing number of this reservation.
+        fence: u64,
+    },
     /// Another owner holds an unexpired lease.
-    InFlight { lease_left: Duration },
+    InFlight {
+        /// Time left on that lease.
+        lease_left: Duration,
+    },
     /// A final outcome was recorded. `fingerprint` is the request fingerprint the
     /// payment was made with, when the store kept it (lets the fast path spot key reuse).
     Completed {
+        /// The payment the token completed with.
         payment_id: Uuid,
+        /// The request fingerprint, when the store kept it.
         fingerprint: Option<String>,
     },
     /// `issued` mode only: never issued, expired, or already consumed.
@@ -24,21 +32,28 @@ pub enum Reservation {
 /// Result of an owner-checked operation (confirm, restore, extend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
+    /// The owner and fence matched; the transition happened.
     Applied,
     /// The caller is no longer the owner: its lease expired and somebody else
     /// reserved (higher fence), or the token is gone. It must not act on the token.
     Refused,
 }
 
+/// What `issue` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IssueOutcome {
+    /// A new `pending` token.
     Created,
+    /// The key already had a token; it was left as it is.
     AlreadyExists,
 }
 
+/// What `lock` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockOutcome {
+    /// The lock is this owner's now.
     Acquired,
+    /// Somebody else holds it.
     Held,
 }
 
@@ -56,6 +71,7 @@ pub enum TokenMode {
 /// Durations that govern a token's life; fixed per store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenPolicy {
+    /// Whether a first reservation may create a token (`implicit`) or needs one issued (`issued`).
     pub mode: TokenMode,
     /// How long a reservation is exclusive unless extended.
     pub lease: Duration,
@@ -79,19 +95,26 @@ impl Default for TokenPolicy {
 /// The proof of a reservation: who reserved and under which fencing number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
+    /// Who reserved (`<worker_id>:<uuid>`, unique per attempt).
     pub owner: String,
+    /// The fencing number the reservation got.
     pub fence: u64,
 }
 
+/// A token's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenState {
+    /// Issued (or restored), not reserved.
     Pending,
+    /// Reserved by an owner under a lease.
     Processing,
+    /// Final outcome recorded (a tombstone).
     Completed,
 }
 
 impl TokenState {
+    /// The state as stores spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
@@ -100,6 +123,7 @@ impl TokenState {
         }
     }
 
+    /// The state a store spells as `value`; `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
         match value {
             "pending" => Some(Self::Pending),
@@ -113,8 +137,11 @@ impl TokenState {
 /// A token as `tokens show` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct TokenView {
+    /// The token's state.
     pub state: TokenState,
+    /// The owner, while `processing`.
     pub owner: Option<String>,
+    /// The fencing number (0 until first reserved).
     pub fence: u64,
     /// Time left on the lease; `None` unless processing. Zero when expired.
     #[serde(with = "humantime_serde_opt")]
@@ -122,6 +149,7 @@ pub struct TokenView {
     /// Time until the token itself expires.
     #[serde(with = "humantime_serde_opt")]
     pub ttl: Option<Duration>,
+    /// The payment, once `completed`.
     pub payment_id: Option<Uuid>,
 }
 
@@ -151,6 +179,7 @@ pub enum TokenError {
 }
 
 impl TokenError {
+    /// Whether trying again may succeed (the store was unreachable, not wrong).
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
     }
@@ -160,6 +189,7 @@ impl TokenError {
 /// there is no check-then-act across round trips anywhere behind this trait.
 #[async_trait::async_trait]
 pub trait TokenStore: Send + Sync + 'static {
+    /// The lifetimes and mode of this store's tokens.
     fn policy(&self) -> &TokenPolicy;
 
     /// Mint a `pending` token with `ttl` (`SET NX EX`).
@@ -198,6 +228,7 @@ pub trait TokenStore: Send + Sync + 'static {
     /// Renew the lease (same owner and fence) while a slow step runs.
     async fn extend(&self, key: &IdempotencyKey, claim: &Claim) -> Result<Transition, TokenError>;
 
+    /// The token of `key` as `tokens show` prints it; `None` when there is none.
     async fn show(&self, key: &IdempotencyKey) -> Result<Option<TokenView>, TokenError>;
 
     /// Keys whose token is `processing` with an expired lease (for `audit`), at most `limit`.

@@ -409,6 +409,7 @@ impl RunningWorker {
         }
     }
 
+    /// Stops the member: drain, commit, leave; returns how it ended.
     pub async fn stop(self) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || self.stop_blocking())
             .await

@@ -19,6 +19,8 @@ use crate::payment::{
 };
 use crate::retry::RetryPolicy;
 
+/// One record end to end: decode, attempts under the retry policy, result and dead
+/// letter published.
 pub struct Handler {
     processor: Arc<Processor>,
     publisher: Publisher,
@@ -51,6 +53,8 @@ struct NotYet {
 }
 
 impl Handler {
+    /// A handler over `processor` that publishes through `publisher` and retries
+    /// within `retry`.
     pub fn new(processor: Arc<Processor>, publisher: Publisher, retry: RetryPolicy) -> Self {
         Self {
             processor,
@@ -59,6 +63,7 @@ impl Handler {
         }
     }
 
+    /// The processor.
     pub fn processor(&self) -> &Arc<Processor> {
         &self.processor
     }

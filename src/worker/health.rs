@@ -44,11 +44,13 @@ impl Liveness {
         self.last_poll_ms.store(now, Ordering::Relaxed);
     }
 
+    /// Time since the poll loop last polled.
     pub fn since_last_poll(&self) -> Duration {
         let last = Duration::from_millis(self.last_poll_ms.load(Ordering::Relaxed));
         self.epoch.elapsed().saturating_sub(last)
     }
 
+    /// Records whether the member holds a group membership.
     pub fn set_in_group(&self, in_group: bool) {
         self.in_group.store(in_group, Ordering::SeqCst);
     }
@@ -64,6 +66,7 @@ impl Liveness {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Whether a drain is running.
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
@@ -75,10 +78,12 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The inputs of the two endpoints.
 #[derive(Clone)]
 pub struct HealthChecks {
+    /// What the poll loop reports.
     pub liveness: Arc<Liveness>,
     /// `/healthz` fails once the poll loop has not polled for this long (the
     /// session timeout: by then the group has given up on this member anyway).
     pub stall_limit: Duration,
+    /// The processor whose stores `/readyz` asks.
     pub processor: Arc<Processor>,
 }
 

@@ -1,13 +1,10 @@
-//! librdkafka client settings, and a local Kafka (librdkafka's mock cluster) for
-//! `demo`, `dev-kafka` and the tests.
+//! librdkafka client settings.
 
-use anyhow::Context;
 use rdkafka::config::ClientConfig;
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 
 use crate::configuration::{GroupProtocol, KafkaSettings};
 
+/// Brokers plus passed-through settings: the base of every client.
 pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &settings.brokers);
@@ -87,63 +84,4 @@ pub fn producer_config(settings: &KafkaSettings) -> ClientConfig {
     apply_passthrough(&mut config, settings);
     config.set("acks", "all").set("enable.idempotence", "true");
     config
-}
-
-/// An in-process Kafka: librdkafka's mock cluster, speaking the real protocol on
-/// localhost ports, with consumer groups and fault injection.
-pub struct LocalKafka {
-    // The mock cluster lives inside this client handle.
-    producer: BaseProducer<DefaultProducerContext>,
-}
-
-impl LocalKafka {
-    pub fn start(brokers: i32) -> anyhow::Result<Self> {
-        let producer: BaseProducer<DefaultProducerContext> = ClientConfig::new()
-            .set("test.mock.num.brokers", brokers.to_string())
-            .create()
-            .context("starting the librdkafka mock cluster")?;
-        // SAFETY: the handle is valid for the producer's lifetime, which owns the
-        // cluster; a null return means the client has no mock cluster.
-        unsafe {
-            let raw = rdkafka_sys::rd_kafka_handle_mock_cluster(producer.client().native_ptr());
-            anyhow::ensure!(!raw.is_null(), "client has no mock cluster");
-            // The mock waits 3 s before the first rebalance by default; tests and the
-            // demo would spend most of their time there.
-            rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(raw, 0);
-            // Groups of the KIP-848 protocol (`--kafka-group-protocol consumer`) take
-            // their timeouts from the broker: as short as the tests' classic groups.
-            rdkafka_sys::rd_kafka_mock_set_group_consumer_session_timeout_ms(raw, 6000);
-            rdkafka_sys::rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(raw, 1000);
-        }
-        Ok(Self { producer })
-    }
-
-    pub fn cluster(&self) -> MockCluster<'_, DefaultProducerContext> {
-        // `start` checked that the handle has a mock cluster.
-        self.producer
-            .client()
-            .mock_cluster()
-            .expect("LocalKafka always owns a mock cluster")
-    }
-
-    pub fn bootstrap_servers(&self) -> String {
-        self.cluster().bootstrap_servers()
-    }
-
-    pub fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
-        self.cluster()
-            .create_topic(name, partitions, 1)
-            .with_context(|| format!("creating topic {name}"))
-    }
-
-    /// Creates the three topics of a payment-worker deployment.
-    pub fn create_payment_topics(
-        &self,
-        settings: &KafkaSettings,
-        partitions: i32,
-    ) -> anyhow::Result<()> {
-        self.create_topic(&settings.commands_topic, partitions)?;
-        self.create_topic(&settings.results_topic, partitions)?;
-        self.create_topic(&settings.dlq_topic, partitions)
-    }
 }

@@ -21,8 +21,10 @@ pub fn source_of(message: &OwnedMessage) -> SourcePosition {
 /// `x-error-reason` of its dead letter; neither part repeats the record's content.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Undecodable {
+    /// The value is not a valid command.
     #[error("{code}: {0}", code = .0.code())]
     Command(InvalidCommand),
+    /// The record key is not the command's `idempotency_key`.
     #[error("kafka_key_mismatch: the record key differs from idempotency_key")]
     KeyMismatch,
 }
@@ -64,13 +66,20 @@ pub fn record_key(message: &OwnedMessage) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// One record on the results topic: a command's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResultRecord {
+    /// The command's key, when it had a readable one.
     pub idempotency_key: Option<String>,
+    /// The payment's id, when there is one.
     pub payment_id: Option<Uuid>,
+    /// `succeeded`, `declined`, `duplicate` or `rejected`.
     pub outcome: String,
+    /// The gateway's transaction id, when charged or declined.
     pub gateway_transaction_id: Option<String>,
+    /// Why it was rejected.
     pub reason: Option<String>,
+    /// The command record this answers.
     pub source: SourcePosition,
     /// On a `duplicate`: the first answer, like a cached response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +87,7 @@ pub struct ResultRecord {
 }
 
 impl ResultRecord {
+    /// The result of `outcome` for the command at `source`.
     pub fn new(key: Option<String>, outcome: &Outcome, source: SourcePosition) -> Self {
         let (transaction, reason) = match outcome {
             Outcome::Succeeded { transaction_id, .. } => (Some(transaction_id.clone()), None),
@@ -107,11 +117,14 @@ impl ResultRecord {
     }
 }
 
+/// Dead-letter header: the rejection's code.
 pub const ERROR_KIND: &str = "x-error-kind";
+/// Dead-letter header: the reason, in words.
 pub const ERROR_REASON: &str = "x-error-reason";
 pub const SOURCE_TOPIC: &str = "x-source-topic";
 pub const SOURCE_PARTITION: &str = "x-source-partition";
 pub const SOURCE_OFFSET: &str = "x-source-offset";
+/// Dead-letter header: attempts made.
 pub const ATTEMPTS: &str = "x-attempts";
 /// `true` on a `retries_exhausted` dead letter when an earlier attempt may have
 /// charged and no look-up resolved it (absent otherwise).
@@ -134,8 +147,11 @@ const DEAD_LETTER_HEADERS: [&str; 8] = [
 /// Why a record is dead-lettered, and what of it may be kept.
 #[derive(Debug, Clone)]
 pub struct DeadLetter<'a> {
+    /// The rejection's kind.
     pub kind: RejectionKind,
+    /// The reason, in words.
     pub reason: &'a str,
+    /// Attempts made.
     pub attempts: u32,
     /// An earlier attempt may have charged and no look-up resolved it.
     pub charge_unknown: bool,
@@ -183,5 +199,8 @@ pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> O
 /// (for a dead letter of a redriven record, and for the redrive itself).
 pub fn without_dead_letter_headers(message: &OwnedMessage) -> Option<OwnedHeaders> {
     let original = message.headers()?;
-    Some(super::headers::copy_without(original, &DEAD_LETTER_HEADERS))
+    Some(crate::kafka_headers::copy_without(
+        original,
+        &DEAD_LETTER_HEADERS,
+    ))
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+/// The offsets of one partition that are admitted and not yet finished; what may be committed follows from them.
 #[derive(Debug, Default)]
 pub struct OffsetTracker {
     pending: BTreeSet<i64>,
@@ -11,6 +12,7 @@ pub struct OffsetTracker {
 }
 
 impl OffsetTracker {
+    /// A record at `offset` was admitted.
     pub fn admit(&mut self, offset: i64) {
         self.pending.insert(offset);
         self.next_after_seen = Some(
@@ -19,6 +21,7 @@ impl OffsetTracker {
         );
     }
 
+    /// The record at `offset` is finished.
     pub fn complete(&mut self, offset: i64) {
         self.pending.remove(&offset);
     }
@@ -43,6 +46,7 @@ impl OffsetTracker {
         self.stored
     }
 
+    /// Records admitted and not finished.
     pub fn in_flight(&self) -> usize {
         self.pending.len()
     }

@@ -41,6 +41,8 @@ fn produce_span(topic: &str) -> tracing::Span {
     )
 }
 
+/// Produces results and dead letters: acknowledged one by one (at-least-once) or
+/// inside the open transaction (exactly-once).
 #[derive(Clone)]
 pub struct Publisher {
     producer: FutureProducer,
@@ -83,6 +85,7 @@ impl Publisher {
         }
     }
 
+    /// The underlying producer.
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
     }
@@ -157,6 +160,7 @@ impl Publisher {
             .await
     }
 
+    /// Publishes one result record and waits until the broker acknowledged it.
     pub async fn publish_result(&self, key: Option<&[u8]>, result: &ResultRecord) {
         // Serialising our own struct cannot fail; an empty payload would still be visible.
         let payload = serde_json::to_vec(result).unwrap_or_default();

@@ -10,14 +10,23 @@ use rdkafka::types::RDKafkaErrorCode;
 /// A part of the worker died; `run` ends with this error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkerFailure {
+    /// The poll thread panicked (its message).
     #[error("the Kafka poll loop panicked: {0}")]
     PollLoopPanicked(String),
+    /// The poll loop returned while it should run.
     #[error("the Kafka poll loop ended unexpectedly")]
     PollLoopEnded,
+    /// The poll loop made no progress for this long.
     #[error("the Kafka poll loop has not polled for {0:?}")]
     PollLoopStalled(Duration),
+    /// A partition task ended while it should run.
     #[error("the task of partition {topic}/{partition} ended unexpectedly")]
-    PartitionTaskEnded { topic: String, partition: i32 },
+    PartitionTaskEnded {
+        /// Its topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+    },
     /// Authentication, authorisation, a fenced static member, or an error
     /// librdkafka itself calls fatal: restarting the same way cannot fix it.
     #[error("fatal Kafka error: {0}")]

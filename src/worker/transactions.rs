@@ -49,6 +49,7 @@ pub enum TransactionFailure {
     Fatal(String),
 }
 
+/// The process's transactional producer and the gate between answers and commits.
 pub struct Transactions {
     producer: FutureProducer,
     gate: Arc<RwLock<()>>,
@@ -113,6 +114,7 @@ impl Transactions {
         }))
     }
 
+    /// The transactional producer the publisher sends results and dead letters with.
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
     }

@@ -30,6 +30,7 @@ impl Fingerprint {
         self.0.len() == 64 && self.0.bytes().all(|b| b.is_ascii_hexdigit())
     }
 
+    /// The fingerprint as 64 hex digits.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -28,60 +28,118 @@ pub enum TextProblem {
 /// contains the payment method or anything that looked like a card number.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidCommand {
+    /// The record has no value.
     #[error("payload is empty")]
     EmptyPayload,
+    /// The value is not UTF-8.
     #[error("payload is not valid UTF-8 (first invalid byte at offset {valid_up_to})")]
-    NotUtf8 { valid_up_to: usize },
+    NotUtf8 {
+        /// Bytes before the first invalid one.
+        valid_up_to: usize,
+    },
+    /// The value is not JSON.
     #[error("payload is not well-formed JSON ({problem} at line {line}, column {column})")]
     MalformedJson {
+        /// serde_json's category of the problem.
         problem: &'static str,
+        /// Line of the problem (1-based).
         line: usize,
+        /// Column of the problem (1-based).
         column: usize,
     },
+    /// The value is JSON but not an object.
     #[error("payload must be a JSON object, found {found}")]
-    NotAnObject { found: &'static str },
-    #[error("field `{field}` appears more than once")]
-    DuplicateField { field: &'static str },
-    #[error("field `{field}` is missing")]
-    MissingField { field: &'static str },
-    #[error("field `{field}` is null")]
-    NullField { field: &'static str },
-    #[error("field `{field}` must be {expected}, found {found}")]
-    WrongType {
-        field: &'static str,
-        expected: &'static str,
+    NotAnObject {
+        /// The JSON type found instead.
         found: &'static str,
     },
+    /// A field appears twice.
+    #[error("field `{field}` appears more than once")]
+    DuplicateField {
+        /// The field.
+        field: &'static str,
+    },
+    /// A required field is absent.
+    #[error("field `{field}` is missing")]
+    MissingField {
+        /// The field.
+        field: &'static str,
+    },
+    /// A field is `null`.
+    #[error("field `{field}` is null")]
+    NullField {
+        /// The field.
+        field: &'static str,
+    },
+    /// A field has the wrong JSON type.
+    #[error("field `{field}` must be {expected}, found {found}")]
+    WrongType {
+        /// The field.
+        field: &'static str,
+        /// The type it must have.
+        expected: &'static str,
+        /// The type it has.
+        found: &'static str,
+    },
+    /// `idempotency_key` is not a valid key.
     #[error("{0}")]
     InvalidIdempotencyKey(InvalidKey),
+    /// `account_id` is empty, too long or not printable.
     #[error("field `account_id` {0} (1 to {MAX_ACCOUNT_ID_LEN} characters)")]
     InvalidAccountId(TextProblem),
+    /// `account_id` holds what looks like a card number.
     #[error("field `account_id` contains what looks like a card number; the value was discarded")]
     CardNumberInAccountId,
+    /// `amount_minor` has a fraction or an exponent.
     #[error(
         "field `amount_minor` must be an integer number of minor units (no fraction, no exponent)"
     )]
     AmountNotInteger,
+    /// `amount_minor` is outside the accepted range.
     #[error("field `amount_minor` must be between {MIN_AMOUNT_MINOR} and {MAX_AMOUNT_MINOR}")]
     AmountOutOfRange,
+    /// `currency` is not three letters.
     #[error("field `currency` must be an ISO-4217 alpha-3 code: exactly three letters A-Z")]
     InvalidCurrencyFormat,
+    /// `currency` is in lower case.
     #[error("field `currency` must be upper case ({currency:?}); ISO-4217 codes are")]
-    CurrencyNotUpperCase { currency: String },
+    CurrencyNotUpperCase {
+        /// The code as sent.
+        currency: String,
+    },
+    /// `currency` is no active ISO 4217 code.
     #[error("field `currency` {currency:?} is not an active ISO-4217 currency code")]
-    UnknownCurrency { currency: String },
+    UnknownCurrency {
+        /// The code as sent.
+        currency: String,
+    },
+    /// `currency` is a fund, metal or special code.
     #[error("field `currency` {currency:?} is an ISO-4217 fund, metal or special code, not a currency a payment can be made in")]
-    CurrencyNotPayable { currency: String },
+    CurrencyNotPayable {
+        /// The code as sent.
+        currency: String,
+    },
+    /// `payment_method` looks like a card number.
     #[error("field `payment_method` looks like a card number; send a tokenised reference instead (the value was discarded)")]
     CardNumberAsPaymentMethod,
+    /// `payment_method` is empty, too long or not printable.
     #[error("field `payment_method` {0} (an opaque reference of 1 to {MAX_PAYMENT_METHOD_LEN} characters)")]
     InvalidPaymentMethod(TextProblem),
+    /// `description` is too long.
     #[error("field `description` is longer than {MAX_DESCRIPTION_LEN} characters ({length})")]
-    DescriptionTooLong { length: usize },
+    DescriptionTooLong {
+        /// Its length in characters.
+        length: usize,
+    },
+    /// `description` holds what looks like a card number.
     #[error("field `description` contains what looks like a card number; the value was discarded")]
     CardNumberInDescription,
+    /// `description` holds a control character.
     #[error("field `description` contains a control character at position {position}")]
-    DescriptionControlCharacter { position: usize },
+    DescriptionControlCharacter {
+        /// Where (characters from the start).
+        position: usize,
+    },
 }
 
 impl InvalidCommand {

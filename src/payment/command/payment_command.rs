@@ -30,11 +30,16 @@ pub const MAX_DESCRIPTION_LEN: usize = 512;
 /// A payment command that passed every rule of a command.
 #[derive(Clone)]
 pub struct PaymentCommand {
+    /// The key every delivery of this command carries.
     pub idempotency_key: IdempotencyKey,
+    /// The account charged.
     pub account_id: String,
+    /// Amount in minor units (cents), positive.
     pub amount_minor: i64,
+    /// ISO 4217 code, upper case.
     pub currency: String,
     payment_method: String,
+    /// Free text for the account holder; not part of the fingerprint.
     pub description: Option<String>,
 }
 
@@ -132,6 +137,7 @@ impl PaymentCommand {
         &self.payment_method
     }
 
+    /// The gateway request for this command.
     pub fn charge_request(&self) -> ChargeRequest {
         ChargeRequest {
             amount_minor: self.amount_minor,

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payment_worker::audit::{audit, AuditOptions, AuditReport, RepairAction};
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::gateway::{ChargeRequest, SimulatorConfig};
+use payment_worker::gateway::ChargeRequest;
 use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
 use payment_worker::token::{
     Claim, IdempotencyKey, RedisTokenStore, Reservation, TokenPolicy, TokenState, TokenStore,

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use payment_worker::configuration::{DatabaseSettings, KafkaSettings};
 use payment_worker::gateway::{ChargeStatus, HttpGateway, LedgerEntry, PaymentGateway};
-use payment_worker::worker::{self, RecordKind, ResultRecord, WorkloadRecord, WorkloadSpec};
+use payment_worker::operator;
+use payment_worker::operator::{RecordKind, WorkloadRecord, WorkloadSpec};
+use payment_worker::worker::{self, ResultRecord};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -214,7 +216,7 @@ impl Deployment {
             let producer: rdkafka::producer::FutureProducer =
                 worker::producer_config(&settings).create().unwrap();
             for chunk in records.chunks(per_tick) {
-                worker::publish_records(&producer, &settings.commands_topic, partitions, chunk)
+                operator::publish_records(&producer, &settings.commands_topic, partitions, chunk)
                     .await
                     .unwrap();
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -226,7 +228,7 @@ impl Deployment {
         let settings = self.settings.clone();
         let topic = topic.to_owned();
         tokio::task::spawn_blocking(move || {
-            worker::read_partitions(&settings, &topic, |p, low| {
+            operator::read_partitions(&settings, &topic, |p, low| {
                 from.get(&p).copied().unwrap_or(low)
             })
             .unwrap()
@@ -754,7 +756,7 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
         decline_ratio: 0.05,
         seed: 44,
     };
-    let records = worker::generate(&spec, &unique("mp"));
+    let records = operator::generate(&spec, &unique("mp"));
 
     deployment.start_workers();
     deployment
@@ -902,10 +904,10 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let mut postgres = PrivatePostgres::start().await;
     let database_url = postgres.url("pw_chaos");
     // Created here, before three workers race to create it.
-    let pool = DatabaseSettings::with_url(&database_url)
-        .connect_and_migrate()
-        .await
-        .unwrap();
+    let pool =
+        payment_worker::startup::connect_and_migrate(&DatabaseSettings::with_url(&database_url))
+            .await
+            .unwrap();
     let mut redis = TestRedis::new().await;
     let gateway_seed = seed.to_string();
     let mut deployment = Deployment::start(
@@ -937,7 +939,7 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
         decline_ratio: 0.05,
         seed,
     };
-    let records = worker::generate(&spec, &unique("chaos"));
+    let records = operator::generate(&spec, &unique("chaos"));
 
     deployment.start_workers();
     deployment
@@ -1125,7 +1127,7 @@ async fn a_partition_paused_for_back_pressure_is_consumed_again_after_a_rebalanc
         decline_ratio: 0.0,
         seed: 3,
     };
-    let records = worker::generate(&spec, &unique("pause"));
+    let records = operator::generate(&spec, &unique("pause"));
     // The first command's charge is held for 20 s and one command runs at a time, so
     // the rest pile up beyond what the worker holds and the partition is paused.
     let held = format!(

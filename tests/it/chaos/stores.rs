@@ -33,7 +33,7 @@ impl Logs {
 }
 
 fn workload(prefix: &str) -> Vec<WorkloadRecord> {
-    worker::generate(
+    operator::generate(
         &WorkloadSpec {
             count: COMMANDS,
             duplicate_ratio: 0.25,

@@ -3,7 +3,7 @@
 
 use std::process::{Output, Stdio};
 
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::PaymentCommand;
 use payment_worker::token::IdempotencyKey;
 
@@ -91,7 +91,7 @@ async fn workers_starting_together_create_their_database_once() {
     let starts: Vec<_> = (0..8)
         .map(|_| {
             let settings = payment_worker::configuration::DatabaseSettings::with_url(&url);
-            tokio::spawn(async move { settings.ensure_database().await })
+            tokio::spawn(async move { payment_worker::startup::ensure_database(&settings).await })
         })
         .collect();
     for start in starts {

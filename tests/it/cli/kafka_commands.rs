@@ -5,7 +5,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::token::{Claim, IdempotencyKey, Reservation};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
@@ -205,7 +205,7 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     )
     .await;
     let text = String::from_utf8_lossy(&output.stdout);
-    for verdict in payment_worker::worker::VERDICTS {
+    for verdict in payment_worker::operator::VERDICTS {
         assert!(
             text.lines()
                 .any(|l| l.trim_start().starts_with(&format!("{verdict} "))),

@@ -1,5 +1,6 @@
 //! The command line as users run it: commands, help and docs, demo, bench, walkthrough.
 
+mod architecture;
 mod bench;
 mod commands;
 mod demo;

@@ -3,13 +3,14 @@
 
 use std::time::Duration;
 
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use serde_json::json;
 
 use crate::support::helpers::{unique, Stack};
 use crate::support::procs::{binary, run_to_end, Proc};
 use payment_worker::configuration::{DatabaseSettings, MigrateMode};
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::startup::open_database;
 
 /// A login role with `SELECT, INSERT, UPDATE, DELETE` on the test database's
 /// tables, `USAGE` on its sequences, and nothing else. Dropped on drop.
@@ -126,7 +127,9 @@ async fn the_compose_roles_script_separates_owner_and_worker() {
     .replace("DATABASE payments", &format!("DATABASE {database}"));
     let server = format!("postgres://postgres@{}", crate::support::helpers::PG_ADDR);
     let admin = DatabaseSettings::with_url(format!("{server}/{database}"));
-    admin.ensure_database().await.unwrap();
+    payment_worker::startup::ensure_database(&admin)
+        .await
+        .unwrap();
     let output = std::process::Command::new("psql")
         .arg(format!("{server}/{database}"))
         .args(["-v", "ON_ERROR_STOP=1", "-qc", &script])
@@ -144,9 +147,13 @@ async fn the_compose_roles_script_separates_owner_and_worker() {
             crate::support::helpers::PG_ADDR
         ))
     };
-    let owner_pool = as_role(&owner).open(MigrateMode::Auto).await.unwrap();
+    let owner_pool = open_database(&as_role(&owner), MigrateMode::Auto)
+        .await
+        .unwrap();
     owner_pool.close().await;
-    let worker_pool = as_role(&worker).open(MigrateMode::Skip).await.unwrap();
+    let worker_pool = open_database(&as_role(&worker), MigrateMode::Skip)
+        .await
+        .unwrap();
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
         .fetch_one(&worker_pool)
         .await
@@ -161,8 +168,7 @@ async fn the_compose_roles_script_separates_owner_and_worker() {
         Some("42501")
     );
     worker_pool.close().await;
-    let error = as_role(&worker)
-        .open(MigrateMode::Auto)
+    let error = open_database(&as_role(&worker), MigrateMode::Auto)
         .await
         .expect_err("the worker role must not migrate");
     assert!(format!("{error:#}").contains("owner role"), "{error:#}");

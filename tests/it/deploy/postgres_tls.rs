@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use payment_worker::gateway::SimulatorConfig;
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 
 use crate::support::helpers::{unique, Stack};
 use crate::support::pki::{path_str, TestPki};
@@ -70,10 +70,11 @@ async fn migrate_and_run_connect_with_verify_full_and_a_wrong_ca_is_refused() {
     assert_eq!(results.len(), 1);
 
     // Read back over TLS, and ask the server whether this very session is encrypted.
-    let pool = payment_worker::configuration::DatabaseSettings::with_url(&url)
-        .connect()
-        .await
-        .unwrap();
+    let pool = payment_worker::startup::connect(
+        &payment_worker::configuration::DatabaseSettings::with_url(&url),
+    )
+    .await
+    .unwrap();
     let (status, encrypted): (String, bool) = sqlx::query_as(
         "SELECT p.status, s.ssl FROM payments p, pg_stat_ssl s \
          WHERE p.idempotency_key = $1 AND s.pid = pg_backend_pid()",

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::audit::{audit, AuditOptions};
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::Faults;
-use payment_worker::gateway::{
-    GatewaySimulator, HttpGateway, LedgerEntry, PaymentGateway, RunningSimulator, SimulatorConfig,
-};
+use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::payment::{
     ChargeEvidence, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
     RejectionKind,
@@ -21,7 +21,7 @@ use payment_worker::retry::RetryPolicy;
 use payment_worker::token::{
     IdempotencyKey, RedisTokenStore, Reservation, TokenPolicy, TokenState, TokenStore, TokenView,
 };
-use payment_worker::worker::{self, Handler, Publisher, RecordKind, WorkloadRecord};
+use payment_worker::worker::{self, Handler, Publisher};
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use uuid::Uuid;
 

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::gateway::{
-    ChargeRequest, ChargeStatus, GatewayError, GatewaySimulator, HttpGateway, PaymentGateway,
-    RunningSimulator, SimulatorConfig,
+    ChargeRequest, ChargeStatus, GatewayError, HttpGateway, PaymentGateway,
 };
 use payment_worker::token::IdempotencyKey;
 

@@ -1,8 +1,8 @@
 //! A failure after each step of the processor, then the command again: in process
 //! (an injected error) and as a real process SIGKILLed frozen at the fault point.
 
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::gateway::SimulatorConfig;
 use payment_worker::payment::{CommandContext, Outcome};
 use payment_worker::token::TokenState;
 

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::configuration::DatabaseSettings;
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::gateway::{
-    GatewaySimulator, HttpGateway, LedgerEntry, PaymentGateway, RunningSimulator, SimulatorConfig,
-};
+use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore,
@@ -60,11 +59,10 @@ impl Rig {
             // A pool of its own, as `run` has: token statements never queue behind the
             // payment transaction that is held open.
             Backend::Postgres => {
-                let pool = DatabaseSettings {
+                let pool = payment_worker::startup::connect(&DatabaseSettings {
                     max_connections: 4,
                     ..DatabaseSettings::with_url(&db.url)
-                }
-                .connect()
+                })
                 .await
                 .unwrap();
                 Arc::new(PostgresTokenStore::new(pool, policy))

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::gateway::{ChargeStatus, PaymentGateway, SimulatorConfig};
+use payment_worker::gateway::{ChargeStatus, PaymentGateway};
 use payment_worker::payment::{CommandContext, GatewayLookup, Outcome};
 use payment_worker::token::{TokenPolicy, TokenState};
 

@@ -5,9 +5,11 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use payment_worker::gateway::{HttpGateway, PaymentGateway, SimulatorConfig};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::gateway::{HttpGateway, PaymentGateway};
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::payment::PaymentCommand;
-use payment_worker::worker::{self, RecordKind, WorkloadRecord};
+use payment_worker::worker::{self};
 use rdkafka::message::{Headers, Message};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack};

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use payment_worker::gateway::{PaymentGateway, SimulatorConfig};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::gateway::PaymentGateway;
 use payment_worker::payment::{CommandContext, Outcome, RejectionKind};
 use payment_worker::token::{TokenMode, TokenPolicy, TokenStore};
 

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use payment_worker::devtools::{SimulatorConfig, SlowKey};
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::gateway::{SimulatorConfig, SlowKey};
 use payment_worker::payment::{CommandContext, Outcome, RejectionKind};
 use payment_worker::token::TokenState;
 

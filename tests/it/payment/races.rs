@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use payment_worker::configuration::DatabaseSettings;
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::{GatewayLookup, Outcome};
 use payment_worker::token::{
     PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore,
@@ -101,11 +101,10 @@ async fn thirty_two_processors_sharing_the_postgres_token_store_charge_once() {
     let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
     // A pool of its own, smaller than the racers: the statements still contend on
     // the row, and the test leaves Postgres connections for everything else running.
-    let token_pool = DatabaseSettings {
+    let token_pool = payment_worker::startup::connect(&DatabaseSettings {
         max_connections: 12,
         ..DatabaseSettings::with_url(&rig.db.url)
-    }
-    .connect()
+    })
     .await
     .unwrap();
     let tokens: Arc<dyn TokenStore> =

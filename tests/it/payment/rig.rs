@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::gateway::{
-    Charge, ChargeRequest, GatewayError, GatewaySimulator, HttpGateway, LedgerEntry,
-    PaymentGateway, RunningSimulator, SimulatorConfig,
+    Charge, ChargeRequest, GatewayError, HttpGateway, LedgerEntry, PaymentGateway,
 };
 use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
 use payment_worker::token::{

@@ -1,7 +1,7 @@
 //! What one payment costs in round trips, counted from the client spans the code
 //! opens for each request (a regression here fails CI; time is never asserted).
 
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::{CommandContext, Outcome, PaymentCommand};
 use payment_worker::telemetry::{RoundTripCounter, RoundTrips};
 use tracing::instrument::WithSubscriber;

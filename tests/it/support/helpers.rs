@@ -8,6 +8,7 @@ use std::sync::Once;
 use std::time::Duration;
 
 use payment_worker::configuration::DatabaseSettings;
+use payment_worker::operator;
 use sqlx::PgPool;
 
 pub const PG_ADDR: &str = "127.0.0.1:5432";
@@ -145,7 +146,9 @@ impl TestDb {
             max_connections: 12,
             ..DatabaseSettings::with_url(&url)
         };
-        let pool = settings.connect_and_migrate().await.expect("test database");
+        let pool = payment_worker::startup::connect_and_migrate(&settings)
+            .await
+            .expect("test database");
         Self { name, url, pool }
     }
 }
@@ -177,13 +180,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use payment_worker::configuration::{KafkaSettings, WorkerSettings};
-use payment_worker::gateway::{
-    GatewaySimulator, HttpGateway, LedgerEntry, PaymentGateway, RunningSimulator, SimulatorConfig,
-};
+use payment_worker::devtools::LocalKafka;
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
+use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{GatewayLookup, Processor};
 use payment_worker::retry::RetryPolicy;
 use payment_worker::token::{RedisTokenStore, TokenPolicy, TokenStore};
-use payment_worker::worker::{self, Handler, LocalKafka, Publisher, ResultRecord, RunningWorker};
+use payment_worker::worker::{self, Handler, Publisher, ResultRecord, RunningWorker};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Offset, TopicPartitionList};
@@ -298,10 +301,10 @@ impl Stack {
         .collect()
     }
 
-    pub async fn produce(&self, records: &[worker::WorkloadRecord]) {
+    pub async fn produce(&self, records: &[operator::WorkloadRecord]) {
         let producer: rdkafka::producer::FutureProducer =
             worker::producer_config(&self.settings).create().unwrap();
-        worker::publish_records(
+        operator::publish_records(
             &producer,
             &self.settings.commands_topic,
             self.partitions,
@@ -314,7 +317,7 @@ impl Stack {
     async fn read(&self, topic: String) -> Vec<OwnedMessage> {
         let settings = self.settings.clone();
         tokio::task::spawn_blocking(move || {
-            worker::read_partitions(&settings, &topic, |_, low| low).unwrap()
+            operator::read_partitions(&settings, &topic, |_, low| low).unwrap()
         })
         .await
         .unwrap()

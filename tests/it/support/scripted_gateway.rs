@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use payment_worker::gateway::RunningSimulator;
+use payment_worker::devtools::RunningSimulator;
 
 /// How the front answers one `POST /charges`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,8 +12,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use payment_worker::gateway::SimulatorConfig;
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator::{RecordKind, WorkloadRecord};
 use prost::Message as _;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tonic::transport::{Identity, Server, ServerTlsConfig};

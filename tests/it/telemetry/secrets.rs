@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use payment_worker::configuration::{redact_url, DatabaseSettings, KafkaSettings, RedisSettings};
-use payment_worker::gateway::SimulatorConfig;
-use payment_worker::worker::{RecordKind, WorkloadRecord};
+use payment_worker::configuration::{DatabaseSettings, KafkaSettings, RedisSettings};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator::{RecordKind, WorkloadRecord};
+use payment_worker::redaction::redact_url;
 use tokio::io::AsyncReadExt;
 
 use crate::support::helpers::{unique, Stack, PG_ADDR, REDIS_URL};
@@ -567,7 +568,7 @@ async fn a_run_of_the_binary_logs_and_exports_no_secret_card_number_or_payment_m
             record.payload().unwrap_or_default(),
         ));
         topics.push('\n');
-        for header in payment_worker::worker::headers::raw(record.headers().unwrap()) {
+        for header in payment_worker::kafka_headers::raw(record.headers().unwrap()) {
             topics.push_str(&String::from_utf8_lossy(header.name));
             topics.push('=');
             topics.push_str(&String::from_utf8_lossy(header.value.unwrap_or_default()));

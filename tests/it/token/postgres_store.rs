@@ -10,13 +10,14 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use payment_worker::configuration::DatabaseSettings;
+use payment_worker::devtools::{GatewaySimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
-use payment_worker::gateway::{GatewaySimulator, SimulatorConfig};
-use payment_worker::startup::{purge_round, PURGE_BATCHES_PER_ROUND};
+use payment_worker::operator;
+use payment_worker::operator::WorkloadSpec;
+use payment_worker::startup::{connect_with_size, purge_round, PURGE_BATCHES_PER_ROUND};
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, Reservation, TokenPolicy, TokenStore,
 };
-use payment_worker::worker::{self, WorkloadSpec};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, unique, Stack, TestDb, REDIS_URL};
@@ -229,11 +230,10 @@ const EXPIRED_ROWS: i64 = 10_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_token_rows_are_purged_in_bounded_batches_while_a_worker_runs() {
     let mut stack = Stack::new(2, SimulatorConfig::default()).await;
-    let lease_pool = DatabaseSettings {
+    let lease_pool = payment_worker::startup::connect(&DatabaseSettings {
         max_connections: 2,
         ..DatabaseSettings::with_url(&stack.db.url)
-    }
-    .connect()
+    })
     .await
     .unwrap();
     let store = Arc::new(
@@ -276,7 +276,7 @@ async fn expired_token_rows_are_purged_in_bounded_batches_while_a_worker_runs() 
     let oldest = before.oldest_expired_for.expect("an oldest dead row");
     assert!(oldest >= Duration::from_secs(7100), "{oldest:?}");
 
-    let records = worker::generate(
+    let records = operator::generate(
         &WorkloadSpec {
             count: 400,
             duplicate_ratio: 0.25,
@@ -410,8 +410,8 @@ async fn a_running_worker_purges_expired_rows_and_exports_the_purge_metric() {
 async fn lease_renewal_is_served_while_every_payment_connection_is_held() {
     let db = TestDb::new().await;
     let settings = DatabaseSettings::with_url(&db.url);
-    let payment_pool = settings.connect_with_size(1).await.unwrap();
-    let lease_pool = settings.connect_with_size(1).await.unwrap();
+    let payment_pool = connect_with_size(&settings, 1).await.unwrap();
+    let lease_pool = connect_with_size(&settings, 1).await.unwrap();
     let policy = TokenPolicy::default();
     let own_pool = PostgresTokenStore::new(payment_pool.clone(), policy)
         .with_maintenance_pool(lease_pool)

@@ -9,12 +9,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator;
+use payment_worker::operator::WorkloadSpec;
 use payment_worker::token::{
     IdempotencyKey, RedisConnection, RedisTarget, RedisTokenStore, ScanTarget, TokenMode,
     TokenPolicy, TokenStore,
 };
-use payment_worker::worker::{self, WorkloadSpec};
 use redis::aio::ConnectionLike;
 
 use crate::support::helpers::{quick_worker_settings, unique, Stack};
@@ -359,7 +360,7 @@ async fn the_token_contract_holds_on_a_three_master_cluster() {
 
     // `audit` itself, pointed at the cluster, reports all of them (exit code 3).
     let db = crate::support::helpers::TestDb::new().await;
-    let simulator = payment_worker::gateway::GatewaySimulator::bind(
+    let simulator = payment_worker::devtools::GatewaySimulator::bind(
         "127.0.0.1:0".parse().unwrap(),
         SimulatorConfig::default(),
     )
@@ -396,7 +397,7 @@ async fn a_worker_on_a_cluster_charges_each_of_1000_commands_once() {
         .await
         .unwrap(),
     );
-    let records = worker::generate(
+    let records = operator::generate(
         &WorkloadSpec {
             count: 1000,
             duplicate_ratio: 0.1,

@@ -4,9 +4,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use payment_worker::gateway::{SimulatorConfig, SlowKey};
+use payment_worker::devtools::{SimulatorConfig, SlowKey};
+use payment_worker::operator;
+use payment_worker::operator::{RecordKind, WorkloadRecord, WorkloadSpec};
 use payment_worker::token::{IdempotencyKey, TokenMode};
-use payment_worker::worker::{self, RecordKind, WorkloadRecord, WorkloadSpec};
+use payment_worker::worker;
 use rdkafka::message::{Headers, Message};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, wait_for_stable_group, Stack};
@@ -44,7 +46,7 @@ async fn a_group_of_three_charges_every_key_once_and_replays_without_charging() 
         decline_ratio: 0.05,
         seed: 7,
     };
-    let records = worker::generate(&spec, "grp");
+    let records = operator::generate(&spec, "grp");
     let duplicates_elsewhere = records
         .iter()
         .filter(|r| r.kind == RecordKind::Duplicate && r.partition_hint.is_some())
@@ -106,7 +108,7 @@ async fn a_group_of_three_charges_every_key_once_and_replays_without_charging() 
     // Replay from 0: not one new charge, every valid command a duplicate.
     let ledger_before = stack.ledger();
     let attempts_before: u64 = ledger_before.iter().map(|e| e.attempts).sum();
-    let verdicts = worker::dry_run_verdicts(
+    let verdicts = operator::dry_run_verdicts(
         &stack.settings,
         None,
         &stack.db.pool,
@@ -133,7 +135,7 @@ async fn a_group_of_three_charges_every_key_once_and_replays_without_charging() 
     );
 
     let settings_for_rewind = stack.settings.clone();
-    tokio::task::spawn_blocking(move || worker::rewind_group(&settings_for_rewind, None))
+    tokio::task::spawn_blocking(move || operator::rewind_group(&settings_for_rewind, None))
         .await
         .unwrap()
         .unwrap();
@@ -247,7 +249,7 @@ async fn the_committed_offset_never_passes_a_held_command() {
 async fn broker_faults_lose_nothing_and_charge_nothing_twice() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     let stack = Stack::new(4, SimulatorConfig::default()).await;
-    let records = worker::generate(
+    let records = operator::generate(
         &WorkloadSpec {
             count: 600,
             duplicate_ratio: 0.25,
@@ -332,7 +334,7 @@ async fn time_to_drain(max_in_flight: usize) -> Duration {
         },
     )
     .await;
-    let records = worker::generate(
+    let records = operator::generate(
         &WorkloadSpec {
             count: 200,
             duplicate_ratio: 0.0,
@@ -498,15 +500,15 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
     stop_all(vec![worker]).await;
     assert_eq!(stack.dead_letters().await.len(), 1);
 
-    let redrive = || worker::RedriveArgs {
+    let redrive = || operator::RedriveArgs {
         kafka: stack.settings.clone(),
         kind: None,
         max: None,
     };
-    worker::redrive(redrive()).await.unwrap();
+    operator::redrive(redrive()).await.unwrap();
     let settings = stack.settings.clone();
     let commands = tokio::task::spawn_blocking(move || {
-        worker::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
     })
     .await
     .unwrap();
@@ -530,10 +532,10 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
     );
 
     // Progress is remembered: a second redrive sends nothing.
-    worker::redrive(redrive()).await.unwrap();
+    operator::redrive(redrive()).await.unwrap();
     let settings = stack.settings.clone();
     let commands = tokio::task::spawn_blocking(move || {
-        worker::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
     })
     .await
     .unwrap();

@@ -17,8 +17,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use payment_worker::configuration::{ResultsMode, WorkerSettings};
-use payment_worker::gateway::SimulatorConfig;
-use payment_worker::worker::{self, ResultRecord, WorkloadSpec};
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator::WorkloadSpec;
+use payment_worker::worker::{self, ResultRecord};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
@@ -156,7 +157,7 @@ async fn exactly_once_answers_every_command_once() {
         decline_ratio: 0.05,
         seed: 15,
     };
-    let records = worker::generate(&spec, &unique("eos"));
+    let records = payment_worker::operator::generate(&spec, &unique("eos"));
     stack.produce(&records).await;
     let worker = stack.start_worker("eos", &exactly_once_settings());
     stack
@@ -193,7 +194,7 @@ async fn an_aborted_transaction_is_redone_as_duplicates_of_the_original_answers(
         decline_ratio: 0.05,
         seed: 16,
     };
-    let records = worker::generate(&spec, &unique("eos-abort"));
+    let records = payment_worker::operator::generate(&spec, &unique("eos-abort"));
     let worker = stack.start_worker("eos", &exactly_once_settings());
     crate::support::helpers::wait_for_stable_group(std::slice::from_ref(&worker), 3).await;
     // Armed before the first record: a transaction commits nothing until it holds

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use payment_worker::configuration::KafkaSettings;
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
 use payment_worker::worker;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;

@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use payment_worker::gateway::SimulatorConfig;
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::kafka_headers as headers;
 use payment_worker::payment::RejectionKind;
-use payment_worker::worker::{self, headers};
+use payment_worker::worker;
 use proptest::prelude::*;
 use rdkafka::message::{Message, OwnedHeaders, OwnedMessage, Timestamp};
 use rdkafka::producer::{FutureProducer, FutureRecord};

@@ -11,7 +11,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use payment_worker::worker::{self, WorkloadRecord, WorkloadSpec};
+use payment_worker::operator;
+use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
 
 use crate::chaos::processes::{
     answered, by_position, expectations, flush_prefix, payment_rows, token_statuses, Books,
@@ -66,7 +67,7 @@ impl Run {
             decline_ratio: 0.05,
             seed,
         };
-        let records = worker::generate(&spec, &unique("grp"));
+        let records = operator::generate(&spec, &unique("grp"));
         Self {
             db,
             redis,
@@ -342,7 +343,7 @@ fn membership_events(worker: &Proc) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_incremental_revoke_keeps_the_rest_of_the_assignment_and_the_membership() {
     use crate::support::helpers::{quick_worker_settings, stop_all, wait_for_stable_group, Stack};
-    use payment_worker::gateway::SimulatorConfig;
+    use payment_worker::devtools::SimulatorConfig;
 
     let stack = Stack::new(
         PARTITIONS,
@@ -359,7 +360,7 @@ async fn an_incremental_revoke_keeps_the_rest_of_the_assignment_and_the_membersh
         decline_ratio: 0.0,
         seed: 174,
     };
-    let records = worker::generate(&spec, &unique("incr"));
+    let records = operator::generate(&spec, &unique("incr"));
     let (first, second) = records.split_at(300);
     stack.produce(first).await;
     let settings = quick_worker_settings();

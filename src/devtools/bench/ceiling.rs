@@ -29,6 +29,9 @@ use crate::token::{
 };
 
 /// Every reservation is granted and every owner check passes: no round trip.
+/// Not one of the real stores on purpose: the ceiling is the payment transaction
+/// alone, and either real store would add its own round trips to that figure
+/// (the Redis ones are measured apart, `round_trips.rs`).
 struct GrantingTokens {
     policy: TokenPolicy,
 }

@@ -30,12 +30,11 @@ use super::cpu;
 use super::report::{LatencySummary, PhaseReport};
 use super::rss::read_memory;
 use crate::configuration::{KafkaSettings, WorkerSettings};
-use crate::gateway::{
-    GatewaySimulator, HttpGateway, PaymentGateway, RunningSimulator, SimulatorConfig,
-};
+use crate::devtools::{GatewaySimulator, LocalKafka, RunningSimulator, SimulatorConfig};
+use crate::gateway::{HttpGateway, PaymentGateway};
 use crate::payment::{GatewayLookup, Processor};
 use crate::token::TokenStore;
-use crate::worker::{self, LocalKafka, ResultRecord, RunningWorker};
+use crate::worker::{self, ResultRecord, RunningWorker};
 
 /// A phase that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(60);

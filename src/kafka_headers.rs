@@ -17,7 +17,9 @@ use rdkafka_sys as rdsys;
 /// librdkafka stores names as C strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawHeader<'a> {
+    /// The name's bytes, up to its first NUL.
     pub name: &'a [u8],
+    /// The value's bytes; `None` for a header without a value.
     pub value: Option<&'a [u8]>,
 }
 

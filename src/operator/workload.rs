@@ -5,29 +5,42 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// What a generated record is meant to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordKind {
+    /// A new, valid command.
     Valid,
+    /// An exact repeat of an earlier valid command.
     Duplicate,
+    /// A record that breaks one rule (each invalid record a different one).
     Invalid,
 }
 
+/// One record of a generated workload.
 #[derive(Debug, Clone)]
 pub struct WorkloadRecord {
+    /// What it is meant to be.
     pub kind: RecordKind,
+    /// The record key (the idempotency key; `None` for some invalid records).
     pub key: Option<Vec<u8>>,
+    /// The record value (the command's JSON; `None` for some invalid records).
     pub value: Option<Vec<u8>>,
     /// Send to this partition index (modulo the partition count) instead of by key.
     pub partition_hint: Option<u32>,
 }
 
+/// The shape of a generated workload.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkloadSpec {
+    /// Records in all.
     pub count: usize,
+    /// Share of records that repeat an earlier command exactly.
     pub duplicate_ratio: f64,
+    /// Share of records that are invalid.
     pub invalid_ratio: f64,
     /// Share of commands whose payment method is always declined by the simulator.
     pub decline_ratio: f64,
+    /// Seed of the generator: the same seed and prefix give the same records.
     pub seed: u64,
 }
 
@@ -79,6 +92,7 @@ fn invalid_record(n: usize, prefix: &str) -> (Option<Vec<u8>>, Option<Vec<u8>>) 
     (Some(key.into_bytes()), value)
 }
 
+/// `spec.count` records with keys `<prefix>-000000`, `<prefix>-000001`, …
 pub fn generate(spec: &WorkloadSpec, prefix: &str) -> Vec<WorkloadRecord> {
     let mut rng = StdRng::seed_from_u64(spec.seed);
     let mut records = Vec::with_capacity(spec.count);

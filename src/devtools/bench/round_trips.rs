@@ -11,7 +11,8 @@ use tracing_subscriber::Layer;
 
 use super::e2e::Bed;
 use super::report::RoundTripsPerPayment;
-use crate::gateway::{GatewaySimulator, HttpGateway, PaymentGateway, SimulatorConfig};
+use crate::devtools::{GatewaySimulator, SimulatorConfig};
+use crate::gateway::{HttpGateway, PaymentGateway};
 use crate::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
 use crate::telemetry::RoundTripCounter;
 

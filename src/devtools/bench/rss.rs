@@ -4,11 +4,14 @@
 /// Memory of one process, in KiB as the kernel reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Memory {
+    /// Highest resident set size so far (VmHWM, KiB).
     pub peak_kib: u64,
+    /// Resident set size now (VmRSS, KiB).
     pub current_kib: u64,
 }
 
 impl Memory {
+    /// `peak_kib` in MiB.
     pub fn peak_mib(&self) -> f64 {
         self.peak_kib as f64 / 1024.0
     }

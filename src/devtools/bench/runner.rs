@@ -13,17 +13,18 @@ use super::ceiling;
 use super::e2e::{Bed, Load, PhaseOutcome, WorkerKind};
 use super::report::{BenchReport, LoopReport, PhaseReport, Settings};
 use super::rss::read_memory;
-use crate::configuration::{
-    redact_url, DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL,
-};
+use crate::configuration::{DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL};
+use crate::devtools::LocalKafka;
+use crate::redaction::redact_url;
 use crate::token::{RedisTokenStore, TokenPolicy, TokenStore};
-use crate::worker::{self, LocalKafka};
+use crate::worker;
 
 pub const DEFAULT_BENCH_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments_bench";
 
 /// The latency of the slow-gateway phase, fixed by the performance targets.
 const SLOW_GATEWAY_MS: u64 = 20;
 
+/// `payment-worker bench`: how long, how much, and where.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Also write the report as JSON to this file.
@@ -151,7 +152,7 @@ fn load_average() -> f64 {
 /// A pool of the worker's size with every connection already open, so neither
 /// the ceiling nor a phase pays for connecting inside its measurement.
 async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> {
-    let pool = database.connect().await?;
+    let pool = crate::startup::connect(database).await?;
     let mut held = Vec::new();
     for _ in 0..database.max_connections {
         held.push(
@@ -166,9 +167,7 @@ async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> 
 
 /// Deletes this run's rows and tokens, so repeated runs measure the same table.
 async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> anyhow::Result<()> {
-    sqlx::query("DELETE FROM payments WHERE starts_with(idempotency_key, $1)")
-        .bind(format!("{run_prefix}-"))
-        .execute(pool)
+    crate::payment::delete_payments_with_prefix(pool, &format!("{run_prefix}-"))
         .await
         .context("deleting the run's payment rows")?;
     sqlx::query("DELETE FROM idempotency_tokens WHERE starts_with(key, $1)")
@@ -202,6 +201,7 @@ async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> any
     }
 }
 
+/// Runs every phase, prints the report (and writes JSON and a picture when asked); fails when the books do not balance.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let run_prefix = format!("bench-{run_id}");
@@ -244,14 +244,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     // Set-up, audit and clean-up share two connections, so the measured pools have
     // the server's connection slots to themselves.
-    let admin = DatabaseSettings {
+    let admin = crate::startup::connect_and_migrate(&DatabaseSettings {
         max_connections: 2,
         ..database.clone()
-    }
-    .connect_and_migrate()
+    })
     .await?;
     // Earlier runs' deleted rows stay as dead tuples where autovacuum is off.
-    if let Err(error) = sqlx::query("VACUUM ANALYZE payments").execute(&admin).await {
+    if let Err(error) = crate::payment::vacuum_payments(&admin).await {
         tracing::warn!(%error, "VACUUM of the bench database failed");
     }
     let tokens: Arc<dyn TokenStore> = Arc::new(

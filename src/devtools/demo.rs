@@ -16,14 +16,15 @@ use rdkafka::producer::FutureProducer;
 use crate::configuration::{
     DatabaseSettings, GatewaySettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
 };
-use crate::gateway::{
-    ChargeStatus, GatewaySimulator, HttpGateway, PaymentGateway, SimulatorConfig,
-};
+use crate::devtools::{GatewaySimulator, LocalKafka, SimulatorConfig};
+use crate::gateway::{HttpGateway, PaymentGateway};
+use crate::operator::{self, WorkloadSpec};
 use crate::payment::{GatewayLookup, Processor};
 use crate::retry::RetryPolicy;
 use crate::startup;
-use crate::worker::{self, Handler, LocalKafka, Publisher, ResultRecord, WorkloadSpec};
+use crate::worker::{self, Handler, Publisher, ResultRecord};
 
+/// `payment-worker demo`: the workload's size and the services to use.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Commands in the workload.
@@ -41,8 +42,10 @@ pub struct DemoArgs {
     /// How the workers deliver results (see `run --results`).
     #[arg(long, value_enum, default_value = "at-least-once")]
     pub results: crate::configuration::ResultsMode,
+    /// The database the demo's payments go to (created and migrated when missing).
     #[command(flatten)]
     pub database: DatabaseSettings,
+    /// The Redis the demo's tokens go to (under a key prefix of this run).
     #[command(flatten)]
     pub redis: RedisSettings,
 }
@@ -224,18 +227,19 @@ async fn stop_group(workers: Vec<worker::RunningWorker>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the demo: two passes over one workload, then the books; fails on any double charge or unbooked charge.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..8];
     println!("payment-worker demo (run {run_id})");
     println!(
         "  postgres: {}",
-        crate::configuration::redact_url(&args.database.url)
+        crate::redaction::redact_url(&args.database.url)
     );
     println!(
         "  redis:    {}",
-        crate::configuration::redact_url(&args.redis.url)
+        crate::redaction::redact_url(&args.redis.url)
     );
-    let pool = args.database.connect_and_migrate().await?;
+    let pool = startup::connect_and_migrate(&args.database).await?;
 
     let local = LocalKafka::start(3)?;
     let mut kafka = KafkaSettings::local(local.bootstrap_servers(), format!("demo-{run_id}"));
@@ -300,19 +304,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         seed: rand::random(),
     };
     let prefix = format!("demo-{run_id}");
-    let records = worker::generate(&spec, &prefix);
+    let records = operator::generate(&spec, &prefix);
     let producer: FutureProducer = worker::producer_config(&kafka).create()?;
-    worker::publish_records(&producer, &kafka.commands_topic, args.partitions, &records).await?;
-    let mut kinds: HashMap<worker::RecordKind, usize> = HashMap::new();
+    operator::publish_records(&producer, &kafka.commands_topic, args.partitions, &records).await?;
+    let mut kinds: HashMap<operator::RecordKind, usize> = HashMap::new();
     for r in &records {
         *kinds.entry(r.kind).or_default() += 1;
     }
     println!(
         "\nproduced {} commands: {} unique, {} duplicates, {} invalid",
         records.len(),
-        kinds.get(&worker::RecordKind::Valid).unwrap_or(&0),
-        kinds.get(&worker::RecordKind::Duplicate).unwrap_or(&0),
-        kinds.get(&worker::RecordKind::Invalid).unwrap_or(&0),
+        kinds.get(&operator::RecordKind::Valid).unwrap_or(&0),
+        kinds.get(&operator::RecordKind::Duplicate).unwrap_or(&0),
+        kinds.get(&operator::RecordKind::Invalid).unwrap_or(&0),
     );
 
     let tally = Arc::new(Mutex::new(Tally::default()));
@@ -335,7 +339,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     println!("\npass 2: rewind the group to offset 0 and replay every command");
     let rewind_kafka = kafka.clone();
-    tokio::task::spawn_blocking(move || worker::rewind_group(&rewind_kafka, None))
+    tokio::task::spawn_blocking(move || operator::rewind_group(&rewind_kafka, None))
         .await?
         .context("rewinding the group")?;
     let group = start_group(args.workers, &kafka, &worker_settings, &processors)?;
@@ -357,37 +361,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .into_iter()
         .filter(|e| e.idempotency_key.starts_with(&prefix))
         .collect();
-    let mut charges_per_key: HashMap<&str, usize> = HashMap::new();
-    for entry in &ledger {
-        *charges_per_key
-            .entry(entry.idempotency_key.as_str())
-            .or_default() += 1;
-    }
-    let double_charged = charges_per_key.values().filter(|n| **n > 1).count();
-    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
-        "SELECT idempotency_key, status, gateway_transaction_id FROM payments WHERE idempotency_key LIKE $1",
-    )
-    .bind(format!("{prefix}-%"))
-    .fetch_all(&pool)
-    .await?;
-    let rows_by_key: HashMap<&str, (&str, Option<&str>)> = rows
-        .iter()
-        .map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref())))
-        .collect();
-    let mut mismatches = 0usize;
-    for entry in &ledger {
-        let expected = match entry.status {
-            ChargeStatus::Approved => "succeeded",
-            ChargeStatus::Declined => "declined",
-        };
-        match rows_by_key.get(entry.idempotency_key.as_str()) {
-            Some((status, Some(txn))) if *status == expected && *txn == entry.transaction_id => {}
-            _ => mismatches += 1,
-        }
-    }
-    let rows_without_charge = rows
-        .len()
-        .saturating_sub(ledger.len() - mismatches.min(ledger.len()));
+    let rows = crate::payment::booked_payments(&pool, &prefix, token_settings.lease).await?;
+    let books = crate::audit::reconcile(&ledger, &rows);
+    let double_charged = books.double_charged.len();
+    let mismatches = books.unbooked_charges;
+    let rows_without_charge = books.rows_unbacked();
 
     println!("\n=== report ===");
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(0.001);
@@ -418,7 +396,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "ledger audit: {} charges for {} keys, {} payment rows",
         ledger.len(),
-        charges_per_key.len(),
+        books.charges.len(),
         rows.len()
     );
     println!("  double charges:               {double_charged}");

@@ -128,7 +128,7 @@ pub fn svg(report: &BenchReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::report::PhaseReport;
+    use crate::devtools::bench::report::PhaseReport;
 
     #[test]
     fn every_phase_has_a_bar_and_its_percentiles_and_the_ceiling_a_rule() {

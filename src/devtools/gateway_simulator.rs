@@ -39,7 +39,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::interface::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
+use crate::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
 use crate::token::IdempotencyKey;
 
 /// A payment method the simulator always declines, whatever `--decline-rate` says.
@@ -122,7 +122,9 @@ impl SimulatorConfig {
 /// One `--slow-key KEY=MS`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlowKey {
+    /// The key whose charges are slowed.
     pub key: IdempotencyKey,
+    /// How much longer its charges take.
     pub delay: Duration,
 }
 
@@ -517,6 +519,7 @@ impl GatewaySimulator {
         })
     }
 
+    /// The address the simulator is bound to (port 0 resolved).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
@@ -584,6 +587,7 @@ pub struct RunningSimulator {
 }
 
 impl RunningSimulator {
+    /// The address the running simulator serves on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

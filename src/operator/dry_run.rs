@@ -8,12 +8,11 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 
-use super::kafka::base_config;
-use super::messages::decode;
-use super::tools::{partition_count, read_ranges, PartitionRange};
+use super::topics::{partition_count, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
 use crate::payment::GatewayLookup;
 use crate::token::{TokenMode, TokenState, TokenStore};
+use crate::worker::{base_config, decode};
 
 /// Every verdict, in the order the summary prints them.
 pub const VERDICTS: [&str; 7] = [
@@ -45,12 +44,15 @@ fn meaning(verdict: &str) -> &'static str {
 /// What `replay --dry-run` says one command would do.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DryRunVerdict {
+    /// The record's partition.
     pub partition: i32,
+    /// The record's offset.
     pub offset: i64,
     /// The command's key; `None` for a record that is not a valid command.
     pub idempotency_key: Option<String>,
     /// One of [`VERDICTS`].
     pub verdict: &'static str,
+    /// Why this verdict, in words (never the payment method).
     pub detail: String,
 }
 
@@ -68,6 +70,7 @@ pub struct DryRunScope {
 /// The answer to "what would a replay do": counts per verdict (zeros included).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DryRunReport {
+    /// The topic examined.
     pub topic: String,
     /// `null`: from the beginning of every partition.
     pub from_offset: Option<i64>,
@@ -75,6 +78,7 @@ pub struct DryRunReport {
     pub records_in_range: u64,
     /// Records examined (fewer than `records_in_range` under `--limit`).
     pub examined: usize,
+    /// Records per verdict, every verdict of [`VERDICTS`] present (zeros included).
     pub counts: BTreeMap<&'static str, usize>,
     /// Every examined record (`--list`), in partition and offset order.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -27,9 +27,11 @@ pub(super) async fn postgres_token_phases(
     commands: usize,
     audit: &mut AuditReport,
 ) -> anyhow::Result<()> {
-    let maintenance = DatabaseSettings::with_url(&bed.database_url)
-        .connect_with_size(LEASE_CONNECTIONS)
-        .await?;
+    let maintenance = crate::startup::connect_with_size(
+        &DatabaseSettings::with_url(&bed.database_url),
+        LEASE_CONNECTIONS,
+    )
+    .await?;
     let postgres: Arc<dyn TokenStore> = Arc::new(
         PostgresTokenStore::new(bed.pool.clone(), TokenPolicy::default())
             .with_maintenance_pool(maintenance.clone()),

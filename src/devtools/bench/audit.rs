@@ -1,12 +1,13 @@
 //! The benchmark must never charge twice (I1) and must leave ledger = books (I7):
 //! each phase's gateway ledger is reconciled against its payment rows.
 
-use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::gateway::{ChargeStatus, LedgerEntry};
+use crate::gateway::LedgerEntry;
+use crate::payment::{booked_payments, BookedPayment};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct AuditReport {
@@ -18,9 +19,10 @@ pub struct AuditReport {
     pub rows: usize,
     /// Keys with more than one ledger entry (I1).
     pub double_charged_keys: usize,
-    /// Ledger entries without a row of the matching status and transaction id.
+    /// Ledger entries without a row of the matching status and transaction id
+    /// (`Books::unbooked_charges`).
     pub charges_without_row: usize,
-    /// Rows whose key and transaction id are not in the ledger.
+    /// Rows no ledger entry backs (`Books::rows_unbacked`).
     pub rows_without_charge: usize,
     pub ok: bool,
 }
@@ -42,65 +44,33 @@ impl AuditReport {
     }
 }
 
-/// (idempotency key, status, gateway transaction id)
-pub type Row = (String, String, Option<String>);
-
-pub async fn rows_with_prefix(pool: &PgPool, key_prefix: &str) -> anyhow::Result<Vec<Row>> {
-    Ok(sqlx::query_as(
-        "SELECT idempotency_key, status, gateway_transaction_id FROM payments
-         WHERE starts_with(idempotency_key, $1)",
-    )
-    .bind(key_prefix)
-    .fetch_all(pool)
-    .await?)
+/// This phase's rows: those whose key starts with `key_prefix`.
+pub async fn rows_with_prefix(
+    pool: &PgPool,
+    key_prefix: &str,
+) -> anyhow::Result<Vec<BookedPayment>> {
+    // The lease only marks stale `processing` rows, which the bench counts anyway.
+    Ok(booked_payments(pool, key_prefix, Duration::ZERO).await?)
 }
 
-/// Reconciles one phase: its simulator's ledger against the rows of its keys.
+/// Reconciles one phase: its simulator's ledger against the rows of its keys
+/// (`audit::reconcile`), and its commands against the results seen.
 pub fn reconcile(
     ledger: &[LedgerEntry],
-    rows: &[Row],
+    rows: &[BookedPayment],
     commands: usize,
     answered: usize,
 ) -> AuditReport {
-    let mut per_key: HashMap<&str, usize> = HashMap::new();
-    for entry in ledger {
-        *per_key.entry(entry.idempotency_key.as_str()).or_default() += 1;
-    }
-    let by_key: HashMap<&str, (&str, Option<&str>)> = rows
-        .iter()
-        .map(|(k, s, t)| (k.as_str(), (s.as_str(), t.as_deref())))
-        .collect();
-    let charged: HashSet<(&str, &str)> = ledger
-        .iter()
-        .map(|e| (e.idempotency_key.as_str(), e.transaction_id.as_str()))
-        .collect();
-    let charges_without_row = ledger
-        .iter()
-        .filter(|entry| {
-            let expected = match entry.status {
-                ChargeStatus::Approved => "succeeded",
-                ChargeStatus::Declined => "declined",
-            };
-            by_key.get(entry.idempotency_key.as_str())
-                != Some(&(expected, Some(entry.transaction_id.as_str())))
-        })
-        .count();
-    let rows_without_charge = rows
-        .iter()
-        .filter(|(key, _, txn)| match txn {
-            Some(txn) => !charged.contains(&(key.as_str(), txn.as_str())),
-            None => true,
-        })
-        .count();
+    let books = crate::audit::reconcile(ledger, rows);
     let mut report = AuditReport {
         phases: 1,
         commands,
         unanswered: commands.saturating_sub(answered),
         charges: ledger.len(),
         rows: rows.len(),
-        double_charged_keys: per_key.values().filter(|n| **n > 1).count(),
-        charges_without_row,
-        rows_without_charge,
+        double_charged_keys: books.double_charged.len(),
+        charges_without_row: books.unbooked_charges,
+        rows_without_charge: books.rows_unbacked(),
         ok: false,
     };
     report.add(&AuditReport::default());
@@ -110,6 +80,8 @@ pub fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::ChargeStatus;
+    use crate::payment::PaymentStatus;
 
     fn entry(key: &str, txn: &str) -> LedgerEntry {
         LedgerEntry {
@@ -123,8 +95,13 @@ mod tests {
         }
     }
 
-    fn row(key: &str, txn: &str) -> Row {
-        (key.into(), "succeeded".into(), Some(txn.into()))
+    fn row(key: &str, txn: &str) -> BookedPayment {
+        BookedPayment {
+            idempotency_key: key.into(),
+            status: PaymentStatus::Succeeded,
+            gateway_transaction_id: Some(txn.into()),
+            stale: false,
+        }
     }
 
     #[test]

@@ -157,15 +157,22 @@ pub struct Settings {
 /// be compared with `jq`, the details below.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BenchReport {
+    /// Identifies this run (its key prefix and Redis prefix).
     pub run_id: String,
+    /// When the run started (RFC 3339).
     pub started_at: String,
+    /// The crate version measured.
     pub version: String,
     /// Mean of the ceiling measured right before and right after the 0 ms phase,
     /// so load that comes and goes on the machine meets both sides of the ratio.
     pub ceiling_tps: f64,
+    /// The ceiling measured right before the 0 ms phase (transactions/s).
     pub ceiling_tps_before: f64,
+    /// The ceiling measured right after the 0 ms phase (transactions/s).
     pub ceiling_tps_after: f64,
+    /// Redis token round trips per second (reserve and confirm, nothing else).
     pub token_round_trips_per_s: f64,
+    /// End to end at 0 ms gateway latency (payments/s).
     pub e2e_tps_0ms: f64,
     /// e2e_tps_0ms ÷ ceiling_tps.
     pub ratio_0ms: f64,
@@ -173,15 +180,21 @@ pub struct BenchReport {
     /// Postgres CPU per end-to-end payment at 0 ms, i.e. the ratio if Postgres had
     /// its cores to itself and nothing else bounded the worker.
     pub ratio_0ms_postgres_cpu_estimate: f64,
+    /// End to end at 20 ms gateway latency (payments/s).
     pub e2e_tps_20ms: f64,
     /// partitions × 1000 ÷ 20 ms: what processing each partition sequentially allows.
     pub sequential_bound_20ms: f64,
     /// e2e_tps_20ms ÷ sequential_bound_20ms.
     pub ratio_20ms_to_sequential: f64,
+    /// The produce rate of the half-load phase (commands/s).
     pub half_load_rate: f64,
+    /// Median latency at half load: command timestamp to result produced (ms).
     pub p50_ms_half_load: i64,
+    /// 95th percentile latency at half load (ms).
     pub p95_ms_half_load: i64,
+    /// 99th percentile latency at half load (ms), the figure the target is set on.
     pub p99_ms_half_load: i64,
+    /// 99th percentile at half load as the bench's reader saw the result (ms).
     pub p99_ms_half_load_observed: i64,
     /// VmHWM of a `payment-worker run` process draining the backlog.
     pub peak_rss_mib: f64,
@@ -198,37 +211,60 @@ pub struct BenchReport {
     pub e2e_tps_0ms_postgres_tokens_purging: f64,
     /// e2e_tps_0ms_postgres_tokens_purging ÷ e2e_tps_0ms_postgres_tokens.
     pub ratio_purging_to_postgres_tokens: f64,
+    /// The purge during the Postgres-token phase.
     pub purge: PurgeReport,
+    /// `ratio_postgres_tokens_to_redis` meets [`TARGET_RATIO_POSTGRES_TOKENS`].
     pub pass_ratio_postgres_tokens: bool,
+    /// `ratio_purging_to_postgres_tokens` meets [`TARGET_RATIO_PURGING`].
     pub pass_ratio_purging: bool,
+    /// `ratio_0ms` meets [`TARGET_RATIO_0MS`].
     pub pass_ratio_0ms: bool,
+    /// `e2e_tps_20ms` meets [`TARGET_TPS_20MS`].
     pub pass_tps_20ms: bool,
+    /// `p99_ms_half_load` meets [`TARGET_P99_HALF_LOAD_MS`].
     pub pass_p99_half_load: bool,
+    /// `peak_rss_mib` meets [`TARGET_PEAK_RSS_MIB`].
     pub pass_peak_rss: bool,
     /// CPU time of the `run` child per payment while it drains the backlog (ms).
     pub worker_cpu_ms_per_payment: f64,
+    /// `worker_cpu_ms_per_payment` meets [`TARGET_WORKER_CPU_MS`].
     pub pass_worker_cpu: bool,
+    /// Redis, Postgres and gateway round trips per fresh payment.
     pub round_trips: RoundTripsPerPayment,
+    /// `round_trips` within [`TARGET_ROUND_TRIPS`].
     pub pass_round_trips: bool,
     /// The same worker with `--max-in-flight 1` (a plain one-record-at-a-time loop)
     /// at 20 ms, and how many times faster the real settings are.
     pub baseline_tps_20ms: f64,
+    /// `e2e_tps_20ms` ÷ `baseline_tps_20ms`.
     pub baseline_multiple_20ms: f64,
+    /// `baseline_multiple_20ms` meets [`TARGET_BASELINE_MULTIPLE_20MS`].
     pub pass_baseline_multiple: bool,
-    /// The 0 ms and 20 ms phases again with `--results exactly-once`, and each as a
-    /// share of the at-least-once phase of the same latency.
+    /// Exactly-once throughput with the gateway answering at once.
     pub eos_tps_0ms: f64,
+    /// `eos_tps_0ms` as a share of `e2e_tps_0ms` (same run).
     pub eos_ratio_0ms: f64,
+    /// Exactly-once throughput with 20 ms gateway latency.
     pub eos_tps_20ms: f64,
+    /// `eos_tps_20ms` as a share of `e2e_tps_20ms` (same run).
     pub eos_ratio_20ms: f64,
+    /// Both exactly-once ratios meet their target (not counted in `all_pass`).
     pub pass_eos_ratio: bool,
+    /// Every phase's books balanced and every command was answered.
     pub audit_ok: bool,
+    /// Every `pass_*` above holds.
     pub all_pass: bool,
+    /// The settings the run used.
     pub settings: Settings,
+    /// The ceiling loop before the 0 ms phase.
     pub ceiling: LoopReport,
+    /// The ceiling loop after the 0 ms phase.
     pub ceiling_after: LoopReport,
+    /// The Redis token loop.
     pub tokens: LoopReport,
+    /// Every end-to-end phase, in the order run.
     pub phases: Vec<PhaseReport>,
+    /// The books of every phase together.
     pub audit: AuditReport,
 }
 
@@ -306,6 +342,7 @@ impl BenchReport {
             && self.audit_ok;
     }
 
+    /// The human-readable summary: one line per figure with its target and verdict.
     pub fn table(&self) -> String {
         let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
         let s = &self.settings;

@@ -1,0 +1,20 @@
+//! Operator commands around the worker: `produce`, `replay` (and its dry run),
+//! `dlq redrive`, and the outcome `process` prints. They use the worker's Kafka
+//! settings and message formats; the worker itself never calls them.
+mod dry_run;
+mod outcome_view;
+mod produce;
+mod redrive;
+mod replay;
+mod topics;
+mod workload;
+
+pub use dry_run::{
+    dry_run_report, dry_run_verdicts, DryRunReport, DryRunScope, DryRunVerdict, VERDICTS,
+};
+pub use outcome_view::OutcomeView;
+pub use produce::{produce, publish_records, ProduceArgs};
+pub use redrive::{redrive, RedriveArgs};
+pub use replay::{replay, rewind_group, ReplayArgs};
+pub use topics::{partition_count, read_partitions, read_ranges, PartitionRange};
+pub use workload::{generate, RecordKind, WorkloadRecord, WorkloadSpec};

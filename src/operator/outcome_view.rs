@@ -1,0 +1,33 @@
+//! The outcome of one command as `process` prints it (one JSON line).
+
+use uuid::Uuid;
+
+use crate::payment::Outcome;
+
+/// An outcome as `process` prints it.
+#[derive(Debug, serde::Serialize)]
+pub struct OutcomeView {
+    /// `succeeded`, `declined`, `duplicate`, `rejected` or `retry`.
+    pub outcome: &'static str,
+    /// The payment's id, when there is one.
+    pub payment_id: Option<Uuid>,
+    /// The gateway transaction id, the rejection reason or why to retry.
+    pub detail: Option<String>,
+}
+
+impl From<&Outcome> for OutcomeView {
+    fn from(outcome: &Outcome) -> Self {
+        let detail = match outcome {
+            Outcome::Succeeded { transaction_id, .. }
+            | Outcome::Declined { transaction_id, .. } => Some(transaction_id.clone()),
+            Outcome::Rejected { kind, reason } => Some(format!("{}: {reason}", kind.as_str())),
+            Outcome::Retry { reason, .. } => Some(reason.clone()),
+            Outcome::Duplicate { .. } => None,
+        };
+        Self {
+            outcome: outcome.label(),
+            payment_id: outcome.payment_id(),
+            detail,
+        }
+    }
+}

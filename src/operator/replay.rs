@@ -1,0 +1,161 @@
+//! `payment-worker replay`: rewinds the workers' consumer group, or (`--dry-run`)
+//! reports what replaying would do without touching the group.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::dry_run::{dry_run_report, DryRunScope};
+use super::topics::partition_count;
+use crate::configuration::{KafkaSettings, StoreSettings};
+use crate::worker::consumer_config;
+
+/// `payment-worker replay`: which group to rewind and to where, or what a dry run reports.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["to_beginning", "to_offset"])))]
+pub struct ReplayArgs {
+    /// The cluster, the group and the commands topic.
+    #[command(flatten)]
+    pub kafka: KafkaSettings,
+    /// The group to rewind (default: --kafka-group-id).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Rewind every partition to its first offset.
+    #[arg(long)]
+    pub to_beginning: bool,
+    /// Rewind every partition to this offset (clamped to what the topic holds).
+    #[arg(long)]
+    pub to_offset: Option<i64>,
+    /// Report what replaying would do (counts per verdict: would_charge,
+    /// would_look_up, duplicate, key_reused, in_flight, token_missing, invalid),
+    /// without touching the group or the gateway.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run: print the report as one JSON document.
+    #[arg(long, requires = "dry_run")]
+    pub json: bool,
+    /// With --dry-run: also give each record's verdict (one line, or a `records` list in JSON).
+    #[arg(long, requires = "dry_run")]
+    pub list: bool,
+    /// With --dry-run: examine at most N records, shared evenly between the partitions.
+    #[arg(long, value_name = "N", requires = "dry_run")]
+    pub limit: Option<usize>,
+    /// With --dry-run: the workers' `--gateway-lookup` (`always`: every charge is a look-up first).
+    #[arg(
+        long = "gateway-lookup",
+        env = "GATEWAY_LOOKUP",
+        value_enum,
+        default_value = "uncertain"
+    )]
+    pub gateway_lookup: crate::payment::GatewayLookup,
+    /// Where payments and tokens live (read by `--dry-run` only).
+    #[command(flatten)]
+    pub stores: StoreSettings,
+}
+
+/// Start offsets for a replay: per partition, the target clamped to the low watermark.
+fn replay_targets(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partitions: i32,
+    to_offset: Option<i64>,
+) -> anyhow::Result<Vec<(i32, i64, i64)>> {
+    (0..partitions)
+        .map(|p| {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .with_context(|| format!("watermarks of {topic}/{p}"))?;
+            let start = to_offset.map_or(low, |o| o.clamp(low, high));
+            Ok((p, start, high))
+        })
+        .collect()
+}
+
+/// Rewinds the group (every member must be gone), or prints the dry run's report.
+pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let mut kafka = args.kafka.clone();
+    if let Some(group) = &args.group {
+        kafka.group_id = group.clone();
+    }
+    if args.dry_run {
+        return dry_run(&args, &kafka).await;
+    }
+    let to_offset = if args.to_beginning {
+        None
+    } else {
+        args.to_offset
+    };
+    let rewound = tokio::task::spawn_blocking(move || rewind_group(&kafka, to_offset)).await??;
+    println!("rewound {rewound} partitions");
+    Ok(())
+}
+
+async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
+    let (pool, store) = crate::startup::open_stores(&args.stores).await?;
+    let scope = DryRunScope {
+        to_offset: if args.to_beginning {
+            None
+        } else {
+            args.to_offset
+        },
+        limit: args.limit,
+        lookup: args.gateway_lookup,
+    };
+    let report = dry_run_report(
+        kafka,
+        &scope,
+        &pool,
+        store.as_ref(),
+        args.stores.tokens.mode,
+        args.list,
+    )
+    .await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}
+
+/// Joins the group, waits to be assigned every partition (only possible when no
+/// other member is alive), commits the start offsets as a member, and leaves.
+pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Result<usize> {
+    let topic = kafka.commands_topic.as_str();
+    let partitions = partition_count(kafka, topic)?;
+    let mut config = consumer_config(kafka);
+    config.set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = config.create()?;
+    consumer.subscribe(&[topic])?;
+    let deadline = Instant::now() + kafka.session_timeout * 3 + Duration::from_secs(5);
+    loop {
+        // Messages fetched meanwhile are dropped at once; nothing is stored.
+        if let Some(Err(error)) = consumer.poll(Duration::from_millis(100)) {
+            tracing::debug!(%error, "poll while waiting for the assignment");
+        }
+        let assigned = consumer.assignment()?.count();
+        if assigned == partitions as usize {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "group {} still has other live members (got {assigned} of {partitions} partitions); stop the workers first",
+            kafka.group_id
+        );
+    }
+    let targets = replay_targets(&consumer, topic, partitions, to_offset)?;
+    let mut list = TopicPartitionList::new();
+    for (p, start, _) in &targets {
+        list.add_partition_offset(topic, *p, Offset::Offset(*start))?;
+    }
+    consumer
+        .commit(&list, CommitMode::Sync)
+        .context("committing the replay offsets")?;
+    drop(list);
+    consumer.unsubscribe();
+    let _ = consumer.poll(Duration::from_millis(100));
+    drop(consumer);
+    Ok(targets.len())
+}

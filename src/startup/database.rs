@@ -1,0 +1,156 @@
+//! The payments database at start: created when missing, connected, migrated, or
+//! checked for its schema, as `DatabaseSettings` and `MigrateMode` say.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::configuration::{DatabaseSettings, MigrateMode};
+use crate::redaction::redact_url;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Applies `migrations/`. Safe to run concurrently from several processes.
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .context("applying migrations failed")
+}
+
+/// Creates the database named in the URL if it does not exist yet.
+pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> {
+    let options = settings.connect_options()?;
+    let name = options.get_database().unwrap_or("postgres").to_owned();
+    let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
+        .await
+        .map_err(name_tls_failure)
+        .with_context(|| format!("cannot reach Postgres at {}", redact_url(&settings.url)))?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&name)
+            .fetch_one(&mut admin)
+            .await?;
+    if !exists {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        match sqlx::query(&format!("CREATE DATABASE {quoted}"))
+            .execute(&mut admin)
+            .await
+        {
+            Ok(_) => {}
+            // Another process created it between our check and our CREATE: Postgres
+            // says duplicate_database, or unique_violation when both raced the catalog.
+            Err(sqlx::Error::Database(e))
+                if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
+            Err(e) => return Err(e).context("CREATE DATABASE failed"),
+        }
+    }
+    admin.close().await.ok();
+    Ok(())
+}
+
+/// A pool of `settings.max_connections` connections to the database.
+pub async fn connect(settings: &DatabaseSettings) -> anyhow::Result<PgPool> {
+    connect_with_size(settings, settings.max_connections).await
+}
+
+/// A pool of `size` connections to the same database (the token store's own).
+pub async fn connect_with_size(settings: &DatabaseSettings, size: u32) -> anyhow::Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(settings.connect_options()?)
+        .await
+        .map_err(name_tls_failure)
+        .with_context(|| {
+            format!(
+                "cannot connect to Postgres at {}",
+                redact_url(&settings.url)
+            )
+        })
+}
+
+/// `ensure_database`, `connect`, then apply `migrations/`.
+pub async fn connect_and_migrate(settings: &DatabaseSettings) -> anyhow::Result<PgPool> {
+    ensure_database(settings).await?;
+    let pool = connect(settings).await?;
+    migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// The payments database as `mode` wants it: `Auto` creates and migrates it
+/// (owner rights needed), `Skip` only connects, so a role with nothing but
+/// `SELECT, INSERT, UPDATE, DELETE` on the tables is enough.
+pub async fn open_database(
+    settings: &DatabaseSettings,
+    mode: MigrateMode,
+) -> anyhow::Result<PgPool> {
+    match mode {
+        MigrateMode::Auto => connect_and_migrate(settings)
+            .await
+            .map_err(|error| explain_missing_rights(error, &settings.url)),
+        MigrateMode::Skip => {
+            let pool = connect(settings).await?;
+            ensure_schema_present(&pool).await?;
+            Ok(pool)
+        }
+    }
+}
+
+/// sqlx reports a refused server certificate as an I/O error carrying the rustls
+/// error; say that it is the TLS handshake, so the operator looks at `sslrootcert`.
+fn name_tls_failure(error: sqlx::Error) -> anyhow::Error {
+    let tls = match &error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
+    };
+    if tls {
+        anyhow::Error::new(error)
+            .context("TLS handshake with Postgres failed (check sslmode and the CA in sslrootcert)")
+    } else {
+        error.into()
+    }
+}
+
+/// SQLSTATE 42501 (insufficient_privilege) anywhere in the chain: the role may use
+/// the tables but may not change the schema.
+fn explain_missing_rights(error: anyhow::Error, url: &str) -> anyhow::Error {
+    let denied = error.chain().any(|cause| {
+        cause
+            .downcast_ref::<sqlx::Error>()
+            .and_then(|e| e.as_database_error())
+            .and_then(|e| e.code())
+            .is_some_and(|code| code == "42501")
+            || cause
+                .downcast_ref::<sqlx::migrate::MigrateError>()
+                .is_some_and(|e| e.to_string().contains("permission denied"))
+    });
+    if denied {
+        error.context(format!(
+            "the role in {} may not create or migrate the schema: run `payment-worker migrate` \
+             once with an owner role, then start workers with `--migrate skip` (MIGRATE=skip)",
+            redact_url(url)
+        ))
+    } else {
+        error
+    }
+}
+
+/// With `--migrate skip` nobody applied migrations on this start: fail early and
+/// say so when the tables are missing. `to_regclass` needs no privilege.
+async fn ensure_schema_present(pool: &PgPool) -> anyhow::Result<()> {
+    let present = crate::payment::payments_table_exists(pool)
+        .await
+        .context("checking the schema")?;
+    anyhow::ensure!(
+        present,
+        "the payments table does not exist: run `payment-worker migrate` with an owner role \
+         before starting workers with `--migrate skip`"
+    );
+    Ok(())
+}

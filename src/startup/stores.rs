@@ -1,0 +1,149 @@
+//! The token store and the payments database together, as `StoreSettings` say:
+//! opened, checked against the server's connection limit, and purged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::PgPool;
+
+use super::database::{connect_with_size, open_database};
+use crate::configuration::{
+    RedisSettings, StoreSettings, TokenSettings, TokenStoreKind, TokenTableSettings,
+};
+use crate::redaction::redact_url;
+use crate::token::{PostgresTokenStore, RedisTokenStore, TokenStore};
+
+/// The token store `settings.store` names: Redis (connected here) or the
+/// `idempotency_tokens` table behind `pool`.
+pub async fn token_store(
+    settings: &TokenSettings,
+    redis: &RedisSettings,
+    pool: &PgPool,
+) -> anyhow::Result<Arc<dyn TokenStore>> {
+    Ok(match settings.store {
+        TokenStoreKind::Redis => Arc::new(
+            RedisTokenStore::connect_to(
+                &redis.target()?,
+                redis.key_prefix.clone(),
+                settings.policy(),
+            )
+            .await
+            .context("connecting to Redis")?,
+        ),
+        TokenStoreKind::Postgres => {
+            Arc::new(PostgresTokenStore::new(pool.clone(), settings.policy()))
+        }
+    })
+}
+
+/// The migrated payments database and the configured token store. The Postgres
+/// token store gets its own small pool for lease renewals and the purge.
+pub async fn open_stores(
+    settings: &StoreSettings,
+) -> anyhow::Result<(PgPool, Arc<dyn TokenStore>)> {
+    let pool = open_database(&settings.database, settings.migrate).await?;
+    let tokens: Arc<dyn TokenStore> = match settings.tokens.store {
+        TokenStoreKind::Redis => token_store(&settings.tokens, &settings.redis, &pool).await?,
+        TokenStoreKind::Postgres => {
+            let lease_pool =
+                connect_with_size(&settings.database, settings.token_table.lease_connections)
+                    .await?;
+            Arc::new(
+                PostgresTokenStore::new(pool.clone(), settings.tokens.policy())
+                    .with_maintenance_pool(lease_pool),
+            )
+        }
+    };
+    Ok((pool, tokens))
+}
+
+/// Start-up check: the server must accept every connection this process's pools
+/// may open, or payments would fail on "too many clients" under load instead of
+/// waiting for their turn (see `Processor`: one running attempt per payment-pool
+/// connection, everything else queues before reserving its token).
+pub async fn check_connection_budget(
+    settings: &StoreSettings,
+    pool: &PgPool,
+) -> anyhow::Result<()> {
+    let (max, reserved): (String, String) = sqlx::query_as(
+        "SELECT current_setting('max_connections'), current_setting('superuser_reserved_connections')",
+    )
+    .fetch_one(pool)
+    .await
+    .context("reading the server's max_connections")?;
+    let usable = max
+        .parse::<u32>()
+        .unwrap_or(u32::MAX)
+        .saturating_sub(reserved.parse::<u32>().unwrap_or(0));
+    let needed = settings.connections_needed();
+    let lease_part = match settings.tokens.store {
+        TokenStoreKind::Redis => String::new(),
+        TokenStoreKind::Postgres => format!(
+            " + TOKEN_LEASE_CONNECTIONS {} (the Postgres token store's lease-renewal pool)",
+            settings.token_table.lease_connections
+        ),
+    };
+    anyhow::ensure!(
+        needed <= usable,
+        "the worker needs {needed} Postgres connections: DATABASE_MAX_CONNECTIONS {} \
+         (one per payment running at once){lease_part}; the server at {} accepts {usable} \
+         (max_connections {max} - superuser_reserved_connections {reserved}) for all its \
+         clients together. Lower DATABASE_MAX_CONNECTIONS (payments beyond it wait their \
+         turn before reserving their token) or raise the server's max_connections",
+        settings.database.max_connections,
+        redact_url(&settings.database.url),
+    );
+    Ok(())
+}
+
+/// `run`: the Postgres token store's expired rows are deleted every
+/// `settings.purge_interval`, in statements of `settings.purge_batch` rows, at most
+/// [`PURGE_BATCHES_PER_ROUND`] statements per round so one round stays short; every
+/// worker purges, and `SKIP LOCKED` lets them share the work without waiting on one
+/// another. A no-op for stores whose keys expire by themselves.
+pub fn spawn_token_purge(
+    tokens: Arc<dyn TokenStore>,
+    settings: &TokenTableSettings,
+) -> tokio::task::JoinHandle<()> {
+    let settings = settings.clone();
+    tokio::spawn(async move {
+        let mut ticker =
+            tokio::time::interval(settings.purge_interval.max(Duration::from_millis(10)));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            purge_round(tokens.as_ref(), settings.purge_batch).await;
+        }
+    })
+}
+
+/// Most purge statements in one round; what is left waits for the next round.
+pub const PURGE_BATCHES_PER_ROUND: usize = 20;
+
+/// One round of the purge; returns the rows deleted.
+pub async fn purge_round(tokens: &dyn TokenStore, batch: usize) -> u64 {
+    let mut purged = 0;
+    for _ in 0..PURGE_BATCHES_PER_ROUND {
+        match tokens.purge_expired(batch).await {
+            Ok(0) => break,
+            Ok(rows) => {
+                purged += rows;
+                crate::telemetry::metrics().tokens_purged.add(rows, &[]);
+                if rows < batch as u64 {
+                    break;
+                }
+                // Leave room for the payments between two statements.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "purging expired tokens failed; next round tries again");
+                break;
+            }
+        }
+    }
+    if purged > 0 {
+        tracing::debug!(purged, "expired tokens purged");
+    }
+    purged
+}

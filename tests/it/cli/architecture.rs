@@ -1,0 +1,275 @@
+//! docs/ARCHITECTURE.md stays true: the product never uses the development tools,
+//! no import cycle joins the top-level modules, and the document's figures are the
+//! code's.
+
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file below `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The file's code without `//` comments (doc comments may name anything).
+fn code_of(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn no_product_file_uses_the_development_tools() {
+    let src = src();
+    let tools = src.join("devtools");
+    // The command line dispatches to both sides; `main.rs` and `lib.rs` only name modules.
+    let edges = [src.join("cli.rs"), src.join("main.rs"), src.join("lib.rs")];
+    let product: Vec<PathBuf> = rust_files(&src)
+        .into_iter()
+        .filter(|p| !p.starts_with(&tools) && !edges.contains(p))
+        .collect();
+    assert!(product.len() > 30, "the walk found only {product:?}");
+    let offenders: Vec<String> = product
+        .iter()
+        .filter(|p| code_of(p).contains("devtools"))
+        .map(|p| p.strip_prefix(&src).unwrap().display().to_string())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "product files that use src/devtools/ (the tools may use the product, never the other way): {offenders:?}"
+    );
+}
+
+/// The library's top-level modules (`src/<name>.rs` or `src/<name>/`) and, for
+/// each, the others its code names as `crate::<name>` (also inside a
+/// `use crate::{…}` list).
+fn module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = src();
+    let mut files: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            files.insert(name, rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main" {
+            files.insert(name, vec![path]);
+        }
+    }
+    let names: Vec<String> = files.keys().cloned().collect();
+    files
+        .iter()
+        .map(|(module, paths)| {
+            let mut used = std::collections::BTreeSet::new();
+            for path in paths {
+                let code = code_of(path);
+                for (at, _) in code.match_indices("crate::") {
+                    let rest = &code[at + "crate::".len()..];
+                    // `crate::{a, b::c}` names every item of the list, `crate::a::…` one.
+                    let list = match rest.strip_prefix('{') {
+                        Some(list) => &list[..list.find('}').unwrap_or(list.len())],
+                        None => &rest[..rest.find("::").unwrap_or(rest.len())],
+                    };
+                    for item in list.split(',') {
+                        let head: String = item
+                            .trim()
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        if names.contains(&head) && &head != module {
+                            used.insert(head);
+                        }
+                    }
+                }
+            }
+            (module.clone(), used)
+        })
+        .collect()
+}
+
+#[test]
+fn no_import_cycle_between_top_level_modules() {
+    let graph = module_graph();
+    assert!(
+        graph["worker"].contains("payment") && graph["payment"].contains("token"),
+        "the scan finds the known edges: {graph:?}"
+    );
+    // Depth-first search for a back edge: a module reached again while on the path.
+    fn visit<'a>(
+        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        module: &'a str,
+        path: &mut Vec<&'a str>,
+        done: &mut std::collections::BTreeSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|m| *m == module) {
+            let mut cycle: Vec<String> = path[at..].iter().map(|m| m.to_string()).collect();
+            cycle.push(module.to_owned());
+            return Some(cycle);
+        }
+        if !done.insert(module) {
+            return None;
+        }
+        path.push(module);
+        for next in &graph[module] {
+            if let Some(cycle) = visit(graph, next, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for module in graph.keys() {
+        let cycle = visit(&graph, module, &mut Vec::new(), &mut done);
+        assert!(
+            cycle.is_none(),
+            "import cycle between top-level modules: {}",
+            cycle.unwrap().join(" -> ")
+        );
+    }
+}
+
+/// docs/ARCHITECTURE.md with every run of white space one space, so a phrase is
+/// found wherever the text wraps.
+fn architecture_doc() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The number written right after `phrase` in `text` (digits, `,` as thousands
+/// separator, a decimal point allowed); fails when the phrase is gone, so a figure
+/// cannot drop out of the document unnoticed either.
+fn number_after(text: &str, phrase: &str) -> f64 {
+    let at = text
+        .find(phrase)
+        .unwrap_or_else(|| panic!("the document no longer says {phrase:?}"));
+    let digits: String = text[at + phrase.len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == ',' || *c == '.')
+        .filter(|c| *c != ',')
+        .collect();
+    digits
+        .trim_end_matches('.')
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {phrase:?}"))
+}
+
+/// The integer in the source text of `file` right after `phrase` (for constants
+/// the library keeps private).
+fn source_number(file: &str, phrase: &str) -> f64 {
+    number_after(&std::fs::read_to_string(src().join(file)).unwrap(), phrase)
+}
+
+#[test]
+fn the_architecture_documents_figures_are_the_codes() {
+    use clap::Parser;
+    use payment_worker::cli::{Cli, Command};
+    let doc = architecture_doc();
+    // The defaults as the command line gives them to `run`.
+    let Command::Run {
+        worker, processor, ..
+    } = Cli::try_parse_from(["payment-worker", "run"])
+        .unwrap()
+        .command
+    else {
+        unreachable!("`run` parses as Command::Run")
+    };
+    let max_in_flight = worker.max_in_flight as f64;
+    assert_eq!(
+        number_after(&doc, "`max_in_flight` (default "),
+        max_in_flight
+    );
+    assert_eq!(number_after(&doc, "6 partitions × "), max_in_flight);
+    assert_eq!(
+        number_after(&doc, &format!("6 partitions × {max_in_flight} = ")),
+        6.0 * max_in_flight
+    );
+    let budget_min = worker.retry_budget.as_secs_f64() / 60.0;
+    assert_eq!(number_after(&doc, "until final or budget ("), budget_min);
+    assert_eq!(number_after(&doc, "`--retry-budget` (default "), budget_min);
+    let table = &processor.stores.token_table;
+    assert_eq!(
+        number_after(&doc, "`--token-lease-connections`, default "),
+        f64::from(table.lease_connections)
+    );
+    assert_eq!(
+        number_after(&doc, "`--token-purge-interval` ("),
+        table.purge_interval.as_secs_f64()
+    );
+    assert_eq!(
+        number_after(&doc, "`--token-purge-batch` ("),
+        table.purge_batch as f64
+    );
+    assert_eq!(
+        number_after(&doc, "per statement, at most "),
+        payment_worker::startup::PURGE_BATCHES_PER_ROUND as f64,
+        "purge statements per round"
+    );
+    // Figures the library keeps in private constants, read from their source:
+    // (what the document says, the file, what the code says, document unit per code unit).
+    let constants: [(&str, &str, &str, f64); 7] = [
+        (
+            "capacity max(max_in_flight, ",
+            "worker/consumer.rs",
+            "mpsc::channel(self.max_in_flight.max(1).max(",
+            1.0,
+        ),
+        (
+            "poll(",
+            "worker/consumer.rs",
+            "consumer.poll(Duration::from_millis(",
+            1.0,
+        ),
+        (
+            "a failed commit is retried after ",
+            "worker/rebalance.rs",
+            "COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(",
+            1.0,
+        ),
+        (
+            " ms, and a ",
+            "worker/rebalance.rs",
+            "COMMIT_SWEEP: Duration = Duration::from_secs(",
+            1.0,
+        ),
+        (
+            "**Redis calls** time out after ",
+            "token/redis.rs",
+            "DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(",
+            1.0,
+        ),
+        (
+            "from librdkafka statistics every ",
+            "worker/kafka.rs",
+            "\"statistics.interval.ms\", \"",
+            1000.0,
+        ),
+        (
+            "`queued.max.messages.kbytes=",
+            "worker/kafka.rs",
+            "\"queued.max.messages.kbytes\", \"",
+            1.0,
+        ),
+    ];
+    for (said, file, code, scale) in constants {
+        assert_eq!(
+            number_after(&doc, said) * scale,
+            source_number(file, code),
+            "the document's {said:?} against {file}"
+        );
+    }
+}
