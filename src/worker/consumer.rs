@@ -508,6 +508,10 @@ pub fn start(
     })
 }
 
+/// How long one poll waits for a record: short, so the loop turns often enough to
+/// relieve back pressure, serve callbacks and feed the liveness clock.
+const POLL_WAIT: Duration = Duration::from_millis(50);
+
 fn poll_loop(
     consumer: Arc<Member>,
     partitions: Arc<Partitions>,
@@ -519,8 +523,8 @@ fn poll_loop(
     while !stopping.load(Ordering::SeqCst) {
         partitions.relieve(&consumer);
         let wait = match &partitions.transactions {
-            Some(transactions) => transactions.until_due().min(Duration::from_millis(50)),
-            None => Duration::from_millis(50),
+            Some(transactions) => transactions.until_due().min(POLL_WAIT),
+            None => POLL_WAIT,
         };
         let polled = consumer.poll(wait);
         partitions.liveness.polled();

@@ -5,7 +5,19 @@
 //! with the Redis store. Each run ends with nothing left `processing`, the books of
 //! books balanced, `audit` clean, and no pool acquire timeout in any log.
 
-use super::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use payment_worker::operator;
+use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
+use payment_worker::worker::ResultRecord;
+use sqlx::PgPool;
+
+use crate::support::helpers::{unique, TestDb};
+use crate::support::procs::{self, Proc};
+
+use super::books::*;
+use super::deployment::*;
 
 const COMMANDS: usize = 3000;
 

@@ -231,7 +231,7 @@ fn the_architecture_documents_figures_are_the_codes() {
         (
             "poll(",
             "worker/consumer.rs",
-            "consumer.poll(Duration::from_millis(",
+            "const POLL_WAIT: Duration = Duration::from_millis(",
             1.0,
         ),
         (

@@ -135,7 +135,11 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         );
         commands += sent;
     }
-    assert!(phases[6]["worker_peak_rss_mib"]
+    let worker_process = phases
+        .iter()
+        .find(|p| p["name"] == "worker-process")
+        .unwrap();
+    assert!(worker_process["worker_peak_rss_mib"]
         .as_f64()
         .is_some_and(|m| m > 0.0));
 

@@ -3,6 +3,7 @@
 
 mod consumer_group;
 mod corpus;
+mod corpus_cases;
 mod exactly_once;
 mod kafka_connectivity;
 mod poison;

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use payment_worker::operator;
 use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
 
-use crate::chaos::processes::{
+use crate::chaos::books::{
     answered, by_position, expectations, flush_prefix, payment_rows, token_statuses, Books,
-    Deployment, PARTITIONS,
 };
+use crate::chaos::deployment::{Deployment, PARTITIONS};
 use crate::support::helpers::{unique, TestDb, TestRedis};
 use crate::support::procs::{self, membership, Membership, Proc};
 
-/// The workers' session timeout in these tests (see `multiprocess::SESSION_TIMEOUT`).
+/// The workers' session timeout in these tests (see `chaos::deployment::SESSION_TIMEOUT`).
 const SESSION: Duration = Duration::from_secs(6);
 const COMMANDS: usize = 1600;
 /// Commands already on the topic when the first worker starts (a deploy meets a

@@ -1,0 +1,349 @@
+//! The deployment of one crash test: a dev-kafka process, a gateway-sim process and
+//! the worker processes of one consumer group, sharing one database and Redis prefix.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use payment_worker::configuration::KafkaSettings;
+use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
+use payment_worker::operator;
+use payment_worker::operator::WorkloadRecord;
+use payment_worker::worker::{self, ResultRecord};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, OwnedMessage};
+
+use crate::support::helpers::{unique, REDIS_URL};
+use crate::support::procs::{self, current_membership, Membership, Proc};
+
+pub(crate) const PARTITIONS: i32 = 6;
+pub(crate) const WORKERS: usize = 3;
+/// Workers ask for this; the group's first assignment after a SIGKILL waits for it.
+pub(crate) const SESSION_TIMEOUT: &str = "6s";
+
+/// The deployment of one test: a dev-kafka process, a gateway-sim process and the
+/// worker processes of one consumer group, all sharing one database and Redis prefix.
+pub(crate) struct Deployment {
+    pub(crate) partitions: i32,
+    pub(crate) _kafka: Proc,
+    pub(crate) _gateway: Proc,
+    pub(crate) settings: KafkaSettings,
+    pub(crate) gateway: HttpGateway,
+    pub(crate) worker_env: HashMap<String, String>,
+    pub(crate) workers: Vec<Proc>,
+    pub(crate) started: usize,
+    pub(crate) kills: usize,
+}
+
+impl Deployment {
+    pub(crate) async fn start(
+        partitions: i32,
+        database_url: &str,
+        redis_prefix: &str,
+        gateway_flags: &[&str],
+        extra_env: &[(&str, &str)],
+    ) -> Self {
+        let (kafka, bootstrap) = procs::dev_kafka(partitions).await;
+        let (gateway_proc, gateway_url) = procs::gateway_sim(gateway_flags).await;
+        let settings = KafkaSettings::local(bootstrap.clone(), unique("group"));
+        let mut worker_env: HashMap<String, String> = [
+            ("KAFKA_BROKERS", bootstrap.as_str()),
+            ("KAFKA_GROUP_ID", settings.group_id.as_str()),
+            ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
+            ("DRAIN_DEADLINE", "3s"),
+            ("DATABASE_URL", database_url),
+            ("DATABASE_MAX_CONNECTIONS", "16"),
+            ("REDIS_URL", REDIS_URL),
+            ("REDIS_KEY_PREFIX", redis_prefix),
+            ("GATEWAY_URL", gateway_url.as_str()),
+            ("LEASE", "5s"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        worker_env.extend(
+            extra_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let gateway = HttpGateway::new(
+            &gateway_url,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        Self {
+            partitions,
+            _kafka: kafka,
+            _gateway: gateway_proc,
+            settings,
+            gateway,
+            worker_env,
+            workers: Vec::new(),
+            started: 0,
+            kills: 0,
+        }
+    }
+
+    pub(crate) fn spawn_worker(&mut self) -> Proc {
+        self.started += 1;
+        let name = format!("worker-{}", self.started);
+        let mut env = self.worker_env.clone();
+        env.insert("WORKER_ID".into(), name.clone());
+        Proc::spawn(name, procs::binary(&["run"], &env))
+    }
+
+    pub(crate) fn add_worker(&mut self) {
+        let worker = self.spawn_worker();
+        self.workers.push(worker);
+    }
+
+    pub(crate) fn start_workers(&mut self) {
+        for _ in 0..WORKERS {
+            let worker = self.spawn_worker();
+            self.workers.push(worker);
+        }
+    }
+
+    /// SIGKILL: no drain, no commit, no leaving the group.
+    pub(crate) fn kill(&mut self, slot: usize) {
+        self.assert_workers_running();
+        self.workers[slot].sigkill();
+        self.kills += 1;
+    }
+
+    pub(crate) fn restart(&mut self, slot: usize) {
+        assert!(!self.workers[slot].is_running(), "slot {slot} still runs");
+        self.workers[slot] = self.spawn_worker();
+    }
+
+    /// Every worker must still run. The one exception is what an orchestrator would
+    /// restart: a worker that exited before it ever joined the group because Redis
+    /// or Postgres could not be reached (start-up fails fast by design; the shared
+    /// Redis of this machine may be restarted by someone else meanwhile).
+    pub(crate) fn assert_workers_running(&mut self) {
+        self.assert_workers_running_except(None);
+    }
+
+    pub(crate) fn assert_workers_running_except(&mut self, skip: Option<usize>) {
+        for slot in 0..self.workers.len() {
+            let worker = &mut self.workers[slot];
+            if Some(slot) == skip || worker.is_running() {
+                continue;
+            }
+            let never_joined = current_membership(worker).is_none();
+            let unreachable = worker
+                .find_last(|l| (l.starts_with("error: ") && l.contains("connect")).then_some(()))
+                .is_some();
+            if never_joined && unreachable {
+                eprintln!(
+                    "{} could not reach a store at start-up; started again:\n{}",
+                    worker.name,
+                    worker.tail(3)
+                );
+                self.workers[slot] = self.spawn_worker();
+            } else {
+                worker.assert_running();
+            }
+        }
+    }
+
+    /// SIGTERM to every worker: drain, final commit, leave the group, exit 0.
+    pub(crate) async fn stop_workers(&mut self) {
+        for worker in &mut self.workers {
+            worker.signal(nix::sys::signal::Signal::SIGTERM);
+        }
+        for worker in &mut self.workers {
+            worker.stop(Duration::from_secs(60)).await;
+        }
+        self.workers.clear();
+    }
+
+    /// Waits until the live workers own every partition between them, each at
+    /// least one, and nothing has changed for 1.5 s.
+    pub(crate) async fn wait_for_stable_group(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let mut stable_since: Option<Instant> = None;
+        loop {
+            self.assert_workers_running();
+            let owned: Vec<Option<Membership>> =
+                self.workers.iter().map(current_membership).collect();
+            let settled = owned
+                .iter()
+                .all(|m| matches!(m, Some(Membership::Assigned(n)) if *n > 0))
+                && owned
+                    .iter()
+                    .map(|m| match m {
+                        Some(Membership::Assigned(n)) => *n,
+                        _ => 0,
+                    })
+                    .sum::<usize>()
+                    == self.partitions as usize;
+            match (settled, stable_since) {
+                (true, Some(since)) if since.elapsed() > Duration::from_millis(1500) => return,
+                (true, None) => stable_since = Some(Instant::now()),
+                (false, _) => stable_since = None,
+                _ => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the group never settled: {owned:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Publishes `records` in the background, `per_tick` every 200 ms: the workers
+    /// are kept busy for the whole run instead of finishing a backlog in seconds.
+    pub(crate) fn produce_paced(
+        &self,
+        records: &[WorkloadRecord],
+        per_tick: usize,
+    ) -> tokio::task::JoinHandle<()> {
+        let settings = self.settings.clone();
+        let records = records.to_vec();
+        let partitions = self.partitions;
+        tokio::spawn(async move {
+            let producer: rdkafka::producer::FutureProducer =
+                worker::producer_config(&settings).create().unwrap();
+            for chunk in records.chunks(per_tick) {
+                operator::publish_records(&producer, &settings.commands_topic, partitions, chunk)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    }
+
+    pub(crate) async fn read(&self, topic: &str, from: HashMap<i32, i64>) -> Vec<OwnedMessage> {
+        let settings = self.settings.clone();
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || {
+            operator::read_partitions(&settings, &topic, |p, low| {
+                from.get(&p).copied().unwrap_or(low)
+            })
+            .unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
+    pub(crate) async fn commands(&self) -> Vec<OwnedMessage> {
+        self.read(&self.settings.commands_topic, HashMap::new())
+            .await
+    }
+
+    /// Result records from `from` (per partition of the results topic) on.
+    pub(crate) async fn results_from(&self, from: HashMap<i32, i64>) -> Vec<ResultRecord> {
+        self.read(&self.settings.results_topic, from)
+            .await
+            .iter()
+            .map(|m| {
+                serde_json::from_slice(m.payload().expect("result payload")).expect("result json")
+            })
+            .collect()
+    }
+
+    pub(crate) async fn results(&self) -> Vec<ResultRecord> {
+        self.results_from(HashMap::new()).await
+    }
+
+    pub(crate) async fn dead_letters(&self) -> Vec<OwnedMessage> {
+        self.read(&self.settings.dlq_topic, HashMap::new()).await
+    }
+
+    pub(crate) async fn high_watermarks(&self, topic: &str) -> HashMap<i32, i64> {
+        let settings = self.settings.clone();
+        let topic = topic.to_owned();
+        let partitions = self.partitions;
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = worker::base_config(&settings).create().unwrap();
+            let out = (0..partitions)
+                .map(|p| {
+                    (
+                        p,
+                        consumer
+                            .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                            .unwrap()
+                            .1,
+                    )
+                })
+                .collect();
+            drop(consumer);
+            out
+        })
+        .await
+        .unwrap()
+    }
+
+    /// The group's committed offsets on the commands topic (-1: none).
+    pub(crate) async fn committed(&self) -> HashMap<i32, i64> {
+        crate::support::helpers::committed_offsets(&self.settings, self.partitions).await
+    }
+
+    /// Waits until the committed offset of every partition is at its end and every
+    /// command position has a result at or after `results_from`; returns those results.
+    pub(crate) async fn wait_until_settled(
+        &mut self,
+        positions: usize,
+        results_from: HashMap<i32, i64>,
+        within: Duration,
+    ) -> Vec<ResultRecord> {
+        let deadline = Instant::now() + within;
+        let high = self
+            .high_watermarks(&self.settings.commands_topic.clone())
+            .await;
+        assert_eq!(
+            high.values().sum::<i64>() as usize,
+            positions,
+            "every command is on the topic"
+        );
+        loop {
+            self.assert_workers_running();
+            let committed = self.committed().await;
+            if high.iter().all(|(p, h)| committed.get(p) == Some(h)) {
+                let results = self.results_from(results_from.clone()).await;
+                let answered: HashSet<(i32, i64)> = results
+                    .iter()
+                    .map(|r| (r.source.partition, r.source.offset))
+                    .collect();
+                // Commit discipline says this already holds; checked, not assumed.
+                assert_eq!(
+                    answered.len(),
+                    positions,
+                    "committed offsets reached the end, yet only {} of {positions} commands have a result",
+                    answered.len()
+                );
+                return results;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "after {within:?} the group committed {committed:?}, the partitions end at {high:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    pub(crate) async fn ledger(&self) -> Vec<LedgerEntry> {
+        self.gateway.ledger().await.expect("the gateway ledger")
+    }
+}
+
+impl Deployment {
+    /// Waits until the results topic holds `count` records (repeats included).
+    pub(crate) async fn wait_for_results(&mut self, count: i64, within: Duration) {
+        let deadline = Instant::now() + within;
+        let topic = self.settings.results_topic.clone();
+        loop {
+            self.assert_workers_running();
+            let so_far: i64 = self.high_watermarks(&topic).await.values().sum();
+            if so_far >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {so_far} of {count} results after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
