@@ -15,7 +15,7 @@ use crate::configuration::{
     WorkerSettings,
 };
 use crate::devtools::SimulatorConfig;
-use crate::payment::{CommandContext, Outcome, PaymentCommand, RejectionKind};
+use crate::payment::{Attempt, CommandContext, Outcome, PaymentCommand, RejectionKind};
 use crate::startup;
 use crate::token::{IdempotencyKey, IssueOutcome};
 use crate::worker;
@@ -294,19 +294,21 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
     exit_status::FAILURE
 }
 
-/// The exit status `process` ends with for `outcome`: final outcomes succeed, an
+/// The exit status `process` ends with for `attempt`: final outcomes succeed, an
 /// invalid command is a data error, a retry a temporary failure.
-fn process_result(outcome: &Outcome) -> Result<(), CommandFailure> {
-    match outcome {
-        Outcome::Retry { reason, .. } => Err(CommandFailure::TryAgainLater(reason.clone())),
-        Outcome::Rejected {
+fn process_result(attempt: &Attempt) -> Result<(), CommandFailure> {
+    match attempt {
+        Attempt::Retry { reason, .. } => Err(CommandFailure::TryAgainLater(reason.clone())),
+        Attempt::Final(Outcome::Rejected {
             kind: RejectionKind::Invalid,
             reason,
-        } => Err(CommandFailure::InvalidInput(reason.clone())),
-        Outcome::Succeeded { .. }
-        | Outcome::Declined { .. }
-        | Outcome::Duplicate { .. }
-        | Outcome::Rejected { .. } => Ok(()),
+        }) => Err(CommandFailure::InvalidInput(reason.clone())),
+        Attempt::Final(
+            Outcome::Succeeded { .. }
+            | Outcome::Declined { .. }
+            | Outcome::Duplicate { .. }
+            | Outcome::Rejected { .. },
+        ) => Ok(()),
     }
 }
 
@@ -429,10 +431,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                         .process(&command, &CommandContext::default())
                         .await
                 }
-                Err(invalid) => Outcome::Rejected {
+                Err(invalid) => Attempt::Final(Outcome::Rejected {
                     kind: RejectionKind::Invalid,
                     reason: format!("{}: {invalid}", invalid.code()),
-                },
+                }),
             };
             println!(
                 "{}",

@@ -12,7 +12,7 @@ use super::topics::{partition_count, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
 use crate::payment::GatewayLookup;
 use crate::token::{TokenMode, TokenState, TokenStore};
-use crate::worker::{base_config, decode};
+use crate::worker::{base_config, Inbound};
 
 /// Every verdict, in the order the summary prints them.
 pub const VERDICTS: [&str; 7] = [
@@ -203,7 +203,7 @@ async fn examine(
     let mut verdicts = Vec::with_capacity(records.len());
     for record in &records {
         let mut idempotency_key = None;
-        let (verdict, detail) = match decode(record) {
+        let (verdict, detail) = match Inbound::read(record).command {
             Err(reason) => ("invalid", reason.to_string()),
             Ok(command) => {
                 idempotency_key = Some(command.idempotency_key.as_str().to_owned());

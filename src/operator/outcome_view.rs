@@ -2,7 +2,7 @@
 
 use uuid::Uuid;
 
-use crate::payment::Outcome;
+use crate::payment::{Attempt, Outcome};
 
 /// An outcome as `process` prints it.
 #[derive(Debug, serde::Serialize)]
@@ -15,13 +15,25 @@ pub struct OutcomeView {
     pub detail: Option<String>,
 }
 
+impl From<&Attempt> for OutcomeView {
+    fn from(attempt: &Attempt) -> Self {
+        match attempt {
+            Attempt::Final(outcome) => outcome.into(),
+            Attempt::Retry { reason, .. } => Self {
+                outcome: attempt.label(),
+                payment_id: None,
+                detail: Some(reason.clone()),
+            },
+        }
+    }
+}
+
 impl From<&Outcome> for OutcomeView {
     fn from(outcome: &Outcome) -> Self {
         let detail = match outcome {
             Outcome::Succeeded { transaction_id, .. }
             | Outcome::Declined { transaction_id, .. } => Some(transaction_id.clone()),
             Outcome::Rejected { kind, reason } => Some(format!("{}: {reason}", kind.as_str())),
-            Outcome::Retry { reason, .. } => Some(reason.clone()),
             Outcome::Duplicate { .. } => None,
         };
         Self {

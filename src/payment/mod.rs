@@ -8,7 +8,7 @@ pub use command::{
     mask_card_numbers, redact_payload, Fingerprint, InvalidCommand, PaymentCommand, RedactedPayload,
 };
 
-pub use outcome::{ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
+pub use outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 pub use persistence::{
     booked_payments, delete_payments_with_prefix, find_payment, payments_table_exists,
     vacuum_payments, BookedPayment, PaymentRecord, PaymentStatus, SourcePosition,

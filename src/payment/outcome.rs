@@ -44,7 +44,8 @@ pub struct OriginalAnswer {
     pub gateway_transaction_id: Option<String>,
 }
 
-/// What happened to one command Only `Retry` is not final.
+/// What happened to one command, for good: the only values a result or dead letter
+/// is ever built from. A transient failure is an [`Attempt::Retry`] instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Charged; the row is committed `succeeded`.
@@ -76,6 +77,16 @@ pub enum Outcome {
         /// Why, in words.
         reason: String,
     },
+}
+
+/// What one attempt at a command came to: a final outcome, or a transient failure
+/// to try again. Split from [`Outcome`] so that code building results and dead
+/// letters never sees a value that is never published; only the retry loop (and the
+/// `process` command's exit status) looks at `Retry`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The command's answer, to be published.
+    Final(Outcome),
     /// A transient failure; the token was restored (or left to its lease when the
     /// outcome is unknown). Try again no sooner than `after`.
     Retry {
@@ -88,7 +99,31 @@ pub enum Outcome {
     },
 }
 
-/// What an attempt that ended in [`Outcome::Retry`] learnt about a charge at the
+impl Attempt {
+    /// The final outcome label, or `retry` (what `process` prints; a low-cardinality label).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Final(outcome) => outcome.label(),
+            Self::Retry { .. } => "retry",
+        }
+    }
+
+    /// The final outcome, if this attempt reached one.
+    pub fn into_final(self) -> Option<Outcome> {
+        match self {
+            Self::Final(outcome) => Some(outcome),
+            Self::Retry { .. } => None,
+        }
+    }
+}
+
+impl From<Outcome> for Attempt {
+    fn from(outcome: Outcome) -> Self {
+        Self::Final(outcome)
+    }
+}
+
+/// What an attempt that ended in [`Attempt::Retry`] learnt about a charge at the
 /// gateway. The retry loop folds these over the attempts, so when its budget ends
 /// it can tell whether an earlier attempt may have charged: such a dead letter
 /// carries `x-charge-unknown: true` and `audit` lists its key against the ledger.
@@ -124,7 +159,6 @@ impl Outcome {
             Self::Declined { .. } => "declined",
             Self::Duplicate { .. } => "duplicate",
             Self::Rejected { .. } => "rejected",
-            Self::Retry { .. } => "retry",
         }
     }
 
@@ -134,7 +168,7 @@ impl Outcome {
             Self::Succeeded { payment_id, .. }
             | Self::Declined { payment_id, .. }
             | Self::Duplicate { payment_id, .. } => Some(*payment_id),
-            Self::Rejected { .. } | Self::Retry { .. } => None,
+            Self::Rejected { .. } => None,
         }
     }
 }

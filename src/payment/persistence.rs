@@ -199,8 +199,8 @@ pub async fn find_payment(
 /// What a new row carries besides the command itself.
 pub(crate) struct RowContext<'a> {
     pub source: Option<&'a SourcePosition>,
-    pub trace_id: Option<&'a str>,
-    pub span_id: Option<&'a str>,
+    pub trace_id: Option<String>,
+    pub span_id: Option<String>,
     pub fence: u64,
 }
 
@@ -237,9 +237,9 @@ pub(crate) async fn insert(
     .bind(context.source.map(|s| s.topic.as_str()))
     .bind(context.source.map(|s| s.partition))
     .bind(context.source.map(|s| s.offset))
-    .bind(context.trace_id)
+    .bind(context.trace_id.as_deref())
     .bind(i64::try_from(context.fence).unwrap_or(i64::MAX))
-    .bind(context.span_id)
+    .bind(context.span_id.as_deref())
     .fetch_optional(conn)
     .instrument(statement_span("INSERT"))
     .await
@@ -293,9 +293,9 @@ pub(crate) async fn insert_or_find(
     .bind(context.source.map(|s| s.topic.as_str()))
     .bind(context.source.map(|s| s.partition))
     .bind(context.source.map(|s| s.offset))
-    .bind(context.trace_id)
+    .bind(context.trace_id.as_deref())
     .bind(i64::try_from(context.fence).unwrap_or(i64::MAX))
-    .bind(context.span_id)
+    .bind(context.span_id.as_deref())
     .fetch_optional(conn)
     .instrument(statement_span("INSERT"))
     .await?;

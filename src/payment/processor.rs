@@ -12,7 +12,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::outcome::{ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
+use super::outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 use super::persistence::{
     self, Insertion, PaymentRecord, PaymentStatus, RowContext, SourcePosition,
 };
@@ -58,11 +58,11 @@ enum Settlement {
         outcome: Outcome,
     },
     /// Nothing was charged (or the refusal is final and charge-free): `processing → pending`.
-    Restore(Outcome),
+    Restore(Attempt),
     /// A charge may have happened and we could not find out, or the token is no
     /// longer ours: leave it to its lease, so the next owner (fence + 1) looks the
     /// charge up before charging.
-    LeaveToLease(Outcome),
+    LeaveToLease(Attempt),
     /// The token store shares the payments database and the token was completed by
     /// the payment's own transaction: nothing is left to do for the token.
     Settled(Outcome),
@@ -86,12 +86,12 @@ pub struct Processor {
 }
 
 /// A retry that learnt nothing new about a charge at the gateway.
-fn retry(reason: impl Into<String>) -> Outcome {
+fn retry(reason: impl Into<String>) -> Attempt {
     retry_knowing(ChargeEvidence::Unchanged, reason)
 }
 
-fn retry_knowing(charge: ChargeEvidence, reason: impl Into<String>) -> Outcome {
-    Outcome::Retry {
+fn retry_knowing(charge: ChargeEvidence, reason: impl Into<String>) -> Attempt {
+    Attempt::Retry {
         after: Duration::ZERO,
         reason: reason.into(),
         charge,
@@ -99,7 +99,7 @@ fn retry_knowing(charge: ChargeEvidence, reason: impl Into<String>) -> Outcome {
 }
 
 /// A retry after which a charge may exist that no committed row records.
-fn retry_unknown(reason: impl Into<String>) -> Outcome {
+fn retry_unknown(reason: impl Into<String>) -> Attempt {
     retry_knowing(ChargeEvidence::MayHaveCharged, reason)
 }
 
@@ -117,10 +117,10 @@ fn final_outcome(payment_id: Uuid, charge: &Charge) -> Outcome {
     }
 }
 
-/// A failed database call as an outcome: retried while it may pass, final when its
+/// A failed database call as an attempt's end: retried while it may pass, final when its
 /// SQLSTATE says it never will (a NUL in text, a refused constraint, our own SQL).
 /// The reason names the SQLSTATE, not the server's message, which may quote data.
-fn database_failure(what: &str, error: &sqlx::Error) -> Outcome {
+fn database_failure(what: &str, error: &sqlx::Error) -> Attempt {
     let code = match error {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,
@@ -128,16 +128,16 @@ fn database_failure(what: &str, error: &sqlx::Error) -> Outcome {
     .unwrap_or_default();
     match classify_sqlx(error) {
         DatabaseFailure::Retryable => retry(format!("{what} failed: {error}")),
-        DatabaseFailure::RefusedData => Outcome::Rejected {
+        DatabaseFailure::RefusedData => Attempt::Final(Outcome::Rejected {
             kind: RejectionKind::Invalid,
             reason: format!("database_refused: the database refused the command's data ({what}, SQLSTATE {code})"),
-        },
+        }),
         DatabaseFailure::Bug => {
             tracing::error!(sqlstate = %code, what, "database error that retrying cannot fix");
-            Outcome::Rejected {
+            Attempt::Final(Outcome::Rejected {
                 kind: RejectionKind::Internal,
                 reason: format!("database_error: {what} failed with SQLSTATE {code}"),
-            }
+            })
         }
     }
 }
@@ -145,14 +145,33 @@ fn database_failure(what: &str, error: &sqlx::Error) -> Outcome {
 /// A failed database call after the gateway charged: the charge stands, so a retry
 /// must look it up ([`retry_unknown`]); a final refusal is our own failure to book it
 /// (`internal`), and the lease hands the look-up to the next owner.
-fn database_failure_after_charge(what: &str, error: &sqlx::Error) -> Outcome {
+fn database_failure_after_charge(what: &str, error: &sqlx::Error) -> Attempt {
     match database_failure(what, error) {
-        Outcome::Retry { reason, .. } => retry_unknown(reason),
-        Outcome::Rejected { reason, .. } => Outcome::Rejected {
+        Attempt::Retry { reason, .. } => retry_unknown(reason),
+        Attempt::Final(Outcome::Rejected { reason, .. }) => Attempt::Final(Outcome::Rejected {
             kind: RejectionKind::Internal,
             reason: format!("{reason}; the charge was made and is left to the next look-up"),
-        },
-        outcome => outcome,
+        }),
+        other => other,
+    }
+}
+
+/// The provenance an attempt writes on its payment row: the command's source, and
+/// the trace and span current where the row is written (the ones that charge), so a
+/// later duplicate can link to them. An attempt writes at most one row, either the
+/// usual one under its reservation (`fence` of the claim) or a recovered charge
+/// (`fence` 0); both build it here.
+fn row_context<'a>(context: &CommandContext<'a>, fence: u64) -> RowContext<'a> {
+    let ids = crate::telemetry::trace_ids(&tracing::Span::current());
+    let (trace_id, span_id) = match ids {
+        Some((trace_id, span_id)) => (Some(trace_id), Some(span_id)),
+        None => (None, None),
+    };
+    RowContext {
+        source: context.source,
+        trace_id: context.trace_id.map(str::to_owned).or(trace_id),
+        span_id,
+        fence,
     }
 }
 
@@ -227,8 +246,8 @@ impl Processor {
     }
 
     /// One attempt. Never panics and never returns an error: failures become
-    /// `Outcome::Retry` (transient) or `Outcome::Rejected` (final).
-    pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
+    /// [`Attempt::Retry`] (transient) or a final `Outcome::Rejected`.
+    pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
         // Never closed, so acquiring only fails if that changes: then run unbounded.
         let _slot = self.attempts.acquire().await.ok();
         self.attempt(command, context).await
@@ -243,7 +262,7 @@ impl Processor {
         command: &PaymentCommand,
         context: &CommandContext<'_>,
         stop: &CancellationToken,
-    ) -> Option<Outcome> {
+    ) -> Option<Attempt> {
         let _slot = tokio::select! {
             biased;
             slot = self.attempts.acquire() => slot.ok(),
@@ -252,12 +271,12 @@ impl Processor {
         Some(self.attempt(command, context).await)
     }
 
-    async fn attempt(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
-        let mut outcome = self.decide(command, context).await;
-        if let Outcome::Duplicate {
+    async fn attempt(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
+        let mut attempt = self.decide(command, context).await;
+        if let Attempt::Final(Outcome::Duplicate {
             payment_id,
             original,
-        } = &mut outcome
+        }) = &mut attempt
         {
             let span = tracing::Span::current();
             let traced = crate::telemetry::trace_ids(&span).is_some();
@@ -276,10 +295,10 @@ impl Processor {
                 }
             }
         }
-        outcome
+        attempt
     }
 
-    async fn decide(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Outcome {
+    async fn decide(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
         let key = &command.idempotency_key;
         let fingerprint = command.fingerprint();
         // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
@@ -313,7 +332,7 @@ impl Processor {
                 self.run_reserved(command, &fingerprint, context, &lease)
                     .await
             }
-            Reservation::InFlight { lease_left } => Outcome::Retry {
+            Reservation::InFlight { lease_left } => Attempt::Retry {
                 after: lease_left,
                 reason: "token in flight at another worker".to_owned(),
                 charge: ChargeEvidence::Unchanged,
@@ -322,11 +341,13 @@ impl Processor {
                 payment_id,
                 fingerprint: stored,
             } => match stored {
-                Some(stored) if stored == fingerprint.as_str() => Outcome::Duplicate {
-                    payment_id,
-                    original: None,
-                },
-                Some(_) => key_reused(),
+                Some(stored) if stored == fingerprint.as_str() => {
+                    Attempt::Final(Outcome::Duplicate {
+                        payment_id,
+                        original: None,
+                    })
+                }
+                Some(_) => key_reused().into(),
                 None => {
                     self.decide_from_postgres(key, &fingerprint, payment_id)
                         .await
@@ -341,15 +362,15 @@ impl Processor {
         key: &IdempotencyKey,
         fingerprint: &Fingerprint,
         tombstone_payment: Uuid,
-    ) -> Outcome {
+    ) -> Attempt {
         match self.find_existing(key).await {
-            Ok(Some(existing)) => outcome_for_existing(&existing, fingerprint),
+            Ok(Some(existing)) => outcome_for_existing(&existing, fingerprint).into(),
             Ok(None) => {
                 tracing::warn!(idempotency_key = %key, "completed token without a payment row");
-                Outcome::Duplicate {
+                Attempt::Final(Outcome::Duplicate {
                     payment_id: tombstone_payment,
                     original: None,
-                }
+                })
             }
             Err(error) => database_failure("payment look-up", &error),
         }
@@ -369,43 +390,38 @@ impl Processor {
         command: &PaymentCommand,
         fingerprint: &Fingerprint,
         context: &CommandContext<'_>,
-    ) -> Outcome {
+    ) -> Attempt {
         let key = &command.idempotency_key;
         match self.find_existing(key).await {
-            Ok(Some(existing)) => return outcome_for_existing(&existing, fingerprint),
+            Ok(Some(existing)) => return outcome_for_existing(&existing, fingerprint).into(),
             Ok(None) => {}
             Err(error) => return database_failure("payment look-up", &error),
         }
         let charge = match self.gateway.lookup(key).await {
             // The key's charge was made for another request: never book it as this one.
-            Ok(Some(found)) if !found.matches(&command.charge_request()) => return key_reused(),
+            Ok(Some(found)) if !found.matches(&command.charge_request()) => {
+                return key_reused().into()
+            }
             Ok(Some(found)) => found.charge(),
             Ok(None) => {
-                return Outcome::Rejected {
+                return Attempt::Final(Outcome::Rejected {
                     kind: RejectionKind::TokenMissing,
                     reason: "token_missing: never issued, expired, or already consumed".to_owned(),
-                }
+                })
             }
             Err(error) => return retry(format!("gateway look-up failed: {error}")),
         };
         // An earlier attempt charged and crashed before recording: record, never re-charge.
-        // The row remembers the trace that charged, for links from later duplicates.
-        let ids = crate::telemetry::trace_ids(&tracing::Span::current());
-        let row = RowContext {
-            source: context.source,
-            trace_id: context.trace_id.or(ids.as_ref().map(|(t, _)| t.as_str())),
-            span_id: ids.as_ref().map(|(_, s)| s.as_str()),
-            fence: 0,
-        };
+        let row = row_context(context, 0);
         let inserted = async {
             let mut conn = self.pool.acquire().await?;
             persistence::insert(&mut conn, command, fingerprint, &row, Some(&charge)).await
         }
         .await;
         match inserted {
-            Ok(Some(payment_id)) => final_outcome(payment_id, &charge),
+            Ok(Some(payment_id)) => final_outcome(payment_id, &charge).into(),
             Ok(None) => match self.find_existing(key).await {
-                Ok(Some(existing)) => outcome_for_existing(&existing, fingerprint),
+                Ok(Some(existing)) => outcome_for_existing(&existing, fingerprint).into(),
                 Ok(None) => retry("payment row vanished after a conflict"),
                 Err(error) => database_failure("payment look-up", &error),
             },
@@ -419,7 +435,7 @@ impl Processor {
         fingerprint: &Fingerprint,
         context: &CommandContext<'_>,
         lease: &Lease<'_>,
-    ) -> Outcome {
+    ) -> Attempt {
         let claim = lease.claim;
         let key = &command.idempotency_key;
         let settlement = match self
@@ -449,7 +465,7 @@ impl Processor {
                     // The payment is durable; the token stays `processing` until its lease
                     // expires, and the next attempt finds the row (a duplicate).
                     tracing::warn!(idempotency_key = %key, %fault, "token left processing");
-                    return outcome;
+                    return outcome.into();
                 }
                 let confirmed = (|| {
                     self.tokens
@@ -479,9 +495,9 @@ impl Processor {
                         )
                     }
                 }
-                outcome
+                outcome.into()
             }
-            Settlement::Restore(outcome) => {
+            Settlement::Restore(attempt) => {
                 let retried = std::sync::atomic::AtomicBool::new(false);
                 let restored = (|| {
                     self.tokens
@@ -518,15 +534,15 @@ impl Processor {
                         )
                     }
                 }
-                outcome
+                attempt
             }
-            Settlement::LeaveToLease(outcome) => outcome,
+            Settlement::LeaveToLease(attempt) => attempt,
             Settlement::Settled(outcome) => {
                 if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit, key.as_str()).await {
                     // Token and payment were committed together: nothing is left behind.
                     tracing::warn!(idempotency_key = %key, %fault, "stopped after commit; token already completed");
                 }
-                outcome
+                outcome.into()
             }
         }
     }
@@ -554,14 +570,7 @@ impl Processor {
             Ok(tx) => tx,
             Err(error) => return before_charge("begin", error),
         };
-        // The row remembers the trace that charged, for links from later duplicates.
-        let ids = crate::telemetry::trace_ids(&tracing::Span::current());
-        let row = RowContext {
-            source: context.source,
-            trace_id: context.trace_id.or(ids.as_ref().map(|(t, _)| t.as_str())),
-            span_id: ids.as_ref().map(|(_, s)| s.as_str()),
-            fence: claim.fence,
-        };
+        let row = row_context(context, claim.fence);
         // The pre-existing check and the insert, one statement (I6).
         let payment_id = match persistence::insert_or_find(&mut tx, command, fingerprint, &row)
             .await
@@ -729,13 +738,13 @@ impl Processor {
                 | GatewayError::InFlight),
             ) => self.resolve_unknown(command, &cause).await,
             Err(GatewayError::Rejected { status: 422, .. }) => {
-                Err(Settlement::Restore(key_reused()))
+                Err(Settlement::Restore(key_reused().into()))
             }
             Err(GatewayError::Rejected { status, reason }) => {
-                Err(Settlement::Restore(Outcome::Rejected {
+                Err(Settlement::Restore(Attempt::Final(Outcome::Rejected {
                     kind: RejectionKind::Invalid,
                     reason: format!("gateway_rejected: HTTP {status}: {reason}"),
-                }))
+                })))
             }
             Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => Err(
                 Settlement::Restore(retry_knowing(uncharged, format!("gateway: {error}"))),
@@ -819,7 +828,7 @@ fn charge_for(found: LedgerEntry, command: &PaymentCommand) -> Result<Charge, Se
     if found.matches(&command.charge_request()) {
         Ok(found.charge())
     } else {
-        Err(Settlement::Restore(key_reused()))
+        Err(Settlement::Restore(key_reused().into()))
     }
 }
 

@@ -1,5 +1,5 @@
-//! One command record, from bytes to an acknowledged result: decode, process with
-//! retries, publish the result and any dead letter.
+//! One command record, from bytes to an acknowledged result: read it once
+//! (`inbound.rs`), process it with retries, hand the final outcome to the publisher.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,13 +9,12 @@ use backon::Retryable;
 use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
-use tracing::field::Empty;
 
-use super::messages::{decode, record_key, source_of, DeadLetter, ResultRecord};
-use super::publisher::Publisher;
+use super::inbound::{record_key, source_of, Inbound};
+use super::publisher::{Publisher, Verdict};
 use crate::payment::{
-    record_unresolved_charge, redact_payload, CommandContext, Outcome, PaymentCommand, Processor,
-    RedactedPayload, RejectionKind, SourcePosition,
+    record_unresolved_charge, redact_payload, Attempt, CommandContext, Outcome, PaymentCommand,
+    Processor, RedactedPayload, RejectionKind, SourcePosition,
 };
 use crate::retry::RetryPolicy;
 
@@ -27,17 +26,6 @@ pub struct Handler {
     retry: RetryPolicy,
 }
 
-/// A final outcome and what its answer needs.
-struct Verdict {
-    outcome: Outcome,
-    key: Option<String>,
-    attempts: u32,
-    /// An earlier attempt may have charged and no look-up resolved it.
-    charge_unknown: bool,
-    /// The value to dead-letter instead of the original (card numbers masked).
-    redacted: Option<RedactedPayload>,
-}
-
 /// A command answered: its outcome, and in exactly-once mode its place in the open
 /// transaction, held until the partition recorded the command as settled.
 pub struct Answer {
@@ -45,7 +33,7 @@ pub struct Answer {
     pub transaction: Option<super::transactions::AnswerGuard>,
 }
 
-/// A not-yet-final outcome, as an error so backon drives the retries.
+/// A not-yet-final attempt, as an error so backon drives the retries.
 #[derive(Debug)]
 struct NotYet {
     after: Duration,
@@ -82,15 +70,19 @@ impl Handler {
         draining: &CancellationToken,
     ) -> Option<Answer> {
         let started = Instant::now();
-        let verdict = match decode(message) {
+        let Inbound {
+            source,
+            key,
+            command,
+        } = Inbound::read(message);
+        let verdict = match command {
             Ok(command) => {
-                let key = command.idempotency_key.as_str().to_owned();
                 let (outcome, attempts, charge_unknown) = self
-                    .process_with_retries(&command, &source_of(message), draining)
+                    .process_with_retries(&command, &source, draining)
                     .await?;
                 Verdict {
                     outcome,
-                    key: Some(key),
+                    key,
                     attempts,
                     charge_unknown,
                     redacted: None,
@@ -101,7 +93,7 @@ impl Handler {
                     kind: RejectionKind::Invalid,
                     reason: undecodable.to_string(),
                 },
-                key: record_key(message),
+                key,
                 attempts: 1,
                 charge_unknown: false,
                 redacted: undecodable
@@ -109,7 +101,7 @@ impl Handler {
                     .then(|| redact_payload(message.payload().unwrap_or_default())),
             },
         };
-        Some(self.answer(message, verdict, started).await)
+        Some(self.answer(message, source, verdict, started).await)
     }
 
     /// The record made its handler panic `panics` times: dead-letter it as
@@ -139,44 +131,40 @@ impl Handler {
             charge_unknown: false,
             redacted,
         };
-        self.answer(message, verdict, Instant::now()).await
+        // Not decoded again: whatever made it panic may be in the value.
+        self.answer(message, source_of(message), verdict, Instant::now())
+            .await
     }
 
-    /// Publishes the dead letter (if any) and the result, and counts the outcome. In
-    /// exactly-once mode both go into the same open transaction.
-    async fn answer(&self, message: &OwnedMessage, verdict: Verdict, started: Instant) -> Answer {
-        let Verdict {
-            outcome,
-            key,
-            attempts,
-            charge_unknown,
-            redacted,
-        } = verdict;
-        let source = source_of(message);
+    /// Has the publisher send the dead letter (if any) and the result, and counts the
+    /// outcome. In exactly-once mode both go into the same open transaction.
+    async fn answer(
+        &self,
+        message: &OwnedMessage,
+        source: SourcePosition,
+        verdict: Verdict,
+        started: Instant,
+    ) -> Answer {
         let transaction = self.publisher.enter().await;
         let span = tracing::Span::current();
-        span.record("payment.outcome", outcome.label());
-        if let Outcome::Rejected { kind, reason } = &outcome {
-            span.record("payment.rejection", kind.as_str());
-            tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
-            self.publisher
-                .dead_letter(
-                    message,
-                    DeadLetter {
-                        kind: *kind,
-                        reason,
-                        attempts,
-                        charge_unknown,
-                        redacted,
-                    },
-                )
-                .await;
+        span.record("payment.outcome", verdict.outcome.label());
+        let rejection = match &verdict.outcome {
+            Outcome::Rejected { kind, reason } => {
+                span.record("payment.rejection", kind.as_str());
+                tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
+                Some(*kind)
+            }
+            _ => None,
+        };
+        let outcome = verdict.outcome.clone();
+        self.publisher
+            .publish_answer(message, source, verdict)
+            .await;
+        if let Some(kind) = rejection {
             crate::telemetry::metrics()
                 .dead_letters
                 .add(1, &[KeyValue::new("kind", kind.as_str())]);
         }
-        let result = ResultRecord::new(key, &outcome, source);
-        self.publisher.publish_result(message.key(), &result).await;
         let labels = [KeyValue::new("outcome", outcome.label())];
         let metrics = crate::telemetry::metrics();
         metrics.commands.add(1, &labels);
@@ -212,7 +200,7 @@ impl Handler {
                     .process_unless(command, &context, draining)
                     .await
                 {
-                    Some(Outcome::Retry {
+                    Some(Attempt::Retry {
                         after,
                         reason,
                         charge,
@@ -221,7 +209,7 @@ impl Handler {
                         charge_unknown.store(charge.may_have_charged(earlier), Ordering::Relaxed);
                         Err(NotYet { after, reason })
                     }
-                    Some(outcome) => Ok(outcome),
+                    Some(Attempt::Final(outcome)) => Ok(outcome),
                     // Still queued for a payment slot when the drain began: not started.
                     None => Err(NotYet {
                         after: Duration::ZERO,
@@ -321,42 +309,4 @@ impl Handler {
             );
         }
     }
-}
-
-/// The consumer span of one command (OpenTelemetry messaging conventions), a child
-/// of the record's `traceparent` when it carries one.
-pub fn command_span(message: &OwnedMessage, group_id: &str) -> tracing::Span {
-    let span = tracing::info_span!(
-        crate::telemetry::COMMAND_SPAN,
-        otel.name = format!("{} process", message.topic()),
-        otel.kind = "consumer",
-        messaging.system = "kafka",
-        messaging.operation.type = "process",
-        messaging.operation.name = "process",
-        messaging.destination.name = message.topic(),
-        messaging.destination.partition.id = message.partition().to_string(),
-        messaging.kafka.offset = message.offset(),
-        messaging.consumer.group.name = group_id,
-        payment.idempotency_key = Empty,
-        token.verdict = Empty,
-        payment.outcome = Empty,
-        payment.rejection = Empty,
-        trace_id = Empty,
-        span_id = Empty,
-    );
-    crate::telemetry::adopt_remote_parent(&span, message.headers());
-    if let Some(key) = super::messages::record_key(message) {
-        span.record("payment.idempotency_key", key);
-    }
-    if let Some((trace_id, span_id)) = crate::telemetry::trace_ids(&span) {
-        // Puts the trace and span ids on every JSON log line of this command.
-        span.record("trace_id", trace_id);
-        span.record("span_id", span_id);
-    }
-    span
-}
-
-/// The partition-local serialisation key of a record: its Kafka key.
-pub fn lane_of(message: &OwnedMessage) -> Option<Vec<u8>> {
-    message.key().map(<[u8]>::to_vec)
 }

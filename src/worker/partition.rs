@@ -23,13 +23,19 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::handler::{command_span, lane_of, Handler};
+use super::handler::Handler;
 use super::offsets::OffsetTracker;
+use super::spans::command_span;
 use super::supervision::panic_message;
 use super::transactions::{AnswerGuard, Transactions};
 
 /// Records of one key wait behind the one running; keyless records share one lane.
 type Lane = Option<Vec<u8>>;
+
+/// The partition-local serialisation key of a record: its Kafka key.
+pub fn lane_of(message: &OwnedMessage) -> Option<Vec<u8>> {
+    message.key().map(<[u8]>::to_vec)
+}
 
 /// The panic that dead-letters a record as `internal`.
 pub const PANICS_BEFORE_DEAD_LETTER: u32 = 3;

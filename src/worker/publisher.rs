@@ -1,21 +1,27 @@
-//! Produces results and dead letters, and waits until the broker acknowledged them.
+//! Builds the records that answer a command (the result, and for a rejection the
+//! dead letter with its headers), produces them, and waits until the broker
+//! acknowledged them. The only place outbound records are made.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use backon::{ExponentialBuilder, Retryable};
-use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
+use tracing::Instrument;
 
-use super::messages::{dead_letter_headers, DeadLetter, ResultRecord, PAYLOAD_REDACTED};
+use super::messages::{
+    without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
+    PAYLOAD_REDACTED, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
+};
+use super::spans::produce_span;
 use super::transactions::{AnswerGuard, Transactions};
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
-use crate::payment::RedactedPayload;
-use rdkafka::error::KafkaError;
-use rdkafka::message::Header;
-use rdkafka::types::RDKafkaErrorCode;
+use crate::payment::{Outcome, RedactedPayload, RejectionKind, SourcePosition};
 
 /// Header on a dead letter whose value could not be kept.
 pub const PAYLOAD_DROPPED: &str = "x-payload-dropped";
@@ -28,17 +34,97 @@ fn is_too_large(error: &KafkaError) -> bool {
         Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
     )
 }
-use tracing::Instrument;
 
-fn produce_span(topic: &str) -> tracing::Span {
-    tracing::info_span!(
-        "send",
-        otel.name = format!("{topic} send"),
-        otel.kind = "producer",
-        messaging.system = "kafka",
-        messaging.operation.type = "send",
-        messaging.destination.name = topic,
-    )
+/// A command's final outcome and what its answer needs besides the original record.
+#[derive(Debug, Clone)]
+pub(super) struct Verdict {
+    /// The idempotency key the result carries, when there is a readable one.
+    pub key: Option<String>,
+    /// The outcome to publish.
+    pub outcome: Outcome,
+    /// Attempts made (`x-attempts` on a dead letter).
+    pub attempts: u32,
+    /// An earlier attempt may have charged and no look-up resolved it.
+    pub charge_unknown: bool,
+    /// The value to dead-letter instead of the original (card numbers masked).
+    pub redacted: Option<RedactedPayload>,
+}
+
+/// Why a record is dead-lettered, and what of it may be kept.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    /// The rejection's kind.
+    pub kind: RejectionKind,
+    /// The reason, in words.
+    pub reason: &'a str,
+    /// Attempts made.
+    pub attempts: u32,
+    /// An earlier attempt may have charged and no look-up resolved it.
+    pub charge_unknown: bool,
+    /// The value to send instead of the original (a card number masked).
+    pub redacted: Option<RedactedPayload>,
+}
+
+/// The original headers plus the dead-letter headers. Headers from an earlier
+/// dead-lettering are replaced, so a redriven record does not carry stale ones.
+pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> OwnedHeaders {
+    let DeadLetter {
+        kind,
+        reason,
+        attempts,
+        charge_unknown,
+        ..
+    } = *letter;
+    let mut headers = without_dead_letter_headers(message).unwrap_or_default();
+    let partition = message.partition().to_string();
+    let offset = message.offset().to_string();
+    let attempts = attempts.to_string();
+    for (key, value) in [
+        (ERROR_KIND, kind.as_str()),
+        (ERROR_REASON, reason),
+        (SOURCE_TOPIC, message.topic()),
+        (SOURCE_PARTITION, partition.as_str()),
+        (SOURCE_OFFSET, offset.as_str()),
+        (ATTEMPTS, attempts.as_str()),
+    ] {
+        headers = headers.insert(Header {
+            key,
+            value: Some(value),
+        });
+    }
+    if charge_unknown {
+        headers = headers.insert(Header {
+            key: CHARGE_UNKNOWN,
+            value: Some("true"),
+        });
+    }
+    headers
+}
+
+/// The result record of `outcome` for the command at `source`.
+fn result_record(key: Option<String>, outcome: &Outcome, source: SourcePosition) -> ResultRecord {
+    let (transaction, reason) = match outcome {
+        Outcome::Succeeded { transaction_id, .. } => (Some(transaction_id.clone()), None),
+        Outcome::Declined { transaction_id, .. } => (
+            Some(transaction_id.clone()),
+            Some("declined by gateway".to_owned()),
+        ),
+        Outcome::Duplicate { .. } => (None, None),
+        Outcome::Rejected { kind, reason } => (None, Some(format!("{}: {reason}", kind.as_str()))),
+    };
+    let original = match outcome {
+        Outcome::Duplicate { original, .. } => original.clone(),
+        _ => None,
+    };
+    ResultRecord {
+        idempotency_key: key,
+        original,
+        payment_id: outcome.payment_id(),
+        outcome: outcome.label().to_owned(),
+        gateway_transaction_id: transaction,
+        reason,
+        source,
+    }
 }
 
 /// Produces results and dead letters: acknowledged one by one (at-least-once) or
@@ -160,8 +246,38 @@ impl Publisher {
             .await
     }
 
+    /// Publishes the answer to `original` (read from `source`): for a rejection its
+    /// dead letter first, then the result; returns once the broker acknowledged both
+    /// (in exactly-once mode, once both are in the open transaction).
+    pub(super) async fn publish_answer(
+        &self,
+        original: &OwnedMessage,
+        source: SourcePosition,
+        verdict: Verdict,
+    ) {
+        let Verdict {
+            key,
+            outcome,
+            attempts,
+            charge_unknown,
+            redacted,
+        } = verdict;
+        if let Outcome::Rejected { kind, reason } = &outcome {
+            let letter = DeadLetter {
+                kind: *kind,
+                reason,
+                attempts,
+                charge_unknown,
+                redacted,
+            };
+            self.dead_letter(original, letter).await;
+        }
+        let result = result_record(key, &outcome, source);
+        self.publish_result(original.key(), &result).await;
+    }
+
     /// Publishes one result record and waits until the broker acknowledged it.
-    pub async fn publish_result(&self, key: Option<&[u8]>, result: &ResultRecord) {
+    async fn publish_result(&self, key: Option<&[u8]>, result: &ResultRecord) {
         // Serialising our own struct cannot fail; an empty payload would still be visible.
         let payload = serde_json::to_vec(result).unwrap_or_default();
         let span = produce_span(&self.results_topic);
@@ -189,7 +305,7 @@ impl Publisher {
     /// refused for holding a card number goes out `redacted` instead, marked with
     /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
     /// could be kept): a card number never lands on a topic.
-    pub async fn dead_letter(&self, original: &OwnedMessage, letter: DeadLetter<'_>) {
+    async fn dead_letter(&self, original: &OwnedMessage, letter: DeadLetter<'_>) {
         let mut headers = dead_letter_headers(original, &letter);
         let payload = match &letter.redacted {
             None => original.payload(),

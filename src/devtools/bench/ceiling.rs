@@ -21,7 +21,7 @@ use crate::gateway::{
     Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway,
 };
 use crate::payment::{
-    CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition,
+    Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition,
 };
 use crate::token::{
     Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenPolicy,
@@ -215,10 +215,12 @@ pub async fn postgres_ceiling(
                 trace_id: None,
             };
             let outcome = processor.process(&commands[n], &context).await;
-            if let Outcome::Retry { reason, .. } | Outcome::Rejected { reason, .. } = &outcome {
+            if let Attempt::Retry { reason, .. }
+            | Attempt::Final(Outcome::Rejected { reason, .. }) = &outcome
+            {
                 tracing::warn!(%reason, "ceiling transaction failed");
             }
-            matches!(outcome, Outcome::Succeeded { .. })
+            matches!(outcome, Attempt::Final(Outcome::Succeeded { .. }))
         }
     })
     .await)

@@ -13,7 +13,7 @@ use super::e2e::Bed;
 use super::report::RoundTripsPerPayment;
 use crate::devtools::{GatewaySimulator, SimulatorConfig};
 use crate::gateway::{HttpGateway, PaymentGateway};
-use crate::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
+use crate::payment::{Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
 use crate::telemetry::RoundTripCounter;
 
 pub(super) async fn per_fresh_payment(
@@ -62,7 +62,7 @@ pub(super) async fn per_fresh_payment(
             .await;
         if matches!(
             outcome,
-            Outcome::Succeeded { .. } | Outcome::Declined { .. }
+            Attempt::Final(Outcome::Succeeded { .. } | Outcome::Declined { .. })
         ) {
             fresh += 1;
         }

@@ -10,13 +10,15 @@ use payment_worker::audit::{audit, AuditOptions, AuditReport, RepairAction};
 use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
 use payment_worker::gateway::ChargeRequest;
-use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
+use payment_worker::payment::{
+    Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
+};
 use payment_worker::token::{
     Claim, IdempotencyKey, RedisTokenStore, Reservation, TokenPolicy, TokenState, TokenStore,
 };
 use uuid::Uuid;
 
-use crate::support::helpers::{assert_duplicate_of, Stack, REDIS_URL};
+use crate::support::helpers::{assert_duplicate_of, final_outcome, Stack, REDIS_URL};
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
 
@@ -147,7 +149,7 @@ async fn a_clean_run_is_clean_and_repair_settles_stuck_tokens() {
         assert!(
             matches!(
                 outcome,
-                Outcome::Succeeded { .. } | Outcome::Declined { .. }
+                Attempt::Final(Outcome::Succeeded { .. } | Outcome::Declined { .. })
             ),
             "{outcome:?}"
         );
@@ -174,7 +176,10 @@ async fn a_clean_run_is_clean_and_repair_settles_stuck_tokens() {
     .with_faults(Faults::fail_at(FaultPoint::AfterCommit));
     let crash_command = command("crash-1", 700, "pm_card_visa");
     let outcome = crashed.process(&crash_command, &context).await;
-    assert!(matches!(outcome, Outcome::Succeeded { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, Attempt::Final(Outcome::Succeeded { .. })),
+        "{outcome:?}"
+    );
     // A worker that crashed right after reserving: no row, no charge.
     let abandoned = short_lease_store(&stack);
     assert!(matches!(
@@ -265,11 +270,14 @@ async fn a_clean_run_is_clean_and_repair_settles_stuck_tokens() {
     // The repaired tombstone answers a redelivery from Redis alone, with the row's id
     // and its fingerprint (another amount under the same key is refused).
     let outcome = processor.process(&crash_command, &context).await;
-    assert_duplicate_of(&outcome, row_id);
+    assert_duplicate_of(&final_outcome(outcome), row_id);
     let outcome = processor
         .process(&command("crash-1", 701, "pm_card_visa"), &context)
         .await;
-    assert!(matches!(outcome, Outcome::Rejected { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, Attempt::Final(Outcome::Rejected { .. })),
+        "{outcome:?}"
+    );
     assert_eq!(
         stack.ledger().len(),
         5,
@@ -294,7 +302,10 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
         let outcome = processor
             .process(&command(raw, 100, "pm_card_visa"), &context)
             .await;
-        assert!(matches!(outcome, Outcome::Succeeded { .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, Attempt::Final(Outcome::Succeeded { .. })),
+            "{outcome:?}"
+        );
     }
     let short = short_lease_store(&stack);
 
@@ -487,7 +498,10 @@ async fn repair_works_on_the_postgres_token_store_too() {
             &CommandContext::default(),
         )
         .await;
-    assert!(matches!(outcome, Outcome::Succeeded { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, Attempt::Final(Outcome::Succeeded { .. })),
+        "{outcome:?}"
+    );
     let row_id = payment_id_of(&stack, "pg-crash").await;
     let view = tokens.show(&key("pg-crash")).await.unwrap().unwrap();
     assert_eq!(
@@ -504,7 +518,7 @@ async fn repair_works_on_the_postgres_token_store_too() {
         )
         .await;
     assert!(
-        matches!(committed, Outcome::Succeeded { .. }),
+        matches!(committed, Attempt::Final(Outcome::Succeeded { .. })),
         "{committed:?}"
     );
     // Reserved but never processed.

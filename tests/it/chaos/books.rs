@@ -30,7 +30,7 @@ pub(crate) fn expectations(commands: &[OwnedMessage]) -> BTreeMap<Position, Expe
     commands
         .iter()
         .map(|m| {
-            let expected = match worker::decode(m) {
+            let expected = match worker::Inbound::read(m).command {
                 Ok(command) => Expected::Valid {
                     key: command.idempotency_key.as_str().to_owned(),
                     fingerprint: command.fingerprint().to_string(),

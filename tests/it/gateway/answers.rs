@@ -14,7 +14,7 @@ use payment_worker::fault::Faults;
 use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::payment::{
-    ChargeEvidence, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
+    Attempt, ChargeEvidence, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
     RejectionKind,
 };
 use payment_worker::retry::RetryPolicy;
@@ -26,7 +26,7 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use uuid::Uuid;
 
 use crate::support::helpers::{
-    quick_worker_settings, stop_all, Stack, TestDb, TestRedis, REDIS_URL,
+    final_outcome, quick_worker_settings, stop_all, Stack, TestDb, TestRedis, REDIS_URL,
 };
 use crate::support::scripted_gateway::{PostAnswer, ScriptedGateway};
 
@@ -166,7 +166,7 @@ fn command(key: &str, amount_minor: i64) -> PaymentCommand {
     PaymentCommand::new(key, "acct_7", amount_minor, "USD", "pm_card_visa", None).unwrap()
 }
 
-async fn once(processor: &Processor, command: &PaymentCommand) -> Outcome {
+async fn once(processor: &Processor, command: &PaymentCommand) -> Attempt {
     processor.process(command, &CommandContext::default()).await
 }
 
@@ -227,22 +227,22 @@ async fn every_gateway_answer_is_settled_without_a_second_charge() {
         let first = once(&processor, &cmd).await;
         match expect {
             Expect::Booked => {
-                rig.assert_booked_once(key, &first).await;
+                rig.assert_booked_once(key, &final_outcome(first)).await;
                 assert_eq!(rig.front.posts_seen(key), 1, "{key}: one POST");
             }
             Expect::RestoredThenCharged(evidence) => {
                 assert!(
-                    matches!(&first, Outcome::Retry { charge, .. } if *charge == evidence),
+                    matches!(&first, Attempt::Retry { charge, .. } if *charge == evidence),
                     "{key}: {first:?}"
                 );
                 rig.assert_restored_uncharged(key).await;
                 let second = once(&processor, &cmd).await;
-                rig.assert_booked_once(key, &second).await;
+                rig.assert_booked_once(key, &final_outcome(second)).await;
                 assert_eq!(rig.front.posts_seen(key), 2, "{key}: refused, then charged");
             }
             Expect::Refused(kind) => {
                 match &first {
-                    Outcome::Rejected { kind: got, reason } => {
+                    Attempt::Final(Outcome::Rejected { kind: got, reason }) => {
                         assert_eq!(*got, kind, "{key}: {reason}");
                         if kind == RejectionKind::Invalid {
                             let code = &key[1..];
@@ -274,7 +274,7 @@ async fn an_unreadable_2xx_whose_lookup_fails_is_left_to_the_lease_then_booked_o
     assert!(
         matches!(
             &first,
-            Outcome::Retry {
+            Attempt::Retry {
                 charge: ChargeEvidence::MayHaveCharged,
                 ..
             }
@@ -295,11 +295,11 @@ async fn an_unreadable_2xx_whose_lookup_fails_is_left_to_the_lease_then_booked_o
     let deadline = Instant::now() + Duration::from_secs(20);
     let outcome = loop {
         match once(&processor, &cmd).await {
-            Outcome::Retry { reason, .. } => {
+            Attempt::Retry { reason, .. } => {
                 assert!(Instant::now() < deadline, "still retrying: {reason}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            outcome => break outcome,
+            Attempt::Final(outcome) => break outcome,
         }
     };
     rig.assert_booked_once(key, &outcome).await;
@@ -329,7 +329,7 @@ async fn a_gateway_that_refuses_connections_is_transient_and_charges_nothing() {
     assert!(
         matches!(
             &outcome,
-            Outcome::Retry {
+            Attempt::Retry {
                 charge: ChargeEvidence::Unchanged,
                 ..
             }
@@ -401,7 +401,7 @@ async fn a_lease_lost_before_the_post_means_no_post() {
         .await
         .expect("the stalled attempt ends")
         .unwrap();
-    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    assert!(matches!(outcome, Attempt::Retry { .. }), "{outcome:?}");
     assert_eq!(
         rig.front.posts_seen(key),
         0,
@@ -572,11 +572,11 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     let deadline = Instant::now() + Duration::from_secs(20);
     let outcome = loop {
         match processor.process(&cmd, &CommandContext::default()).await {
-            Outcome::Retry { reason, .. } => {
+            Attempt::Retry { reason, .. } => {
                 assert!(Instant::now() < deadline, "still retrying: {reason}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            outcome => break outcome,
+            Attempt::Final(outcome) => break outcome,
         }
     };
     assert!(

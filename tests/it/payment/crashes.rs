@@ -3,7 +3,7 @@
 
 use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::payment::{CommandContext, Outcome};
+use payment_worker::payment::{Attempt, CommandContext, Outcome};
 use payment_worker::token::TokenState;
 
 use crate::support::helpers::assert_duplicate_of;
@@ -28,10 +28,13 @@ async fn a_failure_after_each_step_then_a_retry_charges_once() {
         match point {
             // The payment committed before the failure: its outcome stands.
             FaultPoint::AfterCommit => {
-                assert!(matches!(first, Outcome::Succeeded { .. }), "{first:?}")
+                assert!(
+                    matches!(first, Attempt::Final(Outcome::Succeeded { .. })),
+                    "{first:?}"
+                )
             }
             _ => assert!(
-                matches!(first, Outcome::Retry { .. }),
+                matches!(first, Attempt::Retry { .. }),
                 "{point:?}: {first:?}"
             ),
         }

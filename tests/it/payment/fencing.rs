@@ -14,13 +14,15 @@ use payment_worker::configuration::DatabaseSettings;
 use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults};
 use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
-use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
+use payment_worker::payment::{
+    Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
+};
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore,
 };
 use uuid::Uuid;
 
-use crate::support::helpers::{TestDb, TestRedis};
+use crate::support::helpers::{final_outcome, TestDb, TestRedis};
 
 /// Short, so the held worker's lease lapses quickly; long enough that the gateway call
 /// before the hold never outruns its renewals.
@@ -134,14 +136,14 @@ async fn until_final(processor: &Processor, command: &PaymentCommand) -> Outcome
     let deadline = Instant::now() + PATIENCE;
     loop {
         match processor.process(command, &CommandContext::default()).await {
-            Outcome::Retry { after, reason, .. } => {
+            Attempt::Retry { after, reason, .. } => {
                 assert!(Instant::now() < deadline, "still retrying: {reason}");
                 tokio::time::sleep(
                     after.clamp(Duration::from_millis(5), Duration::from_millis(25)),
                 )
                 .await;
             }
-            outcome => return outcome,
+            Attempt::Final(outcome) => return outcome,
         }
     }
 }
@@ -189,7 +191,7 @@ async fn survivor_of_a_takeover_does_not_commit(backend: Backend) {
         .expect("A ends once released")
         .unwrap();
     assert!(
-        matches!(first, Outcome::Retry { .. }),
+        matches!(first, Attempt::Retry { .. }),
         "A lost its lease before COMMIT and must not commit: {first:?}"
     );
     let second = tokio::time::timeout(PATIENCE, second)
@@ -226,7 +228,7 @@ async fn survivor_of_a_takeover_does_not_commit(backend: Backend) {
         .processor("a", Faults::none())
         .process(&cmd, &CommandContext::default())
         .await;
-    crate::support::helpers::assert_duplicate_of(&again, payment_id);
+    crate::support::helpers::assert_duplicate_of(&final_outcome(again), payment_id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,10 +6,10 @@ use std::time::Duration;
 use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
 use payment_worker::gateway::{ChargeStatus, PaymentGateway};
-use payment_worker::payment::{CommandContext, GatewayLookup, Outcome};
+use payment_worker::payment::{Attempt, CommandContext, GatewayLookup, Outcome};
 use payment_worker::token::{TokenPolicy, TokenState};
 
-use crate::support::helpers::assert_duplicate_of;
+use crate::support::helpers::{assert_duplicate_of, final_outcome};
 
 use super::rig::*;
 
@@ -33,10 +33,10 @@ async fn an_answer_that_comes_too_late_is_looked_up_and_succeeds() {
     let transaction_id = rig.ledger_for(key)[0].transaction_id.clone();
     assert_eq!(
         outcome,
-        Outcome::Succeeded {
+        Attempt::Final(Outcome::Succeeded {
             payment_id,
             transaction_id
-        }
+        })
     );
     assert_eq!(
         rig.gateway.charges(),
@@ -74,7 +74,7 @@ async fn a_gateway_ignoring_idempotency_keys_still_charges_once_with_lookup_alwa
         .with_faults(Faults::fail_at(FaultPoint::AfterCharge))
         .process(&cmd, &CommandContext::default())
         .await;
-    assert!(matches!(first, Outcome::Retry { .. }), "{first:?}");
+    assert!(matches!(first, Attempt::Retry { .. }), "{first:?}");
     let (second, _) = until_final(&always("b"), &cmd).await;
     assert!(matches!(second, Outcome::Succeeded { .. }), "{second:?}");
     assert_eq!(rig.ledger_for("ignore-1").len(), 1, "one charge");
@@ -86,7 +86,7 @@ async fn a_gateway_ignoring_idempotency_keys_still_charges_once_with_lookup_alwa
         .with_faults(Faults::fail_at(FaultPoint::AfterCharge))
         .process(&cmd, &CommandContext::default())
         .await;
-    assert!(matches!(first, Outcome::Retry { .. }), "{first:?}");
+    assert!(matches!(first, Attempt::Retry { .. }), "{first:?}");
     rig.forget_token("ignore-2").await;
     let (second, retries) = until_final(&always("b"), &cmd).await;
     assert!(retries.is_empty(), "{retries:?}");
@@ -129,7 +129,7 @@ async fn an_unavailable_gateway_is_retried_without_a_charge_and_the_token_restor
             .processor("p")
             .process(&cmd, &CommandContext::default())
             .await;
-        assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+        assert!(matches!(outcome, Attempt::Retry { .. }), "{outcome:?}");
         assert!(rig.ledger_for(key).is_empty(), "no charge");
         assert!(rig.rows(key).await.is_empty(), "no row");
         let token = rig.token(key).await.unwrap();
@@ -157,10 +157,10 @@ async fn a_declined_payment_is_final_and_a_replay_is_a_duplicate() {
         .processor("p")
         .process(&cmd, &CommandContext::default())
         .await;
-    let Outcome::Declined {
+    let Attempt::Final(Outcome::Declined {
         payment_id,
         transaction_id,
-    } = outcome
+    }) = outcome
     else {
         panic!("{outcome:?}")
     };
@@ -185,7 +185,7 @@ async fn a_declined_payment_is_final_and_a_replay_is_a_duplicate() {
         .processor("q")
         .process(&cmd, &CommandContext::default())
         .await;
-    assert_duplicate_of(&again, payment_id);
+    assert_duplicate_of(&final_outcome(again), payment_id);
     assert_eq!(
         rig.gateway.charges(),
         1,

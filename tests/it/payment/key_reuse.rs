@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use payment_worker::devtools::SimulatorConfig;
 use payment_worker::gateway::PaymentGateway;
-use payment_worker::payment::{CommandContext, Outcome, RejectionKind};
+use payment_worker::payment::{Attempt, CommandContext, Outcome, RejectionKind};
 use payment_worker::token::{TokenMode, TokenPolicy, TokenStore};
 
-use crate::support::helpers::assert_duplicate_of;
+use crate::support::helpers::{assert_duplicate_of, final_outcome};
 
 use super::rig::*;
 
@@ -23,7 +23,7 @@ async fn the_same_key_with_another_amount_is_rejected_and_never_charged() {
         )
         .await;
     assert!(
-        matches!(original, Outcome::Succeeded { .. }),
+        matches!(original, Attempt::Final(Outcome::Succeeded { .. })),
         "{original:?}"
     );
     let payment_id = rig.assert_charged_once(key).await;
@@ -37,10 +37,10 @@ async fn the_same_key_with_another_amount_is_rejected_and_never_charged() {
     assert!(
         matches!(
             outcome,
-            Outcome::Rejected {
+            Attempt::Final(Outcome::Rejected {
                 kind: RejectionKind::KeyReused,
                 ..
-            }
+            })
         ),
         "{outcome:?}"
     );
@@ -53,10 +53,10 @@ async fn the_same_key_with_another_amount_is_rejected_and_never_charged() {
     assert!(
         matches!(
             outcome,
-            Outcome::Rejected {
+            Attempt::Final(Outcome::Rejected {
                 kind: RejectionKind::KeyReused,
                 ..
-            }
+            })
         ),
         "{outcome:?}"
     );
@@ -84,7 +84,10 @@ async fn after_redis_lost_the_token_postgres_answers_duplicate() {
         .processor("p")
         .process(&cmd, &CommandContext::default())
         .await;
-    assert!(matches!(first, Outcome::Succeeded { .. }), "{first:?}");
+    assert!(
+        matches!(first, Attempt::Final(Outcome::Succeeded { .. })),
+        "{first:?}"
+    );
     rig.forget_token(key).await;
     assert!(rig.token(key).await.is_none());
 
@@ -93,7 +96,7 @@ async fn after_redis_lost_the_token_postgres_answers_duplicate() {
         .process(&cmd, &CommandContext::default())
         .await;
     let payment_id = rig.assert_charged_once(key).await;
-    assert_duplicate_of(&again, payment_id);
+    assert_duplicate_of(&final_outcome(again), payment_id);
     assert_eq!(
         (rig.gateway.charges(), rig.gateway.lookups()),
         (1, 0),
@@ -119,10 +122,10 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
     assert!(
         matches!(
             outcome,
-            Outcome::Rejected {
+            Attempt::Final(Outcome::Rejected {
                 kind: RejectionKind::TokenMissing,
                 ..
-            }
+            })
         ),
         "{outcome:?}"
     );
@@ -146,10 +149,10 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
         .processor("p")
         .process(&cmd, &CommandContext::default())
         .await;
-    let Outcome::Succeeded {
+    let Attempt::Final(Outcome::Succeeded {
         payment_id,
         transaction_id,
-    } = outcome
+    }) = outcome
     else {
         panic!("{outcome:?}")
     };
@@ -169,7 +172,7 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
         .processor("p")
         .process(&cmd, &CommandContext::default())
         .await;
-    assert_duplicate_of(&again, payment_id);
+    assert_duplicate_of(&final_outcome(again), payment_id);
 
     // An issued token is charged the ordinary way.
     let cmd = command("issued-1", 800, "pm_card_visa");
@@ -181,6 +184,9 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
         .processor("p")
         .process(&cmd, &CommandContext::default())
         .await;
-    assert!(matches!(outcome, Outcome::Succeeded { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, Attempt::Final(Outcome::Succeeded { .. })),
+        "{outcome:?}"
+    );
     rig.assert_charged_once("issued-1").await;
 }

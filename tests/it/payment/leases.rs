@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use payment_worker::devtools::{SimulatorConfig, SlowKey};
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::payment::{CommandContext, Outcome, RejectionKind};
+use payment_worker::payment::{Attempt, CommandContext, Outcome, RejectionKind};
 use payment_worker::token::TokenState;
 
 use crate::support::helpers::assert_duplicate_of;
@@ -36,12 +36,15 @@ async fn a_slow_charge_renews_its_lease_so_a_second_worker_waits() {
     let second = rig.processor("b");
     let during = second.process(&cmd, &CommandContext::default()).await;
     assert!(
-        matches!(&during, Outcome::Retry { reason, .. } if reason == IN_FLIGHT),
+        matches!(&during, Attempt::Retry { reason, .. } if reason == IN_FLIGHT),
         "{during:?}"
     );
 
     let first = first.await.unwrap();
-    assert!(matches!(first, Outcome::Succeeded { .. }), "{first:?}");
+    assert!(
+        matches!(first, Attempt::Final(Outcome::Succeeded { .. })),
+        "{first:?}"
+    );
     let (later, _) = until_final(&second, &cmd).await;
     let payment_id = rig.assert_charged_once(key).await;
     assert_duplicate_of(&later, payment_id);
@@ -74,7 +77,7 @@ async fn a_worker_that_lost_its_lease_during_the_charge_does_not_commit() {
     let first = first.await.unwrap();
     assert_eq!(
         first,
-        Outcome::Retry {
+        Attempt::Retry {
             after: Duration::ZERO,
             reason: "lease lost during the gateway call".to_owned(),
             charge: payment_worker::payment::ChargeEvidence::MayHaveCharged,
@@ -120,7 +123,7 @@ async fn a_reused_key_after_a_crash_after_charge_is_rejected() {
             &CommandContext::default(),
         )
         .await;
-    assert!(matches!(first, Outcome::Retry { .. }), "{first:?}");
+    assert!(matches!(first, Attempt::Retry { .. }), "{first:?}");
     let (second, _) = until_final(&rig.processor("b"), &command(key, 20_000, "pm_card_visa")).await;
     assert!(
         matches!(

@@ -13,7 +13,9 @@ use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::gateway::{
     Charge, ChargeRequest, GatewayError, HttpGateway, LedgerEntry, PaymentGateway,
 };
-use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
+use payment_worker::payment::{
+    Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
+};
 use payment_worker::token::{
     IdempotencyKey, RedisTokenStore, TokenPolicy, TokenState, TokenStore, TokenView,
 };
@@ -228,7 +230,7 @@ pub(crate) async fn until_final(
     let mut retries = Vec::new();
     loop {
         match processor.process(command, &CommandContext::default()).await {
-            Outcome::Retry { after, reason, .. } => {
+            Attempt::Retry { after, reason, .. } => {
                 assert!(
                     Instant::now() < deadline,
                     "still retrying after 30 s: {reason}"
@@ -239,7 +241,7 @@ pub(crate) async fn until_final(
                 )
                 .await;
             }
-            outcome => return (outcome, retries),
+            Attempt::Final(outcome) => return (outcome, retries),
         }
     }
 }

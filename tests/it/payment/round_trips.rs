@@ -8,7 +8,7 @@ use tracing::instrument::WithSubscriber;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
-use crate::support::helpers::Stack;
+use crate::support::helpers::{final_outcome, Stack};
 
 fn command(key: &str) -> PaymentCommand {
     let value = serde_json::json!({"idempotency_key": key, "account_id": "acct_rt",
@@ -30,7 +30,7 @@ async fn counted(stack: &Stack, command: &PaymentCommand) -> (Outcome, RoundTrip
         .process(command, &CommandContext::default())
         .with_subscriber(subscriber)
         .await;
-    (outcome, counter.snapshot())
+    (final_outcome(outcome), counter.snapshot())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -518,6 +518,18 @@ pub async fn stop_all(workers: Vec<RunningWorker>) {
     }
 }
 
+/// The final outcome `attempt` reached; a retry fails the test with its reason.
+pub fn final_outcome(
+    attempt: payment_worker::payment::Attempt,
+) -> payment_worker::payment::Outcome {
+    match attempt {
+        payment_worker::payment::Attempt::Final(outcome) => outcome,
+        payment_worker::payment::Attempt::Retry { reason, .. } => {
+            panic!("expected a final outcome, got a retry: {reason}")
+        }
+    }
+}
+
 /// A duplicate of `payment_id` that repeats the original answer read from its row.
 pub fn assert_duplicate_of(outcome: &payment_worker::payment::Outcome, payment_id: uuid::Uuid) {
     let payment_worker::payment::Outcome::Duplicate {

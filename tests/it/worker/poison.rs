@@ -110,7 +110,7 @@ proptest! {
         let span = worker::command_span(&record, "proptest-group");
         let _ = worker::lane_of(&record);
         let _ = worker::record_key(&record);
-        match span.in_scope(|| worker::decode(&record)) {
+        match span.in_scope(|| worker::Inbound::read(&record).command) {
             Ok(command) => {
                 let description = command.description.as_deref().unwrap_or("");
                 prop_assert!(!description.chars().any(char::is_control));
@@ -640,7 +640,9 @@ async fn database_errors_no_retry_can_fix_are_final_at_once_and_charge_nothing()
         .unwrap();
     let refused = processor
         .process(&parsed("db-refused", "blocked"), &CommandContext::default())
-        .await;
+        .await
+        .into_final()
+        .expect("final at once");
     assert_final(
         &refused,
         RejectionKind::Invalid,
@@ -654,7 +656,9 @@ async fn database_errors_no_retry_can_fix_are_final_at_once_and_charge_nothing()
         .unwrap();
     let broken = processor
         .process(&parsed("db-broken", "acct_ok"), &CommandContext::default())
-        .await;
+        .await
+        .into_final()
+        .expect("final at once");
     assert_final(&broken, RejectionKind::Internal, "database_error:", "42703");
     // Nothing was charged, and both tokens were restored for a later fix and redrive.
     assert!(stack.ledger().is_empty());
