@@ -5,6 +5,7 @@ mod consumer_group;
 mod corpus;
 mod corpus_cases;
 mod exactly_once;
+mod failures;
 mod kafka_connectivity;
 mod poison;
 mod rebalance;

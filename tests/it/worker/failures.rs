@@ -1,0 +1,280 @@
+//! The worker's own failures: a panic is contained and dead-letters its record on the
+//! third, a stalled poll loop fails `/healthz` and ends the process, a database error
+//! no retry can fix is final at once, and a broker that refuses the group ends the
+//! worker with a fatal error.
+
+use std::time::{Duration, Instant};
+
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::payment::RejectionKind;
+use payment_worker::worker;
+use rdkafka::message::OwnedHeaders;
+use serde_json::json;
+
+use crate::support::helpers::Stack;
+
+use super::poison::{command, header_value, producer, send, start_run};
+
+// ---------------------------------------------------------------------------
+// Panics are contained; a dead part ends the process.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_panic() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let topic = stack.settings.commands_topic.clone();
+    let producer = producer(&stack);
+    let mut offsets = vec![];
+    for n in 0..25 {
+        let key = if n == 5 {
+            "p-panic".to_owned()
+        } else {
+            format!("p-after-{n}")
+        };
+        let value = serde_json::to_vec(&command(&key)).unwrap();
+        offsets.push(
+            send(
+                &producer,
+                &topic,
+                Some(key.as_bytes()),
+                Some(&value),
+                OwnedHeaders::new(),
+            )
+            .await,
+        );
+    }
+    let health = free_port();
+    let mut run = start_run(
+        &stack,
+        "panic-run",
+        &[
+            ("PAYMENT_WORKER_FAULT", "panic:after_reserve"),
+            ("PAYMENT_WORKER_FAULT_KEY", "p-panic"),
+            ("LEASE", "1s"),
+            ("HEALTH_LISTEN", &format!("127.0.0.1:{health}")),
+        ],
+    )
+    .await;
+    let results = stack.wait_for_results(25, Duration::from_secs(60)).await;
+    run.assert_running();
+    let panicked = results
+        .iter()
+        .find(|r| r.source.offset == offsets[5])
+        .unwrap();
+    assert_eq!(panicked.outcome, "rejected");
+    assert!(
+        panicked
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("internal: panicked"),
+        "{panicked:?}"
+    );
+    assert_eq!(
+        results.iter().filter(|r| r.outcome == "succeeded").count(),
+        24,
+        "the records after it were processed"
+    );
+    let letters = stack.dead_letters().await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        header_value(&letters[0], "x-error-kind").as_deref(),
+        Some("internal")
+    );
+    assert_eq!(
+        header_value(&letters[0], "x-attempts").as_deref(),
+        Some("3")
+    );
+    assert!(
+        stack
+            .ledger()
+            .iter()
+            .all(|e| e.idempotency_key != "p-panic"),
+        "the panic came before the charge"
+    );
+    let panics = run
+        .lines()
+        .iter()
+        .filter(|l| l.contains("handling a record panicked"))
+        .count();
+    assert_eq!(panics, 3, "{}", run.tail(40));
+    // The partition task lived on: ready, and committed past the record.
+    let ready = reqwest::get(format!("http://127.0.0.1:{health}/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let end = offsets.last().unwrap() + 1;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while stack.committed().await.get(&0).copied().unwrap_or(-1) < end {
+        assert!(
+            Instant::now() < deadline,
+            "committed offset never reached {end}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    run.stop(Duration::from_secs(20)).await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_poll_loop_fails_healthz_then_ends_the_process_non_zero() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let producer = producer(&stack);
+    let value = serde_json::to_vec(&command("p-stall")).unwrap();
+    send(
+        &producer,
+        &stack.settings.commands_topic,
+        Some(b"p-stall"),
+        Some(&value),
+        OwnedHeaders::new(),
+    )
+    .await;
+    let health = free_port();
+    let mut run = start_run(
+        &stack,
+        "stall-run",
+        &[
+            ("PAYMENT_WORKER_FAULT", "stall_poll_loop"),
+            ("HEALTH_LISTEN", &format!("127.0.0.1:{health}")),
+        ],
+    )
+    .await;
+    let url = format!("http://127.0.0.1:{health}/healthz");
+    let (mut healthy, mut failing) = (false, false);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while run.is_running() {
+        assert!(Instant::now() < deadline, "still running: {}", run.tail(20));
+        match reqwest::get(&url).await {
+            Ok(answer) if answer.status() == 200 => healthy = true,
+            Ok(answer) if answer.status() == 503 => failing = true,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        healthy && failing,
+        "healthz was ok ({healthy}), then failed ({failing})"
+    );
+    let status = run.wait_exit(Duration::from_secs(1)).await;
+    assert_eq!(status.code(), Some(1), "{}", run.tail(20));
+    assert!(
+        run.lines().iter().any(|l| l.contains("has not polled")),
+        "{}",
+        run.tail(20)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Errors that no retry can fix are final at once.
+
+fn parsed(key: &str, account: &str) -> payment_worker::payment::PaymentCommand {
+    let mut value = command(key);
+    value["account_id"] = json!(account);
+    payment_worker::payment::PaymentCommand::parse(&serde_json::to_vec(&value).unwrap()).unwrap()
+}
+
+/// A final rejection of `kind` whose reason starts with `code` and names `sqlstate`.
+fn assert_final(
+    outcome: &payment_worker::payment::Outcome,
+    kind: RejectionKind,
+    code: &str,
+    sqlstate: &str,
+) {
+    let payment_worker::payment::Outcome::Rejected {
+        kind: found,
+        reason,
+    } = outcome
+    else {
+        panic!("not final: {outcome:?}");
+    };
+    assert_eq!(*found, kind);
+    assert!(
+        reason.starts_with(code) && reason.contains(sqlstate),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_errors_no_retry_can_fix_are_final_at_once_and_charge_nothing() {
+    use payment_worker::payment::CommandContext;
+    use payment_worker::token::{IdempotencyKey, TokenState};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let processor = stack.processor("sqlstate");
+    // Data the database refuses (class 23, a CHECK of the operator's).
+    sqlx::query("ALTER TABLE payments ADD CONSTRAINT no_blocked CHECK (account_id <> 'blocked')")
+        .execute(&stack.db.pool)
+        .await
+        .unwrap();
+    let refused = processor
+        .process(&parsed("db-refused", "blocked"), &CommandContext::default())
+        .await
+        .into_final()
+        .expect("final at once");
+    assert_final(
+        &refused,
+        RejectionKind::Invalid,
+        "database_refused:",
+        "23514",
+    );
+    // Our own SQL broken (class 42): `internal`, also at once.
+    sqlx::query("ALTER TABLE payments RENAME COLUMN fingerprint TO fingerprint_renamed")
+        .execute(&stack.db.pool)
+        .await
+        .unwrap();
+    let broken = processor
+        .process(&parsed("db-broken", "acct_ok"), &CommandContext::default())
+        .await
+        .into_final()
+        .expect("final at once");
+    assert_final(&broken, RejectionKind::Internal, "database_error:", "42703");
+    // Nothing was charged, and both tokens were restored for a later fix and redrive.
+    assert!(stack.ledger().is_empty());
+    for key in ["db-refused", "db-broken"] {
+        let key = IdempotencyKey::try_from(key).unwrap();
+        let view = stack.tokens.show(&key).await.unwrap();
+        assert!(
+            view.as_ref().is_none_or(|v| v.state == TokenState::Pending),
+            "{view:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_that_refuses_the_group_ends_the_worker_with_a_fatal_error() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    stack.kafka.cluster().request_errors(
+        RDKafkaApiKey::JoinGroup,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; 20],
+    );
+    let handler = std::sync::Arc::new(payment_worker::worker::Handler::new(
+        stack.processor("fatal"),
+        payment_worker::worker::Publisher::new(&stack.settings).unwrap(),
+        payment_worker::retry::RetryPolicy::default(),
+    ));
+    let settings = crate::support::helpers::quick_worker_settings();
+    let run = payment_worker::worker::run_until(
+        &stack.settings,
+        &settings,
+        handler,
+        std::future::pending(),
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the worker ends on its own");
+    let error = ended.expect_err("a refused group is an error");
+    let failure = error
+        .downcast_ref::<worker::WorkerFailure>()
+        .unwrap_or_else(|| panic!("{error:#}"));
+    assert!(
+        matches!(failure, worker::WorkerFailure::FatalBroker(_)),
+        "{failure}"
+    );
+    assert_eq!(payment_worker::cli::exit_code(&error), 4);
+}
