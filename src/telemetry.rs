@@ -144,46 +144,37 @@ impl OtlpTarget {
     }
 }
 
+/// One signal's exporter: plain endpoints leave the transport to the SDK (from the
+/// protocol variable); TLS ones get our gRPC or HTTP client. A macro because the span
+/// and metric builders are distinct types with the same methods.
+macro_rules! otlp_exporter {
+    ($exporter:ty, $signal:literal) => {{
+        use opentelemetry_otlp::{WithHttpConfig, WithTonicConfig};
+        let target = OtlpTarget::of($signal);
+        let builder = <$exporter>::builder();
+        let exporter = if !target.wants_tls() {
+            builder.build()
+        } else if protocol($signal).as_deref() == Some("grpc") {
+            builder
+                .with_tonic()
+                .with_tls_config(target.grpc_tls()?)
+                .build()
+        } else {
+            builder
+                .with_http()
+                .with_http_client(target.http_client()?)
+                .build()
+        };
+        exporter.map_err(|e| e.to_string())
+    }};
+}
+
 fn span_exporter() -> Result<opentelemetry_otlp::SpanExporter, String> {
-    use opentelemetry_otlp::{WithHttpConfig, WithTonicConfig};
-    let target = OtlpTarget::of("TRACES");
-    let builder = opentelemetry_otlp::SpanExporter::builder();
-    let exporter = if !target.wants_tls() {
-        // Plain endpoints: the SDK picks the transport from the protocol variable.
-        builder.build()
-    } else if protocol("TRACES").as_deref() == Some("grpc") {
-        builder
-            .with_tonic()
-            .with_tls_config(target.grpc_tls()?)
-            .build()
-    } else {
-        builder
-            .with_http()
-            .with_http_client(target.http_client()?)
-            .build()
-    };
-    exporter.map_err(|e| e.to_string())
+    otlp_exporter!(opentelemetry_otlp::SpanExporter, "TRACES")
 }
 
 fn metric_exporter() -> Result<opentelemetry_otlp::MetricExporter, String> {
-    use opentelemetry_otlp::{WithHttpConfig, WithTonicConfig};
-    let target = OtlpTarget::of("METRICS");
-    let builder = opentelemetry_otlp::MetricExporter::builder();
-    let exporter = if !target.wants_tls() {
-        // Plain endpoints: the SDK picks the transport from the protocol variable.
-        builder.build()
-    } else if protocol("METRICS").as_deref() == Some("grpc") {
-        builder
-            .with_tonic()
-            .with_tls_config(target.grpc_tls()?)
-            .build()
-    } else {
-        builder
-            .with_http()
-            .with_http_client(target.http_client()?)
-            .build()
-    };
-    exporter.map_err(|e| e.to_string())
+    otlp_exporter!(opentelemetry_otlp::MetricExporter, "METRICS")
 }
 
 fn tracer_provider() -> Option<SdkTracerProvider> {
