@@ -26,6 +26,7 @@ const TOKEN_SQL: &str = "src/token/postgres.rs";
 const PAYMENT_SQL: &str = "src/payment/persistence.rs";
 const PAYMENTS_SCHEMA: &str = "migrations/0002_payments.sql";
 const PROCESSOR: &str = "src/payment/processor.rs";
+const CHARGING: &str = "src/payment/processor/charging.rs";
 
 const REDIS_FENCING: &[&str] = &["token::redis::fencing"];
 const PG_FENCING: &[&str] = &["token::postgres::fencing"];
@@ -346,7 +347,7 @@ pub const MUTANTS: &[Mutant] = &[
     },
     // ---- Processor checks the issue named (cargo-mutants does not generate these).
     Mutant {
-        file: PROCESSOR,
+        file: CHARGING,
         breaks: "look-up before charging when the reservation is not the first (fence > 1)",
         from: "|| claim.fence > 1;",
         to: "|| false;",
@@ -356,7 +357,7 @@ pub const MUTANTS: &[Mutant] = &[
         ],
     },
     Mutant {
-        file: PROCESSOR,
+        file: CHARGING,
         breaks: "a gateway timeout is looked up, never restored blindly",
         from: ") => self.resolve_unknown(command, &cause).await,",
         to: ") => Err(Settlement::Restore(retry(cause.to_string()))),",

@@ -1,0 +1,163 @@
+//! The gateway side of an attempt: charge or find the earlier charge, resolve an
+//! unknown outcome by look-up, and keep the lease alive while the gateway works.
+
+use super::*;
+
+impl Processor {
+    /// Charge, or find the charge an earlier attempt made. `Err` says how to settle.
+    pub(super) async fn obtain_charge(
+        &self,
+        command: &PaymentCommand,
+        lease: &Lease<'_>,
+    ) -> Result<Charge, Settlement> {
+        let claim = lease.claim;
+        let key = &command.idempotency_key;
+        let look_first = self.lookup == GatewayLookup::Always || claim.fence > 1;
+        // What a POST that charges nothing leaves known: "no charge" once the gateway
+        // said so by key, else whatever earlier attempts learnt.
+        let mut uncharged = ChargeEvidence::Unchanged;
+        if look_first {
+            match self.gateway.lookup(key).await {
+                Ok(Some(found)) => return charge_for(found, command),
+                Ok(None) => uncharged = ChargeEvidence::NoCharge,
+                Err(error) => {
+                    return Err(Settlement::Restore(retry(format!(
+                        "gateway look-up before charging failed: {error}"
+                    ))))
+                }
+            }
+        }
+        // The lease is checked right before the POST, not only renewed while it runs:
+        // a worker paused, or blocked on another holder's row, since it reserved may
+        // have been replaced, and then the new owner decides. No check, no POST.
+        // A first attempt that reaches the POST well inside the lease it was just
+        // granted skips the round trip: nobody can have taken over a live lease.
+        let surely_held = !look_first && tokio::time::Instant::now() < lease.surely_held_until;
+        let checked = if surely_held {
+            Ok(Transition::Applied)
+        } else {
+            self.tokens
+                .extend(key, claim)
+                .instrument(token_span("extend"))
+                .await
+        };
+        match checked {
+            Ok(Transition::Applied) => {}
+            Ok(Transition::Refused) => {
+                return Err(Settlement::LeaveToLease(retry_knowing(
+                    uncharged,
+                    "lease lost before the charge; nothing was sent",
+                )))
+            }
+            Err(error) => {
+                token_failure("extend", &error);
+                return Err(Settlement::Restore(retry_knowing(
+                    uncharged,
+                    format!("lease check before the charge failed: {error}"),
+                )));
+            }
+        }
+        match self.gateway.charge(key, &command.charge_request()).await {
+            Ok(charge) => Ok(charge),
+            Err(
+                cause @ (GatewayError::Timeout
+                | GatewayError::UnreadableAnswer(_)
+                | GatewayError::InFlight),
+            ) => self.resolve_unknown(command, &cause).await,
+            Err(GatewayError::Rejected { status: 422, .. }) => {
+                Err(Settlement::Restore(key_reused().into()))
+            }
+            Err(GatewayError::Rejected { status, reason }) => {
+                Err(Settlement::Restore(Attempt::Final(Outcome::Rejected {
+                    kind: RejectionKind::Invalid,
+                    reason: format!("gateway_rejected: HTTP {status}: {reason}"),
+                })))
+            }
+            Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => Err(
+                Settlement::Restore(retry_knowing(uncharged, format!("gateway: {error}"))),
+            ),
+        }
+    }
+
+    /// An unknown outcome (timeout, 409, an unreadable answer): ask the gateway by key
+    /// before deciding anything, and never restore on a guess.
+    async fn resolve_unknown(
+        &self,
+        command: &PaymentCommand,
+        cause: &GatewayError,
+    ) -> Result<Charge, Settlement> {
+        let key = &command.idempotency_key;
+        let lookup = || async { self.gateway.lookup(key).await };
+        let found = lookup
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_times(4)
+                    .with_jitter(),
+            )
+            .when(GatewayError::is_retryable)
+            .await;
+        match (found, cause) {
+            (Ok(Some(found)), _) => charge_for(found, command),
+            // The gateway is still working on a request with this key (ours from an
+            // earlier attempt, or another holder's): nothing to book yet. Restoring is
+            // safe because every later reservation (fence > 1) looks up before it
+            // POSTs, and the gateway answers a repeated key with its first answer;
+            // until a look-up finds it settled, a charge may still appear.
+            (Ok(None), GatewayError::InFlight) => Err(Settlement::Restore(retry_unknown(
+                "a request with this key is still in flight at the gateway (HTTP 409)",
+            ))),
+            // The gateway said it decided (or answered in a way that says nothing) and
+            // its ledger does not show it yet: do not trust that "none"; the next owner
+            // looks again after the lease.
+            (Ok(None), GatewayError::UnreadableAnswer(_)) => Err(Settlement::LeaveToLease(
+                retry_unknown(format!("{cause}, and the look-up holds no charge yet")),
+            )),
+            (Ok(None), _) => Err(Settlement::Restore(retry_knowing(
+                ChargeEvidence::NoCharge,
+                "gateway timed out and holds no charge for the key",
+            ))),
+            (Err(error), _) => Err(Settlement::LeaveToLease(retry_unknown(format!(
+                "{cause}, and the look-up failed ({error}): outcome unknown"
+            )))),
+        }
+    }
+
+    /// Runs `work` while renewing the lease every third of it. Returns whether the
+    /// lease was kept throughout.
+    pub(super) async fn with_lease<T>(
+        &self,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        work: impl Future<Output = T>,
+    ) -> (T, bool) {
+        let period = (self.tokens.policy().lease / 3).max(Duration::from_millis(10));
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let mut kept = true;
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                output = &mut work => return (output, kept),
+                _ = ticker.tick(), if kept => match self.tokens.extend(key, claim).instrument(token_span("extend")).await {
+                    Ok(Transition::Applied) => {}
+                    Ok(Transition::Refused) => kept = false,
+                    // A missed renewal is not a lost lease; the next tick tries again.
+                    Err(error) => tracing::warn!(idempotency_key = %key, %error, "lease renewal failed"),
+                },
+            }
+        }
+    }
+}
+
+/// A charge found by key counts for `command` only when it was made for the same
+/// amount and currency; otherwise the key was reused and nothing may be booked.
+pub(super) fn charge_for(
+    found: LedgerEntry,
+    command: &PaymentCommand,
+) -> Result<Charge, Settlement> {
+    if found.matches(&command.charge_request()) {
+        Ok(found.charge())
+    } else {
+        Err(Settlement::Restore(key_reused().into()))
+    }
+}
