@@ -114,22 +114,6 @@ impl std::fmt::Debug for RedisSettings {
     }
 }
 
-impl RedisSettings {
-    /// The nodes to connect to, as `REDIS_URL`, `REDIS_CLUSTER` and `REDIS_CA_CERT` say.
-    pub fn target(&self) -> anyhow::Result<crate::token::RedisTarget> {
-        let ca_pem = match &self.ca_cert {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .with_context(|| format!("reading REDIS_CA_CERT {}", path.display()))?,
-            ),
-            None => None,
-        };
-        Ok(crate::token::RedisTarget::parse(&self.url, self.cluster)
-            .with_context(|| format!("invalid REDIS_URL {}", redact_url(&self.url)))?
-            .with_ca_pem(ca_pem))
-    }
-}
-
 /// Which store keeps the idempotency tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TokenStoreKind {

@@ -14,6 +14,21 @@ use crate::configuration::{
 use crate::redaction::redact_url;
 use crate::token::{PostgresTokenStore, RedisTokenStore, TokenStore};
 
+/// The Redis nodes to connect to, as `REDIS_URL`, `REDIS_CLUSTER` and `REDIS_CA_CERT`
+/// say (the CA file is read here: configuration stays data).
+fn redis_target(redis: &RedisSettings) -> anyhow::Result<crate::token::RedisTarget> {
+    let ca_pem = match &redis.ca_cert {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("reading REDIS_CA_CERT {}", path.display()))?,
+        ),
+        None => None,
+    };
+    Ok(crate::token::RedisTarget::parse(&redis.url, redis.cluster)
+        .with_context(|| format!("invalid REDIS_URL {}", redact_url(&redis.url)))?
+        .with_ca_pem(ca_pem))
+}
+
 /// The token store `settings.store` names: Redis (connected here) or the
 /// `idempotency_tokens` table behind `pool`.
 pub async fn token_store(
@@ -24,7 +39,7 @@ pub async fn token_store(
     Ok(match settings.store {
         TokenStoreKind::Redis => Arc::new(
             RedisTokenStore::connect_to(
-                &redis.target()?,
+                &redis_target(redis)?,
                 redis.key_prefix.clone(),
                 settings.policy(),
             )
