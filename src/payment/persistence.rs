@@ -116,6 +116,19 @@ pub async fn vacuum_payments(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
+/// Which of `keys` have a payment row (whatever its status).
+pub async fn keys_with_rows(
+    pool: &sqlx::PgPool,
+    keys: &[String],
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+    let found: Vec<String> =
+        sqlx::query_scalar("SELECT idempotency_key FROM payments WHERE idempotency_key = ANY($1)")
+            .bind(keys)
+            .fetch_all(pool)
+            .await?;
+    Ok(found.into_iter().collect())
+}
+
 /// Whether the `payments` table exists (`to_regclass` needs no privilege).
 pub async fn payments_table_exists(pool: &sqlx::PgPool) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")

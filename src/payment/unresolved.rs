@@ -72,16 +72,23 @@ pub async fn unresolved_charges(
     pool: &PgPool,
     key_prefix: &str,
 ) -> Result<Vec<UnresolvedCharge>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT u.idempotency_key, u.amount_minor, u.currency, u.reason, u.attempts,
-                u.dead_lettered_at
-           FROM unresolved_charges u
-          WHERE left(u.idempotency_key, char_length($1)) = $1
-            AND NOT EXISTS (SELECT 1 FROM payments p
-                             WHERE p.idempotency_key = u.idempotency_key)
-          ORDER BY u.idempotency_key",
+    let remembered: Vec<UnresolvedCharge> = sqlx::query_as(
+        "SELECT idempotency_key, amount_minor, currency, reason, attempts, dead_lettered_at
+           FROM unresolved_charges
+          WHERE left(idempotency_key, char_length($1)) = $1
+          ORDER BY idempotency_key",
     )
     .bind(key_prefix)
     .fetch_all(pool)
-    .await
+    .await?;
+    // The payments side is asked through its owner, persistence.rs.
+    let keys: Vec<String> = remembered
+        .iter()
+        .map(|u| u.idempotency_key.clone())
+        .collect();
+    let booked = super::persistence::keys_with_rows(pool, &keys).await?;
+    Ok(remembered
+        .into_iter()
+        .filter(|u| !booked.contains(&u.idempotency_key))
+        .collect())
 }
