@@ -10,8 +10,8 @@ use payment_worker::operator::WorkloadSpec;
 use crate::support::helpers::{unique, TestDb, TestRedis};
 use crate::support::procs::current_membership;
 
-use super::books::*;
-use super::deployment::*;
+use crate::support::books::*;
+use crate::support::deployment::*;
 
 /// A worker pauses a partition when more records arrive than it can hold (back
 /// pressure). librdkafka keeps that pause across a rebalance, so a partition revoked

@@ -14,8 +14,8 @@ use rand::{Rng, SeedableRng};
 use crate::support::helpers::{unique, TestRedis};
 use crate::support::procs::{self, PrivatePostgres};
 
-use super::books::*;
-use super::deployment::*;
+use crate::support::books::*;
+use crate::support::deployment::*;
 
 /// Chaos sizes: CI-sized by default, `CHAOS_LARGE=1` for the long run.
 struct ChaosSize {

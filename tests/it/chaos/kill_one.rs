@@ -8,8 +8,8 @@ use payment_worker::operator::WorkloadSpec;
 
 use crate::support::helpers::{unique, TestDb, TestRedis};
 
-use super::books::*;
-use super::deployment::*;
+use crate::support::books::*;
+use crate::support::deployment::*;
 
 // ---------------------------------------------------------------------------
 

@@ -2,8 +2,6 @@
 //! and three `run` workers, each its own OS process.
 
 mod back_pressure;
-pub(crate) mod books;
 mod chaos_run;
-pub(crate) mod deployment;
 mod kill_one;
 mod stores;

@@ -16,8 +16,8 @@ use sqlx::PgPool;
 use crate::support::helpers::{unique, TestDb};
 use crate::support::procs::{self, Proc};
 
-use super::books::*;
-use super::deployment::*;
+use crate::support::books::*;
+use crate::support::deployment::*;
 
 const COMMANDS: usize = 3000;
 

@@ -1,6 +1,9 @@
 //! The harness every capability shares: services up, an isolated database and Redis
-//! prefix per test, the binary as a process, test certificates, a scripted gateway.
+//! prefix per test, the binary as a process, a deployment of worker processes and the
+//! books it must balance, test certificates, a scripted gateway.
 
+pub(crate) mod books;
+pub(crate) mod deployment;
 pub(crate) mod helpers;
 pub(crate) mod pki;
 pub(crate) mod procs;

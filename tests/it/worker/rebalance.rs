@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use payment_worker::operator;
 use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
 
-use crate::chaos::books::{
+use crate::support::books::{
     answered, by_position, expectations, flush_prefix, payment_rows, token_statuses, Books,
 };
-use crate::chaos::deployment::{Deployment, PARTITIONS};
+use crate::support::deployment::{Deployment, PARTITIONS};
 use crate::support::helpers::{unique, TestDb, TestRedis};
 use crate::support::procs::{self, membership, Membership, Proc};
 
-/// The workers' session timeout in these tests (see `chaos::deployment::SESSION_TIMEOUT`).
+/// The workers' session timeout in these tests (see `support::deployment::SESSION_TIMEOUT`).
 const SESSION: Duration = Duration::from_secs(6);
 const COMMANDS: usize = 1600;
 /// Commands already on the topic when the first worker starts (a deploy meets a
