@@ -259,6 +259,36 @@ impl PostgresTokenStore {
         Ok(row.filter(|r| r.live == Some(true)))
     }
 
+    /// `CONFIRM` on `executor`: the pool for a confirm of its own, the payment's
+    /// connection for one inside its transaction.
+    async fn run_confirm<'c>(
+        &self,
+        executor: impl sqlx::PgExecutor<'c>,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        payment_id: Uuid,
+        fingerprint: &str,
+    ) -> Result<Transition, TokenError> {
+        let Some(fence) = Self::fence_param(claim) else {
+            return Ok(Transition::Refused);
+        };
+        let applied = self
+            .timed(
+                "confirm",
+                key.as_str(),
+                sqlx::query_scalar::<_, i64>(CONFIRM)
+                    .bind(key.as_str())
+                    .bind(&claim.owner)
+                    .bind(fence)
+                    .bind(payment_id)
+                    .bind(fingerprint)
+                    .bind(millis(self.policy.completed_ttl))
+                    .fetch_optional(executor),
+            )
+            .await?;
+        Ok(transition(applied.is_some()))
+    }
+
     /// The claim's fence as stored; `None` for a fence no row can hold (so: refused).
     fn fence_param(claim: &Claim) -> Option<i64> {
         i64::try_from(claim.fence).ok()
@@ -479,24 +509,8 @@ impl TokenStore for PostgresTokenStore {
         payment_id: Uuid,
         fingerprint: &str,
     ) -> Result<Transition, TokenError> {
-        let Some(fence) = Self::fence_param(claim) else {
-            return Ok(Transition::Refused);
-        };
-        let applied = self
-            .timed(
-                "confirm",
-                key.as_str(),
-                sqlx::query_scalar::<_, i64>(CONFIRM)
-                    .bind(key.as_str())
-                    .bind(&claim.owner)
-                    .bind(fence)
-                    .bind(payment_id)
-                    .bind(fingerprint)
-                    .bind(millis(self.policy.completed_ttl))
-                    .fetch_optional(&self.pool),
-            )
-            .await?;
-        Ok(transition(applied.is_some()))
+        self.run_confirm(&self.pool, key, claim, payment_id, fingerprint)
+            .await
     }
 
     async fn restore(&self, key: &IdempotencyKey, claim: &Claim) -> Result<Transition, TokenError> {
@@ -611,26 +625,10 @@ impl SettleInTransaction for PostgresTokenStore {
         payment_id: Uuid,
         fingerprint: &str,
     ) -> Result<Transition, TokenError> {
-        let Some(fence) = Self::fence_param(claim) else {
-            return Ok(Transition::Refused);
-        };
         // The same statement as `confirm`: its WHERE is the fence check (owner, fence,
         // status), and the row lock the UPDATE takes is held until COMMIT, so no
         // reservation can slip in between the check and the commit.
-        let applied = self
-            .timed(
-                "confirm",
-                key.as_str(),
-                sqlx::query_scalar::<_, i64>(CONFIRM)
-                    .bind(key.as_str())
-                    .bind(&claim.owner)
-                    .bind(fence)
-                    .bind(payment_id)
-                    .bind(fingerprint)
-                    .bind(millis(self.policy.completed_ttl))
-                    .fetch_optional(conn),
-            )
-            .await?;
-        Ok(transition(applied.is_some()))
+        self.run_confirm(conn, key, claim, payment_id, fingerprint)
+            .await
     }
 }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::support::helpers::{ensure_services, unique, PG_ADDR};
+use crate::support::procs::free_port;
 
 /// The first `sh` block after the "First five minutes" heading.
 fn walkthrough_script() -> String {
@@ -20,11 +21,6 @@ fn walkthrough_script() -> String {
         .and_then(|b| b.split("```").next())
         .expect("the walk-through block")
         .to_owned()
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -353,7 +353,8 @@ fn postgres_bindir() -> PathBuf {
     PathBuf::from(format!("/usr/lib/postgresql/{version}/bin"))
 }
 
-fn free_port() -> u16 {
+/// A port nothing listens on right now (the OS picked it for a listener just closed).
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -20,20 +20,13 @@ use redis::aio::ConnectionLike;
 
 use crate::support::helpers::{quick_worker_settings, unique, Stack};
 use crate::support::pki::{path_str, TestPki};
+use crate::support::procs::free_port;
 use crate::support::procs::{run_to_end, Proc};
 use crate::token::contract::{self as contract, key, policy, Backend, RawToken};
 
 /// Race rounds here: the single-node suite runs the full count; these servers only
 /// have to show the same contract holds over TLS and across slots.
 const ROUNDS: usize = 100;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct TempDir(PathBuf);
 

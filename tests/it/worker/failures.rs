@@ -12,6 +12,7 @@ use rdkafka::message::OwnedHeaders;
 use serde_json::json;
 
 use crate::support::helpers::Stack;
+use crate::support::procs::free_port;
 
 use super::poison::{command, header_value, producer, send, start_run};
 
@@ -112,14 +113,6 @@ async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_p
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     run.stop(Duration::from_secs(20)).await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
