@@ -578,6 +578,42 @@ impl GatewaySimulator {
     }
 }
 
+impl GatewaySimulator {
+    /// Serves on a thread of its own, named `name`, with a single-threaded runtime:
+    /// the CPU it spends can then be told from its caller's (the bench reads it per
+    /// thread). Stops like [`Self::spawn`]; must be called inside a Tokio runtime.
+    pub fn spawn_on_thread(self, name: &str) -> anyhow::Result<RunningSimulator> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("building the simulator's runtime")?;
+        let addr = self.local_addr;
+        let shared = Arc::clone(&self.shared);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (served, result) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let outcome = runtime.block_on(self.serve(async move {
+                    let _ = stopped.await;
+                }));
+                let _ = served.send(outcome);
+            })
+            .context("starting the simulator's thread")?;
+        let handle = tokio::spawn(async move {
+            result
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the simulator's thread panicked")))
+        });
+        Ok(RunningSimulator {
+            addr,
+            shared,
+            stop: Some(stop),
+            handle: Some(handle),
+        })
+    }
+}
+
 /// A simulator serving in the background; stops on drop.
 pub struct RunningSimulator {
     addr: SocketAddr,

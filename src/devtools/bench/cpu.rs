@@ -19,6 +19,8 @@ pub struct CpuSample {
     idle: u64,
     /// Ticks per party, for processes alive at the time of the sample.
     parties: BTreeMap<&'static str, u64>,
+    /// Ticks of the bench process's own threads, by what they do.
+    bench_threads: BTreeMap<&'static str, u64>,
 }
 
 /// CPU milliseconds per payment (or per transaction), by party.
@@ -29,6 +31,10 @@ pub struct CpuCost {
     /// Share of the machine's CPU time that was idle during the phase.
     pub machine_idle_share: f64,
     pub ms_per_operation: BTreeMap<String, f64>,
+    /// `bench_process` split by thread: the local Kafka's mock broker, the Kafka
+    /// clients (the in-process worker's and the bench's), the tokio runtime (the
+    /// in-process worker), the gateway simulator and the results reader.
+    pub bench_threads_ms_per_operation: BTreeMap<String, f64>,
 }
 
 fn process_ticks(stat: &str) -> Option<(String, u64)> {
@@ -83,6 +89,44 @@ fn postgres_party(cmdline: &str, database: &str) -> Option<&'static str> {
     }
 }
 
+/// The gateway simulator's thread in the bench process.
+pub const SIMULATOR_THREAD: &str = "gateway-sim";
+
+/// What a thread of the bench process does, from the name librdkafka, tokio or
+/// the bench gave it.
+fn bench_thread_role(name: &str) -> &'static str {
+    if name.starts_with("rdk:mock") {
+        "local_kafka"
+    } else if name.starts_with("rdk:") {
+        "kafka_clients"
+    } else if name.starts_with("tokio") {
+        "runtime"
+    } else if name == SIMULATOR_THREAD {
+        "gateway_simulator"
+    } else if name == "bench-results" {
+        "results_reader"
+    } else {
+        "other_threads"
+    }
+}
+
+fn bench_threads() -> BTreeMap<&'static str, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        if let Some((name, ticks)) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .as_deref()
+            .and_then(process_ticks)
+        {
+            *out.entry(bench_thread_role(&name)).or_default() += ticks;
+        }
+    }
+    out
+}
+
 /// Samples the machine and the parties; `worker` is a worker child process and
 /// `database` the bench's database (other databases' backends count as other).
 pub fn sample(worker: Option<u32>, database: &str) -> CpuSample {
@@ -95,6 +139,7 @@ pub fn sample(worker: Option<u32>, database: &str) -> CpuSample {
         out.busy = busy;
         out.idle = idle;
     }
+    out.bench_threads = bench_threads();
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return out;
@@ -152,6 +197,15 @@ impl CpuSample {
         let idle = later.idle.saturating_sub(self.idle);
         ms_per_operation.insert("other".to_owned(), per_op(busy.saturating_sub(accounted)));
         ms_per_operation.insert("total".to_owned(), per_op(busy));
+        // Threads that ended in between are lost to their role.
+        let bench_threads_ms_per_operation = later
+            .bench_threads
+            .iter()
+            .map(|(role, after)| {
+                let before = self.bench_threads.get(role).copied().unwrap_or(0);
+                ((*role).to_owned(), per_op(after.saturating_sub(before)))
+            })
+            .collect();
         CpuCost {
             operations,
             wall_s,
@@ -161,6 +215,7 @@ impl CpuSample {
                 0.0
             },
             ms_per_operation,
+            bench_threads_ms_per_operation,
         }
     }
 }
@@ -188,11 +243,13 @@ mod tests {
             busy: 1000,
             idle: 1000,
             parties: BTreeMap::from([("postgres", 100), ("bench_process", 50)]),
+            bench_threads: BTreeMap::from([("local_kafka", 10), ("runtime", 40)]),
         };
         let after = CpuSample {
             busy: 1300,
             idle: 1100,
             parties: BTreeMap::from([("postgres", 250), ("bench_process", 150)]),
+            bench_threads: BTreeMap::from([("local_kafka", 40), ("runtime", 110)]),
         };
         let cost = before.cost_until(&after, 1000, 2.0);
         // 150 ticks = 1500 ms over 1000 operations.
@@ -201,6 +258,19 @@ mod tests {
         assert_eq!(cost.ms_per_operation["other"], 0.5);
         assert_eq!(cost.ms_per_operation["total"], 3.0);
         assert!((cost.machine_idle_share - 0.25).abs() < 1e-9);
+        assert_eq!(cost.bench_threads_ms_per_operation["local_kafka"], 0.3);
+        assert_eq!(cost.bench_threads_ms_per_operation["runtime"], 0.7);
+    }
+
+    #[test]
+    fn bench_threads_are_told_apart_by_their_names() {
+        assert_eq!(bench_thread_role("rdk:mock"), "local_kafka");
+        assert_eq!(bench_thread_role("rdk:broker1"), "kafka_clients");
+        assert_eq!(bench_thread_role("rdk:main"), "kafka_clients");
+        assert_eq!(bench_thread_role("tokio-runtime-w"), "runtime");
+        assert_eq!(bench_thread_role("bench-results"), "results_reader");
+        assert_eq!(bench_thread_role(SIMULATOR_THREAD), "gateway_simulator");
+        assert_eq!(bench_thread_role("payment-worker"), "other_threads");
     }
 
     #[test]

@@ -422,6 +422,49 @@ impl Bed {
         .await?
     }
 
+    /// Waits until the results topic holds at least `target` records, reading only
+    /// its offsets. A redelivered command can answer twice, so the reader still
+    /// checks that every command has its answer.
+    async fn wait_for_results(
+        &self,
+        topic: &str,
+        target: usize,
+        bar: &ProgressBar,
+        running: &mut Running,
+    ) -> anyhow::Result<()> {
+        let mut last = 0i64;
+        let mut last_progress = Instant::now();
+        loop {
+            let producer = self.producer.clone();
+            let (name, partitions) = (topic.to_owned(), self.partitions);
+            let held = tokio::task::spawn_blocking(move || {
+                (0..partitions).try_fold(0i64, |sum, partition| {
+                    let (_, high) = producer.client().fetch_watermarks(
+                        &name,
+                        partition,
+                        Duration::from_secs(10),
+                    )?;
+                    anyhow::Ok(sum + high)
+                })
+            })
+            .await??;
+            bar.set_position(held.max(0) as u64);
+            if held >= target as i64 {
+                return Ok(());
+            }
+            if held != last {
+                last = held;
+                last_progress = Instant::now();
+            }
+            anyhow::ensure!(
+                last_progress.elapsed() < STALL,
+                "no progress for {STALL:?}: {held} of {target} results written"
+            );
+            check_alive(running)?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn run_phase(
         &self,
         phase: &str,
@@ -442,8 +485,14 @@ impl Bed {
                 ..SimulatorConfig::default()
             },
         )?
-        .spawn();
-        let reader = ResultsReader::start(&kafka, self.partitions)?;
+        .spawn_on_thread(cpu::SIMULATOR_THREAD)?;
+        // A backlog's results are read once it is processed: a reader polling while
+        // the worker runs would take CPU from what is measured. Paced phases read as
+        // they go, for the latency a consumer of results observes.
+        let mut reader = match load {
+            Load::Backlog(_) => None,
+            Load::Paced { .. } => Some(ResultsReader::start(&kafka, self.partitions)?),
+        };
         let start = |this: &Self| -> anyhow::Result<Running> {
             match kind {
                 WorkerKind::InProcess => Ok(Running::InProcess(
@@ -501,7 +550,7 @@ impl Bed {
                     tokio::select! {
                         sent = &mut producing => break sent?,
                         _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                            bar.set_position(reader.answered() as u64);
+                            bar.set_position(reader.as_ref().map_or(0, ResultsReader::answered) as u64);
                             check_alive(&mut running)?;
                         }
                     }
@@ -510,17 +559,33 @@ impl Bed {
             }
         };
         let mut running = running;
-        let waited = wait_for_answers(&reader, sent.len(), bar, &mut running).await;
         let (child, log) = match &running {
             Running::Process { child, log } => (Some(child.id()), Some(log.clone())),
             Running::InProcess(_) => (None, None),
         };
+        // What the phase cost, read as soon as its work is done.
+        let cost = |sent: usize| {
+            cpu_before.cost_until(
+                &cpu::sample(child, &self.database_name),
+                sent,
+                processing_since.elapsed().as_secs_f64(),
+            )
+        };
+        let (reader, waited, cpu_cost) = match reader.take() {
+            Some(reader) => {
+                let waited = wait_for_answers(&reader, sent.len(), bar, &mut running).await;
+                (reader, waited, cost(sent.len()))
+            }
+            None => {
+                self.wait_for_results(&kafka.results_topic, sent.len(), bar, &mut running)
+                    .await?;
+                let cpu_cost = cost(sent.len());
+                let reader = ResultsReader::start(&kafka, self.partitions)?;
+                let waited = wait_for_answers(&reader, sent.len(), bar, &mut running).await;
+                (reader, waited, cpu_cost)
+            }
+        };
         let worker_memory = child.and_then(|pid| read_memory(Some(pid)));
-        let cpu_cost = cpu_before.cost_until(
-            &cpu::sample(child, &self.database_name),
-            sent.len(),
-            processing_since.elapsed().as_secs_f64(),
-        );
         stop(running).await?;
         let observations = reader.finish().await?;
         waited?;

@@ -596,6 +596,15 @@ impl BenchReport {
                 parts.join(", "),
                 cost.machine_idle_share * 100.0
             );
+            let threads: Vec<String> = cost
+                .bench_threads_ms_per_operation
+                .iter()
+                .filter(|(_, ms)| **ms > 0.0)
+                .map(|(role, ms)| format!("{role} {ms:.3}"))
+                .collect();
+            if !threads.is_empty() {
+                let _ = writeln!(out, "  {:<16} bench process: {}", "", threads.join(", "));
+            }
         }
         out
     }
@@ -658,6 +667,7 @@ mod tests {
             wall_s: 1.0,
             machine_idle_share: 0.0,
             ms_per_operation: [("worker_process".to_owned(), 0.3)].into(),
+            ..Default::default()
         });
         report.phases.push(worker);
         report.judge();

@@ -240,3 +240,67 @@ async fn survivor_with_the_redis_token_store_does_not_commit() {
 async fn survivor_with_the_postgres_token_store_does_not_commit() {
     survivor_of_a_takeover_does_not_commit(Backend::Postgres).await;
 }
+
+/// A first attempt may skip the lease check before its POST only while it is surely
+/// within the lease it was just granted (half of it). Worker A is held after its insert,
+/// before the POST, until its lease lapsed and another owner reserved the token (fence
+/// 2). Released, A checks, finds the lease lost and sends nothing: the gateway never
+/// hears of the key and no row is committed.
+async fn a_held_first_attempt_checks_its_lease_before_the_post(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let key = "held-before-post";
+    let cmd = command(key);
+
+    let (held, pause) = Faults::pause_at(FaultPoint::AfterInsert);
+    let first = {
+        let (processor, cmd) = (rig.processor("a", held), cmd.clone());
+        tokio::spawn(async move { processor.process(&cmd, &CommandContext::default()).await })
+    };
+    tokio::time::timeout(PATIENCE, pause.arrival())
+        .await
+        .expect("worker A reaches the point after its insert");
+    // Another owner takes the token over as soon as A's lease has lapsed.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match rig.tokens.reserve(&ikey(key), "b:takeover").await.unwrap() {
+            payment_worker::token::Reservation::Reserved { fence } => {
+                assert_eq!(fence, 2);
+                break;
+            }
+            other => assert!(Instant::now() < deadline, "never taken over: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pause.release();
+
+    let first = tokio::time::timeout(PATIENCE, first)
+        .await
+        .expect("A ends once released")
+        .unwrap();
+    assert!(
+        matches!(first, Attempt::Retry { .. }),
+        "A lost its lease before the POST: {first:?}"
+    );
+    assert!(
+        rig.ledger_for(key).is_empty(),
+        "A sent its POST with a lease it no longer held: {:?}",
+        rig.ledger_for(key)
+    );
+    assert!(rig.rows(key).await.is_empty(), "A committed nothing");
+    let token = rig.tokens.show(&ikey(key)).await.unwrap().unwrap();
+    assert_eq!(
+        (token.state, token.fence, token.owner.as_deref()),
+        (TokenState::Processing, 2, Some("b:takeover")),
+        "the new owner's reservation stands"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_first_attempt_checks_its_lease_before_the_post_redis() {
+    a_held_first_attempt_checks_its_lease_before_the_post(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_first_attempt_checks_its_lease_before_the_post_postgres() {
+    a_held_first_attempt_checks_its_lease_before_the_post(Backend::Postgres).await;
+}

@@ -174,6 +174,35 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
         .await;
     assert_duplicate_of(&final_outcome(again), payment_id);
 
+    // The gateway holds a charge under the key, made for another request (another
+    // amount): it is never booked as this command's payment.
+    let earlier_cmd = command("charged-otherwise", 800, "pm_card_visa");
+    rig.gateway
+        .charge(&earlier_cmd.idempotency_key, &earlier_cmd.charge_request())
+        .await
+        .unwrap();
+    let charges_before = rig.gateway.charges();
+    let cmd = command("charged-otherwise", 900, "pm_card_visa");
+    let outcome = rig
+        .processor("p")
+        .process(&cmd, &CommandContext::default())
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            Attempt::Final(Outcome::Rejected {
+                kind: RejectionKind::KeyReused,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(rig.gateway.charges(), charges_before, "no POST");
+    assert!(
+        rig.rows("charged-otherwise").await.is_empty(),
+        "the other request's charge is not recorded as this payment"
+    );
+
     // An issued token is charged the ordinary way.
     let cmd = command("issued-1", 800, "pm_card_visa");
     rig.store
