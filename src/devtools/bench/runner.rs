@@ -19,7 +19,12 @@ use crate::redaction::redact_url;
 use crate::token::{RedisTokenStore, TokenPolicy, TokenStore};
 use crate::worker;
 
-pub const DEFAULT_BENCH_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments_bench";
+/// Loopback without TLS: a server with `ssl = on` (Debian's default) would otherwise
+/// be reached over TLS (sqlx's `sslmode=prefer`), and every phase, the ceiling too,
+/// would measure the encryption of loopback traffic. Pass a URL with
+/// `sslmode=require` to measure with it.
+pub const DEFAULT_BENCH_DATABASE_URL: &str =
+    "postgres://postgres@127.0.0.1:5432/payments_bench?sslmode=disable";
 
 /// The latency of the slow-gateway phase, fixed by the performance targets.
 const SLOW_GATEWAY_MS: u64 = 20;

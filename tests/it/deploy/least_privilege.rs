@@ -182,3 +182,29 @@ async fn the_compose_roles_script_separates_owner_and_worker() {
         .args(["-qc", &format!("DROP ROLE {worker}; DROP ROLE {owner}")])
         .output();
 }
+
+/// `--migrate skip` on a database nobody migrated stops at start-up and says what to
+/// run, instead of failing on the first command.
+#[tokio::test]
+async fn migrate_skip_on_a_database_never_migrated_refuses_to_start() {
+    crate::support::helpers::ensure_services();
+    let name = unique("pw_unmigrated");
+    let server = format!("postgres://postgres@{}", crate::support::helpers::PG_ADDR);
+    let settings = DatabaseSettings::with_url(&format!("{server}/{name}"));
+    payment_worker::startup::ensure_database(&settings)
+        .await
+        .unwrap();
+    let error = open_database(&settings, MigrateMode::Skip)
+        .await
+        .expect_err("an unmigrated database must be refused with --migrate skip");
+    let message = format!("{error:#}");
+    assert!(
+        message.contains("payments table does not exist")
+            && message.contains("run `payment-worker migrate`"),
+        "{message}"
+    );
+    let _ = std::process::Command::new("psql")
+        .arg(format!("{server}/postgres"))
+        .args(["-qc", &format!("DROP DATABASE {name} WITH (FORCE)")])
+        .output();
+}

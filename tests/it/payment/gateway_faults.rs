@@ -192,4 +192,30 @@ async fn a_declined_payment_is_final_and_a_replay_is_a_duplicate() {
         "the replay never reached the gateway"
     );
     assert_eq!(rig.ledger_for(key)[0].attempts, 1);
+
+    // The row says why; a successful payment has no failure reason.
+    let approved = command("approved-1", 5000, "pm_card_visa");
+    let outcome = rig
+        .processor("p")
+        .process(&approved, &CommandContext::default())
+        .await;
+    assert!(
+        matches!(outcome, Attempt::Final(Outcome::Succeeded { .. })),
+        "{outcome:?}"
+    );
+    let reasons: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT idempotency_key, failure_reason FROM payments
+         WHERE idempotency_key IN ($1, 'approved-1') ORDER BY idempotency_key",
+    )
+    .bind(key)
+    .fetch_all(&rig.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        reasons,
+        vec![
+            ("approved-1".to_owned(), None),
+            (key.to_owned(), Some("declined by gateway".to_owned())),
+        ]
+    );
 }
