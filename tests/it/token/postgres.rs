@@ -162,6 +162,11 @@ async fn lapsed_lease_is_reservable() {
 }
 
 #[tokio::test]
+async fn long_deadlines_are_kept_whole() {
+    contract::long_deadlines_are_kept_whole(&PgBackend::new().await).await;
+}
+
+#[tokio::test]
 async fn restore_keeps_original_ttl() {
     contract::restore_keeps_original_ttl(&PgBackend::new().await).await;
 }

@@ -135,6 +135,11 @@ async fn lapsed_lease_is_reservable() {
 }
 
 #[tokio::test]
+async fn long_deadlines_are_kept_whole() {
+    contract::long_deadlines_are_kept_whole(&RedisBackend::new().await).await;
+}
+
+#[tokio::test]
 async fn restore_keeps_original_ttl() {
     contract::restore_keeps_original_ttl(&RedisBackend::new().await).await;
 }

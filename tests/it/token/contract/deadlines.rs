@@ -8,6 +8,23 @@ use uuid::Uuid;
 
 use super::backend::*;
 
+/// A long deadline is kept whole: durations are only capped where `now + ttl` would
+/// stop being exact (a century), never at some shorter bound. Two years, to the day.
+pub async fn long_deadlines_are_kept_whole(backend: &dyn Backend) {
+    const TWO_YEARS_MS: i64 = 2 * 365 * 24 * 3600 * 1000;
+    let store = backend
+        .store(policy(TokenMode::Issued, 10_000, 60_000, 60_000))
+        .await;
+    let k = key("two-years");
+    let ttl = Duration::from_millis(TWO_YEARS_MS.unsigned_abs());
+    assert_eq!(store.issue(&k, ttl).await.unwrap(), IssueOutcome::Created);
+    let stored = live(backend, &k).await.unwrap();
+    assert!(
+        stored.expires_in_ms > TWO_YEARS_MS - 60_000 && stored.expires_in_ms <= TWO_YEARS_MS,
+        "a two-year token must expire in two years: {stored:?}"
+    );
+}
+
 /// Restore brings back the token's ORIGINAL deadline, for issued and implicit tokens.
 pub async fn restore_keeps_original_ttl(backend: &dyn Backend) {
     // Issued: 3 s token, lease far longer, pending_ttl different again: after 1 s the
