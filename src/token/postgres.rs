@@ -632,3 +632,65 @@ impl SettleInTransaction for PostgresTokenStore {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+
+    /// A server error with only an SQLSTATE, as Postgres would send it.
+    #[derive(Debug)]
+    struct ServerError(&'static str);
+
+    impl std::fmt::Display for ServerError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for ServerError {}
+
+    impl sqlx::error::DatabaseError for ServerError {
+        fn message(&self) -> &str {
+            "server error"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn retried(error: sqlx::Error) -> bool {
+        classify(error, "reserve", "k").is_retryable()
+    }
+
+    /// What the processor retries: a retry cannot fix bad data (SQLSTATE classes 22
+    /// and 23, values that do not decode), while the server going away, a serialization
+    /// failure or a cancelled statement pass.
+    #[test]
+    fn only_failures_that_pass_are_retryable() {
+        let server = |code| sqlx::Error::Database(Box::new(ServerError(code)));
+        assert!(!retried(server("22003")), "numeric value out of range");
+        assert!(!retried(server("23514")), "check violation");
+        assert!(retried(server("40001")), "serialization failure");
+        assert!(retried(server("57014")), "statement cancelled");
+        assert!(!retried(sqlx::Error::ColumnNotFound("fence".into())));
+        assert!(!retried(sqlx::Error::Decode("bad".into())));
+        assert!(retried(sqlx::Error::PoolTimedOut));
+        assert!(retried(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset
+        ))));
+    }
+}

@@ -584,6 +584,43 @@ mod tests {
         assert!(matches!(parse_view(&k, Value::Nil), Ok(None)));
     }
 
+    fn reply_error(resp: &[u8]) -> RedisError {
+        match redis::parse_redis_value(resp).map(Value::extract_error) {
+            Ok(Err(error)) | Err(error) => error,
+            Ok(Ok(value)) => panic!("not an error reply: {value:?}"),
+        }
+    }
+
+    /// What the processor retries: a retry cannot fix data this code never writes
+    /// (a foreign type under the key, an unreadable reply, a script that raised), while
+    /// a server that is loading, failing over or unreachable passes.
+    #[test]
+    fn only_failures_that_pass_are_retryable() {
+        let k = key("k");
+        let retried = |error: RedisError| classify(error, "reserve", &k).is_retryable();
+        assert!(!retried(reply_error(
+            b"-WRONGTYPE Operation against a key\r\n"
+        )));
+        assert!(!retried(reply_error(
+            b"-ERR user_script:7: Script attempted to access a non local key\r\n"
+        )));
+        assert!(!retried(RedisError::from((ErrorKind::Parse, "bad reply"))));
+        assert!(!retried(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "not an integer"
+        ))));
+        assert!(retried(reply_error(
+            b"-ERR max number of clients reached\r\n"
+        )));
+        assert!(retried(reply_error(b"-LOADING Redis is loading\r\n")));
+        assert!(retried(reply_error(
+            b"-READONLY You can't write against a replica\r\n"
+        )));
+        assert!(retried(RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset
+        ))));
+    }
+
     #[test]
     fn key_layout_hash_tags_the_idempotency_key() {
         let k = key("ord-1");
