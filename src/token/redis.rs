@@ -134,11 +134,6 @@ impl RedisTokenStore {
         &self.conn
     }
 
-    /// The key prefix (`<prefix>:token:{<key>}`).
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// `<prefix>:token:{<key>}`: the braces make the key its own cluster hash tag.
     pub fn token_key(&self, key: &IdempotencyKey) -> String {
         token_key(&self.prefix, key)
