@@ -548,6 +548,21 @@ mod tests {
                 },
             ),
             (Value::Array(vec![bulk("missing")]), Reservation::Missing),
+            // Through a proxy or RESP3 the same answers may come as status replies
+            // and numbers as strings.
+            (
+                Value::Array(vec![
+                    Value::SimpleString("reserved".into()),
+                    Value::SimpleString("4".into()),
+                ]),
+                Reservation::Reserved { fence: 4 },
+            ),
+            (
+                Value::Array(vec![bulk("inflight"), bulk("250")]),
+                Reservation::InFlight {
+                    lease_left: Duration::from_millis(250),
+                },
+            ),
         ];
         for (reply, expected) in cases {
             assert_eq!(parse_reservation(&k, reply).unwrap(), expected);
