@@ -587,10 +587,12 @@ mod tests {
                 Err(TokenError::Corrupt(_))
             ));
         }
-        assert!(matches!(
-            parse_view(&k, Value::Array(vec![bulk("weird"); 8])),
-            Err(TokenError::Corrupt(_))
-        ));
+        for items in [vec![bulk("weird"); 8], vec![bulk("pending"); 7], vec![]] {
+            assert!(matches!(
+                parse_view(&k, Value::Array(items)),
+                Err(TokenError::Corrupt(_))
+            ));
+        }
         assert!(matches!(parse_view(&k, Value::Nil), Ok(None)));
     }
 
