@@ -190,7 +190,7 @@ async fn migrate_skip_on_a_database_never_migrated_refuses_to_start() {
     crate::support::helpers::ensure_services();
     let name = unique("pw_unmigrated");
     let server = format!("postgres://postgres@{}", crate::support::helpers::PG_ADDR);
-    let settings = DatabaseSettings::with_url(&format!("{server}/{name}"));
+    let settings = DatabaseSettings::with_url(format!("{server}/{name}"));
     payment_worker::startup::ensure_database(&settings)
         .await
         .unwrap();
