@@ -314,9 +314,12 @@ pub async fn modes(backend: &dyn Backend) {
 }
 
 /// I4: a processing token whose lease ran out is reservable again, with a higher fence.
+/// The lease is long enough that a loaded machine still makes the next calls within it
+/// (a 200 ms lease once lapsed before the audit scan that follows the reservation).
 pub async fn lapsed_lease_is_reservable(backend: &dyn Backend) {
+    const LEASE_MS: u64 = 2_000;
     let store = backend
-        .store(policy(TokenMode::Issued, 200, 60_000, 60_000))
+        .store(policy(TokenMode::Issued, LEASE_MS, 60_000, 60_000))
         .await;
     let k = key("lapse");
     store.issue(&k, Duration::from_secs(60)).await.unwrap();
@@ -325,11 +328,13 @@ pub async fn lapsed_lease_is_reservable(backend: &dyn Backend) {
         Reservation::Reserved { fence: 1 }
     );
     match store.reserve(&k, "b").await.unwrap() {
-        Reservation::InFlight { lease_left } => assert!(lease_left <= Duration::from_millis(200)),
+        Reservation::InFlight { lease_left } => {
+            assert!(lease_left <= Duration::from_millis(LEASE_MS))
+        }
         other => panic!("expected InFlight, got {other:?}"),
     }
     assert!(store.expired_leases(100).await.unwrap().is_empty());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + 100)).await;
     let view = store.show(&k).await.unwrap().unwrap();
     assert_eq!(
         (view.state, view.lease_left),
