@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::RejectionKind;
 use payment_worker::worker;
-use rdkafka::message::OwnedHeaders;
+use rdkafka::message::{Message, OwnedHeaders};
 use serde_json::json;
 
 use crate::support::helpers::Stack;
@@ -31,7 +31,13 @@ async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_p
         } else {
             format!("p-after-{n}")
         };
-        let value = serde_json::to_vec(&command(&key)).unwrap();
+        let mut record = command(&key);
+        if n == 5 {
+            // A field the worker ignores, carrying a card number: whatever made the
+            // record panic, its dead letter must not carry that number.
+            record["note"] = json!("card 4111 1111 1111 1111 on file");
+        }
+        let value = serde_json::to_vec(&record).unwrap();
         offsets.push(
             send(
                 &producer,
@@ -84,6 +90,15 @@ async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_p
     assert_eq!(
         header_value(&letters[0], "x-attempts").as_deref(),
         Some("3")
+    );
+    let letter = String::from_utf8_lossy(letters[0].payload().unwrap_or_default()).into_owned();
+    assert!(
+        !letter.contains("4111 1111 1111 1111") && letter.contains("p-panic"),
+        "the dead letter is the record, masked: {letter}"
+    );
+    assert_eq!(
+        header_value(&letters[0], "x-payload-redacted").as_deref(),
+        Some("card_number")
     );
     assert!(
         stack
