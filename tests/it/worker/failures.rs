@@ -286,3 +286,63 @@ async fn a_broker_that_refuses_the_group_ends_the_worker_with_a_fatal_error() {
     );
     assert_eq!(payment_worker::cli::exit_code(&error), 4);
 }
+
+/// A drain cuts a retry loop short without an answer: the command is left to the
+/// partition's next owner, never dead-lettered as `retries_exhausted` on the way out.
+/// The command waits on another owner's lease (held by the test), so it is in the
+/// retry loop, with budget to spare, when the drain begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_leaves_a_retrying_command_unanswered_for_the_next_owner() {
+    use std::sync::Arc;
+
+    use payment_worker::configuration::WorkerSettings;
+    use payment_worker::retry::RetryPolicy;
+    use payment_worker::token::IdempotencyKey;
+    use payment_worker::worker::{Handler, Publisher};
+    use rdkafka::message::{OwnedMessage, Timestamp};
+    use tokio_util::sync::CancellationToken;
+
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let key = "drained-while-waiting";
+    let held = IdempotencyKey::try_from(key).unwrap();
+    assert!(matches!(
+        stack.tokens.reserve(&held, "another-worker").await.unwrap(),
+        payment_worker::token::Reservation::Reserved { .. }
+    ));
+    let handler = Arc::new(Handler::new(
+        stack.processor("drained"),
+        Publisher::for_mode(&stack.settings, &WorkerSettings::default()).unwrap(),
+        RetryPolicy {
+            budget: Duration::from_secs(60),
+            ..RetryPolicy::default()
+        },
+    ));
+    let message = OwnedMessage::new(
+        Some(serde_json::to_vec(&command(key)).unwrap()),
+        Some(key.as_bytes().to_vec()),
+        stack.settings.commands_topic.clone(),
+        Timestamp::now(),
+        0,
+        0,
+        None,
+    );
+    let draining = CancellationToken::new();
+    let handling = {
+        let (handler, draining) = (Arc::clone(&handler), draining.clone());
+        tokio::spawn(async move { handler.handle(&message, &draining).await })
+    };
+    // The attempt has met the other owner's lease and is waiting to retry.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!handling.is_finished(), "the command waits on the lease");
+    draining.cancel();
+    let answer = tokio::time::timeout(Duration::from_secs(20), handling)
+        .await
+        .expect("the drain ends the retry loop")
+        .unwrap();
+    assert!(
+        answer.is_none(),
+        "a drained command is left unanswered, not dead-lettered"
+    );
+    assert!(stack.results().await.is_empty(), "no result was published");
+    assert!(stack.dead_letters().await.is_empty(), "no dead letter");
+}
