@@ -68,6 +68,8 @@ async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_p
         .find(|r| r.source.offset == offsets[5])
         .unwrap();
     assert_eq!(panicked.outcome, "rejected");
+    // Not decoded again, but named by the record's key.
+    assert_eq!(panicked.idempotency_key.as_deref(), Some("p-panic"));
     assert!(
         panicked
             .reason
