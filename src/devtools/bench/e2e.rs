@@ -399,27 +399,35 @@ impl Bed {
         Ok(Running::Process { child, log })
     }
 
-    /// The local Kafka keeps 5 MiB per partition and drops the oldest records
-    /// beyond that; a backlog it truncated would be measured as lost commands.
-    async fn check_retained(&self, topic: &str) -> anyhow::Result<()> {
+    /// (low, high) watermark of every partition of `topic`.
+    async fn watermarks(&self, topic: &str) -> anyhow::Result<Vec<(i64, i64)>> {
         let producer = self.producer.clone();
         let (topic, partitions) = (topic.to_owned(), self.partitions);
         tokio::task::spawn_blocking(move || {
-            for partition in 0..partitions {
-                let (low, high) = producer.client().fetch_watermarks(
-                    &topic,
-                    partition,
-                    Duration::from_secs(10),
-                )?;
-                anyhow::ensure!(
-                    low == 0,
-                    "the local Kafka dropped offsets 0..{low} of {high} in partition {partition} \
-                     (it keeps 5 MiB per partition): use more --partitions or a smaller backlog"
-                );
-            }
-            Ok(())
+            (0..partitions)
+                .map(|partition| {
+                    Ok(producer.client().fetch_watermarks(
+                        &topic,
+                        partition,
+                        Duration::from_secs(10),
+                    )?)
+                })
+                .collect()
         })
         .await?
+    }
+
+    /// The local Kafka keeps 5 MiB per partition and drops the oldest records
+    /// beyond that; a backlog it truncated would be measured as lost commands.
+    async fn check_retained(&self, topic: &str) -> anyhow::Result<()> {
+        for (partition, (low, high)) in self.watermarks(topic).await?.into_iter().enumerate() {
+            anyhow::ensure!(
+                low == 0,
+                "the local Kafka dropped offsets 0..{low} of {high} in partition {partition} \
+                 (it keeps 5 MiB per partition): use more --partitions or a smaller backlog"
+            );
+        }
+        Ok(())
     }
 
     /// Waits until the results topic holds at least `target` records, reading only
@@ -432,37 +440,24 @@ impl Bed {
         bar: &ProgressBar,
         running: &mut Running,
     ) -> anyhow::Result<()> {
-        let mut last = 0i64;
-        let mut last_progress = Instant::now();
-        loop {
-            let producer = self.producer.clone();
-            let (name, partitions) = (topic.to_owned(), self.partitions);
-            let held = tokio::task::spawn_blocking(move || {
-                (0..partitions).try_fold(0i64, |sum, partition| {
-                    let (_, high) = producer.client().fetch_watermarks(
-                        &name,
-                        partition,
-                        Duration::from_secs(10),
-                    )?;
-                    anyhow::Ok(sum + high)
-                })
-            })
-            .await??;
-            bar.set_position(held.max(0) as u64);
-            if held >= target as i64 {
-                return Ok(());
-            }
-            if held != last {
-                last = held;
-                last_progress = Instant::now();
-            }
-            anyhow::ensure!(
-                last_progress.elapsed() < STALL,
-                "no progress for {STALL:?}: {held} of {target} results written"
-            );
-            check_alive(running)?;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let written = || async {
+            let held: i64 = self
+                .watermarks(topic)
+                .await?
+                .iter()
+                .map(|(_, high)| high)
+                .sum();
+            Ok(usize::try_from(held).unwrap_or(0))
+        };
+        wait_for_progress(
+            target,
+            "results written",
+            Duration::from_millis(100),
+            bar,
+            running,
+            written,
+        )
+        .await
     }
 
     pub async fn run_phase(
@@ -728,24 +723,50 @@ async fn wait_for_answers(
     bar: &ProgressBar,
     running: &mut Running,
 ) -> anyhow::Result<()> {
+    let answered = || async { Ok(reader.answered()) };
+    wait_for_progress(
+        target,
+        "commands answered",
+        Duration::from_millis(50),
+        bar,
+        running,
+        answered,
+    )
+    .await
+}
+
+/// Polls `count` every `every` until it reaches `target`, showing it on the bar; fails
+/// when it stands still for [`STALL`] or the worker process has exited.
+async fn wait_for_progress<F, Fut>(
+    target: usize,
+    what: &str,
+    every: Duration,
+    bar: &ProgressBar,
+    running: &mut Running,
+    mut count: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<usize>>,
+{
     let mut last = 0usize;
     let mut last_progress = Instant::now();
     loop {
-        let answered = reader.answered();
-        bar.set_position(answered as u64);
-        if answered >= target {
+        let done = count().await?;
+        bar.set_position(done as u64);
+        if done >= target {
             return Ok(());
         }
-        if answered != last {
-            last = answered;
+        if done != last {
+            last = done;
             last_progress = Instant::now();
         }
         anyhow::ensure!(
             last_progress.elapsed() < STALL,
-            "no progress for {STALL:?}: {answered} of {target} commands answered"
+            "no progress for {STALL:?}: {done} of {target} {what}"
         );
         check_alive(running)?;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
