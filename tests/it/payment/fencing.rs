@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use payment_worker::configuration::DatabaseSettings;
 use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
-use payment_worker::fault::{FaultPoint, Faults};
+use payment_worker::fault::{FaultPoint, Faults, Pause};
 use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
@@ -20,6 +20,7 @@ use payment_worker::payment::{
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore,
 };
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::support::helpers::{final_outcome, TestDb, TestRedis};
@@ -102,6 +103,23 @@ impl Rig {
         .with_faults(faults)
     }
 
+    /// Worker A processing `cmd`, held at `point` (it has got there when this returns).
+    async fn hold_worker_a_at(
+        &self,
+        point: FaultPoint,
+        cmd: &PaymentCommand,
+    ) -> (JoinHandle<Attempt>, Pause) {
+        let (held, pause) = Faults::pause_at(point);
+        let first = {
+            let (processor, cmd) = (self.processor("a", held), cmd.clone());
+            tokio::spawn(async move { processor.process(&cmd, &CommandContext::default()).await })
+        };
+        tokio::time::timeout(PATIENCE, pause.arrival())
+            .await
+            .unwrap_or_else(|_| panic!("worker A never reached {point:?}"));
+        (first, pause)
+    }
+
     fn ledger_for(&self, key: &str) -> Vec<LedgerEntry> {
         self.simulator
             .ledger()
@@ -156,14 +174,7 @@ async fn survivor_of_a_takeover_does_not_commit(backend: Backend) {
     let key = "survivor-1";
     let cmd = command(key);
 
-    let (held, pause) = Faults::pause_at(FaultPoint::AfterCharge);
-    let first = {
-        let (processor, cmd) = (rig.processor("a", held), cmd.clone());
-        tokio::spawn(async move { processor.process(&cmd, &CommandContext::default()).await })
-    };
-    tokio::time::timeout(PATIENCE, pause.arrival())
-        .await
-        .expect("worker A reaches the point after its charge");
+    let (first, pause) = rig.hold_worker_a_at(FaultPoint::AfterCharge, &cmd).await;
     assert_eq!(rig.ledger_for(key).len(), 1, "A charged before the hold");
     assert!(rig.rows(key).await.is_empty(), "A has not committed yet");
 
@@ -251,14 +262,7 @@ async fn a_held_first_attempt_checks_its_lease_before_the_post(backend: Backend)
     let key = "held-before-post";
     let cmd = command(key);
 
-    let (held, pause) = Faults::pause_at(FaultPoint::AfterInsert);
-    let first = {
-        let (processor, cmd) = (rig.processor("a", held), cmd.clone());
-        tokio::spawn(async move { processor.process(&cmd, &CommandContext::default()).await })
-    };
-    tokio::time::timeout(PATIENCE, pause.arrival())
-        .await
-        .expect("worker A reaches the point after its insert");
+    let (first, pause) = rig.hold_worker_a_at(FaultPoint::AfterInsert, &cmd).await;
     // Another owner takes the token over as soon as A's lease has lapsed.
     let deadline = Instant::now() + PATIENCE;
     loop {
