@@ -56,6 +56,14 @@ struct Lease<'a> {
     surely_held_until: tokio::time::Instant,
 }
 
+impl Lease<'_> {
+    /// Nobody can have taken over a lease that is certainly still live, so checking
+    /// it would only cost a round trip.
+    fn surely_held(&self) -> bool {
+        tokio::time::Instant::now() < self.surely_held_until
+    }
+}
+
 /// What the transaction leaves for the token once it has ended.
 enum Settlement {
     /// A final outcome is durable in Postgres: `processing → completed`.
@@ -507,7 +515,8 @@ impl Processor {
         // Fencing (I5): only the current owner may commit. A store in the payments
         // database checks the fence and completes the token inside this transaction
         // (one atomic step with the payment); any other store renews the lease right
-        // before COMMIT and is confirmed after it.
+        // before COMMIT, unless the lease is certainly still ours, and is confirmed
+        // after it.
         let fence_check = match self.tokens.in_transaction() {
             Some(settle) => {
                 settle
@@ -515,6 +524,7 @@ impl Processor {
                     .instrument(token_span("confirm"))
                     .await
             }
+            None if lease.surely_held() => Ok(Transition::Applied),
             None => {
                 self.tokens
                     .extend(key, claim)

@@ -32,7 +32,7 @@ impl Processor {
         // have been replaced, and then the new owner decides. No check, no POST.
         // A first attempt that reaches the POST well inside the lease it was just
         // granted skips the round trip: nobody can have taken over a live lease.
-        let surely_held = !look_first && tokio::time::Instant::now() < lease.surely_held_until;
+        let surely_held = !look_first && lease.surely_held();
         let checked = if surely_held {
             Ok(Transition::Applied)
         } else {
