@@ -45,6 +45,10 @@ const STALL: Duration = Duration::from_secs(60);
 /// long, so idle latency measures the worker rather than the mock.
 pub const MOCK_FETCH_WAIT_MS: u32 = 5;
 
+/// Results the local Kafka certainly keeps per partition: it drops the oldest
+/// records beyond 5 MiB, about 14,000 results of ~360 bytes.
+const RESULTS_KEPT_PER_PARTITION: usize = 10_000;
+
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -418,13 +422,15 @@ impl Bed {
     }
 
     /// The local Kafka keeps 5 MiB per partition and drops the oldest records
-    /// beyond that; a backlog it truncated would be measured as lost commands.
+    /// beyond that; a backlog or results it truncated would be measured as lost
+    /// commands or answers.
     async fn check_retained(&self, topic: &str) -> anyhow::Result<()> {
         for (partition, (low, high)) in self.watermarks(topic).await?.into_iter().enumerate() {
             anyhow::ensure!(
                 low == 0,
                 "the local Kafka dropped offsets 0..{low} of {high} in partition {partition} \
-                 (it keeps 5 MiB per partition): use more --partitions or a smaller backlog"
+                 of {topic} (it keeps 5 MiB per partition): use more --partitions or a \
+                 smaller backlog"
             );
         }
         Ok(())
@@ -483,10 +489,12 @@ impl Bed {
         .spawn_on_thread(cpu::SIMULATOR_THREAD)?;
         // A backlog's results are read once it is processed: a reader polling while
         // the worker runs would take CPU from what is measured. Paced phases read as
-        // they go, for the latency a consumer of results observes.
+        // they go, for the latency a consumer of results observes, and so does a
+        // backlog whose results the local Kafka would not keep until the end.
+        let results_kept = RESULTS_KEPT_PER_PARTITION * self.partitions.max(1) as usize;
         let mut reader = match load {
-            Load::Backlog(_) => None,
-            Load::Paced { .. } => Some(ResultsReader::start(&kafka, self.partitions)?),
+            Load::Backlog(count) if count <= results_kept => None,
+            _ => Some(ResultsReader::start(&kafka, self.partitions)?),
         };
         let start = |this: &Self| -> anyhow::Result<Running> {
             match kind {
@@ -575,6 +583,7 @@ impl Bed {
                 self.wait_for_results(&kafka.results_topic, sent.len(), bar, &mut running)
                     .await?;
                 let cpu_cost = cost(sent.len());
+                self.check_retained(&kafka.results_topic).await?;
                 let reader = ResultsReader::start(&kafka, self.partitions)?;
                 let waited = wait_for_answers(&reader, sent.len(), bar, &mut running).await;
                 (reader, waited, cpu_cost)
