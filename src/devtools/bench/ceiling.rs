@@ -3,9 +3,9 @@
 //!
 //! The ceiling runs the real `Processor` with the token store and the gateway
 //! replaced by in-memory stand-ins that answer at once, so Postgres sees exactly
-//! the worker's statements (BEGIN, pre-existing SELECT, INSERT `processing`,
-//! UPDATE to `succeeded`, COMMIT) through the same code and the same pool, and the
-//! SQL cannot drift from what the worker sends.
+//! the worker's statements (BEGIN, INSERT `processing` or return the row already
+//! there, UPDATE to `succeeded`, COMMIT) through the same code and the same pool,
+//! and the SQL cannot drift from what the worker sends.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
