@@ -254,9 +254,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         ..database.clone()
     })
     .await?;
-    // Earlier runs' deleted rows stay as dead tuples where autovacuum is off.
+    // Earlier runs' deleted rows and tokens stay as dead tuples where autovacuum is
+    // off, and every run reads past them.
     if let Err(error) = crate::payment::vacuum_payments(&admin).await {
         tracing::warn!(%error, "VACUUM of the bench database failed");
+    }
+    if let Err(error) = sqlx::query("VACUUM ANALYZE idempotency_tokens")
+        .execute(&admin)
+        .await
+    {
+        tracing::warn!(%error, "VACUUM of the bench's token table failed");
     }
     let tokens: Arc<dyn TokenStore> = Arc::new(
         RedisTokenStore::connect(&args.redis_url, run_prefix.clone(), TokenPolicy::default())
@@ -363,7 +370,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     // Every client must be gone before the cluster, or they log reconnect errors.
     drop(producer);
     tokio::task::spawn_blocking(move || drop(local)).await?;
-    phases?;
+    if let Err(error) = phases {
+        // A failed run's rows would otherwise stay and slow every later run's
+        // statements (the bench database is never truncated).
+        if !args.keep_data {
+            if let Err(cleanup) = clean_up(&admin, &args.redis_url, &run_prefix).await {
+                eprintln!("warning: cleaning up run {run_id} failed: {cleanup:#}");
+            }
+        }
+        return Err(error);
+    }
 
     report.bench_process_peak_rss_mib = read_memory(None).map_or(0.0, |m| m.peak_mib());
     report.settings.load_average_end = load_average();
