@@ -11,7 +11,7 @@ pub use command::{
 pub use outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 pub use persistence::{
     booked_payments, delete_payments_with_prefix, find_payment, payments_table_exists,
-    vacuum_payments, BookedPayment, PaymentRecord, PaymentStatus, SourcePosition,
+    BookedPayment, PaymentRecord, PaymentStatus, SourcePosition,
 };
 pub use processor::{CommandContext, GatewayLookup, Processor};
 pub use unresolved::{record_unresolved_charge, unresolved_charges, UnresolvedCharge};

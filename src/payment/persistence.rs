@@ -110,12 +110,6 @@ pub async fn delete_payments_with_prefix(
     Ok(done.rows_affected())
 }
 
-/// `VACUUM ANALYZE payments`: fresh statistics and no dead rows before a measurement.
-pub async fn vacuum_payments(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query("VACUUM ANALYZE payments").execute(pool).await?;
-    Ok(())
-}
-
 /// Which of `keys` have a payment row (whatever its status).
 pub async fn keys_with_rows(
     pool: &sqlx::PgPool,

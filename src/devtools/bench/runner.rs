@@ -170,6 +170,21 @@ async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> 
     Ok(pool)
 }
 
+/// [`clean_up`] unless `--keep-data`; a failed clean-up is only reported.
+async fn clean_up_unless_kept(
+    args: &BenchArgs,
+    pool: &sqlx::PgPool,
+    run_id: &str,
+    run_prefix: &str,
+) {
+    if args.keep_data {
+        return;
+    }
+    if let Err(error) = clean_up(pool, &args.redis_url, run_prefix).await {
+        eprintln!("warning: cleaning up run {run_id} failed: {error:#}");
+    }
+}
+
 /// Deletes this run's rows and tokens, so repeated runs measure the same table.
 async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> anyhow::Result<()> {
     crate::payment::delete_payments_with_prefix(pool, &format!("{run_prefix}-"))
@@ -256,14 +271,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     .await?;
     // Earlier runs' deleted rows and tokens stay as dead tuples where autovacuum is
     // off, and every run reads past them.
-    if let Err(error) = crate::payment::vacuum_payments(&admin).await {
-        tracing::warn!(%error, "VACUUM of the bench database failed");
-    }
-    if let Err(error) = sqlx::query("VACUUM ANALYZE idempotency_tokens")
+    if let Err(error) = sqlx::query("VACUUM ANALYZE payments, idempotency_tokens")
         .execute(&admin)
         .await
     {
-        tracing::warn!(%error, "VACUUM of the bench's token table failed");
+        tracing::warn!(%error, "VACUUM of the bench database failed");
     }
     let tokens: Arc<dyn TokenStore> = Arc::new(
         RedisTokenStore::connect(&args.redis_url, run_prefix.clone(), TokenPolicy::default())
@@ -373,11 +385,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Err(error) = phases {
         // A failed run's rows would otherwise stay and slow every later run's
         // statements (the bench database is never truncated).
-        if !args.keep_data {
-            if let Err(cleanup) = clean_up(&admin, &args.redis_url, &run_prefix).await {
-                eprintln!("warning: cleaning up run {run_id} failed: {cleanup:#}");
-            }
-        }
+        clean_up_unless_kept(&args, &admin, &run_id, &run_prefix).await;
         return Err(error);
     }
 
@@ -400,11 +408,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "ledger audit FAILED: {:?} (rows and tokens of run {run_id} kept for inspection)",
         report.audit
     );
-    if !args.keep_data {
-        if let Err(error) = clean_up(&admin, &args.redis_url, &run_prefix).await {
-            eprintln!("warning: cleaning up run {run_id} failed: {error:#}");
-        }
-    }
+    clean_up_unless_kept(&args, &admin, &run_id, &run_prefix).await;
     anyhow::ensure!(
         !args.strict || report.all_pass,
         "a performance target was missed (--strict)"
