@@ -6,6 +6,7 @@
 
 use std::process::Command;
 
+use crate::support::books::scan;
 use crate::support::helpers::{unique, TestDb, TestRedis, REDIS_URL};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -167,10 +168,6 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         .as_str()
         .unwrap()
         .to_owned();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut redis.conn)
-        .await
-        .unwrap();
+    let keys = scan(&mut redis.conn, &format!("{prefix}:*")).await;
     assert!(keys.is_empty(), "{} tokens left behind", keys.len());
 }

@@ -12,6 +12,7 @@ use payment_worker::payment::PaymentCommand;
 use payment_worker::worker::{self};
 use rdkafka::message::{Headers, Message};
 
+use crate::support::books::scan;
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack};
 
 use super::rig::*;
@@ -315,10 +316,6 @@ async fn invalid_commands_are_dead_lettered_with_their_reason_and_never_reach_th
     assert!(stack.ledger().is_empty());
     assert!(stack.payment_rows().await.is_empty(), "no payment row");
     let mut conn = stack.redis.conn.clone();
-    let tokens: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:*", stack.redis.prefix))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let tokens = scan(&mut conn, &format!("{}:*", stack.redis.prefix)).await;
     assert!(tokens.is_empty(), "no token was reserved: {tokens:?}");
 }
