@@ -7,34 +7,28 @@
 //! time it was produced, every result the time the worker produced it (CreateTime),
 //! and a result names its command by source partition and offset.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::ProgressBar;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::{FutureProducer, Producer};
 use sqlx::PgPool;
 
 use super::audit::{self, AuditReport};
-use super::ceiling::command_json;
 use super::cpu;
-use super::report::{LatencySummary, PhaseReport};
+use super::load::{now_ms, produce_backlog, produce_paced};
+use super::report::PhaseReport;
+use super::results::{summarize, write_samples, ResultsReader, RESULTS_KEPT_PER_PARTITION};
 use super::rss::read_memory;
 use crate::configuration::{KafkaSettings, WorkerSettings};
 use crate::devtools::{GatewaySimulator, LocalKafka, RunningSimulator, SimulatorConfig};
 use crate::gateway::{HttpGateway, PaymentGateway};
 use crate::payment::{GatewayLookup, Processor};
 use crate::token::TokenStore;
-use crate::worker::{self, ResultRecord, RunningWorker};
+use crate::worker::{self, RunningWorker};
 
 /// A phase that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(60);
@@ -44,201 +38,6 @@ const STALL: Duration = Duration::from_secs(60);
 /// broker answers as soon as they do. The bench's consumers wait at most this
 /// long, so idle latency measures the worker rather than the mock.
 pub const MOCK_FETCH_WAIT_MS: u32 = 5;
-
-/// Results the local Kafka certainly keeps per partition: it drops the oldest
-/// records beyond 5 MiB, about 14,000 results of ~360 bytes.
-const RESULTS_KEPT_PER_PARTITION: usize = 10_000;
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// (partition, offset) of a command record.
-type Position = (i32, i64);
-
-/// Hands one command to librdkafka, stamped with the current time.
-async fn send_command(
-    producer: &FutureProducer,
-    topic: &str,
-    key: &str,
-    value: &str,
-) -> anyhow::Result<(DeliveryFuture, i64)> {
-    loop {
-        let at = now_ms();
-        let record: FutureRecord<'_, str, str> = FutureRecord::to(topic)
-            .key(key)
-            .payload(value)
-            .timestamp(at);
-        match producer.send_result(record) {
-            Ok(delivery) => return Ok((delivery, at)),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err((error, _)) => return Err(error).context("producing a command"),
-        }
-    }
-}
-
-async fn delivered(
-    pending: &mut Vec<(DeliveryFuture, i64)>,
-    sent: &mut HashMap<Position, i64>,
-) -> anyhow::Result<()> {
-    for (delivery, at) in pending.drain(..) {
-        let delivery = delivery
-            .await
-            .context("the producer went away")?
-            .map_err(|(error, _)| error)
-            .context("a command was not delivered")?;
-        sent.insert((delivery.partition, delivery.offset), at);
-    }
-    Ok(())
-}
-
-/// Produces `count` commands as fast as the broker takes them.
-async fn produce_backlog(
-    producer: &FutureProducer,
-    topic: &str,
-    key_prefix: &str,
-    count: usize,
-    bar: &ProgressBar,
-) -> anyhow::Result<HashMap<Position, i64>> {
-    let mut sent = HashMap::with_capacity(count);
-    let mut pending = Vec::with_capacity(5000);
-    for n in 0..count {
-        let key = format!("{key_prefix}-{n:07}");
-        pending.push(send_command(producer, topic, &key, &command_json(&key, n)).await?);
-        if pending.len() == 5000 {
-            delivered(&mut pending, &mut sent).await?;
-            bar.set_position(n as u64 + 1);
-        }
-    }
-    delivered(&mut pending, &mut sent).await?;
-    bar.set_position(count as u64);
-    Ok(sent)
-}
-
-/// Produces `count` commands at `rate` per second, evenly spaced from the start.
-async fn produce_paced(
-    producer: &FutureProducer,
-    topic: &str,
-    key_prefix: &str,
-    count: usize,
-    rate: f64,
-) -> anyhow::Result<HashMap<Position, i64>> {
-    let mut sent = HashMap::with_capacity(count);
-    let mut pending = Vec::with_capacity(count);
-    let started = Instant::now();
-    let mut n = 0usize;
-    while n < count {
-        let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).min(count);
-        while n < due {
-            let key = format!("{key_prefix}-{n:07}");
-            pending.push(send_command(producer, topic, &key, &command_json(&key, n)).await?);
-            n += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    delivered(&mut pending, &mut sent).await?;
-    Ok(sent)
-}
-
-/// One result as the bench's reader saw it.
-#[derive(Debug, Clone)]
-struct Observation {
-    source: Position,
-    /// The result record's CreateTime: when the worker produced it.
-    produced_ms: i64,
-    /// When the reader received it.
-    seen_ms: i64,
-    outcome: String,
-}
-
-/// Reads a phase's results topic on its own thread, first result per command only.
-struct ResultsReader {
-    stop: Arc<AtomicBool>,
-    answered: Arc<AtomicUsize>,
-    thread: std::thread::JoinHandle<anyhow::Result<Vec<Observation>>>,
-}
-
-impl ResultsReader {
-    fn start(kafka: &KafkaSettings, partitions: i32) -> anyhow::Result<Self> {
-        let mut config = worker::base_config(kafka);
-        config
-            .set("group.id", format!("{}-reader", kafka.group_id))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            .set("fetch.wait.max.ms", MOCK_FETCH_WAIT_MS.to_string());
-        let consumer: BaseConsumer = config.create().context("creating the results reader")?;
-        let mut list = TopicPartitionList::new();
-        for p in 0..partitions {
-            list.add_partition_offset(&kafka.results_topic, p, Offset::Beginning)?;
-        }
-        consumer.assign(&list)?;
-        drop(list);
-        let stop = Arc::new(AtomicBool::new(false));
-        let answered = Arc::new(AtomicUsize::new(0));
-        let thread = {
-            let (stop, answered) = (Arc::clone(&stop), Arc::clone(&answered));
-            std::thread::Builder::new()
-                .name("bench-results".into())
-                .spawn(move || {
-                    let mut seen: HashSet<Position> = HashSet::new();
-                    let mut out = Vec::new();
-                    while !stop.load(Ordering::Relaxed) {
-                        let Some(polled) = consumer.poll(Duration::from_millis(50)) else {
-                            continue;
-                        };
-                        let message = match polled {
-                            Ok(message) => message,
-                            Err(error) => {
-                                tracing::warn!(%error, "reading results");
-                                continue;
-                            }
-                        };
-                        let seen_ms = now_ms();
-                        let Some(result) = message
-                            .payload()
-                            .and_then(|p| serde_json::from_slice::<ResultRecord>(p).ok())
-                        else {
-                            tracing::warn!(offset = message.offset(), "unreadable result record");
-                            continue;
-                        };
-                        let source = (result.source.partition, result.source.offset);
-                        if seen.insert(source) {
-                            out.push(Observation {
-                                source,
-                                produced_ms: message.timestamp().to_millis().unwrap_or(seen_ms),
-                                seen_ms,
-                                outcome: result.outcome,
-                            });
-                            answered.store(out.len(), Ordering::Relaxed);
-                        }
-                    }
-                    drop(consumer);
-                    Ok(out)
-                })?
-        };
-        Ok(Self {
-            stop,
-            answered,
-            thread,
-        })
-    }
-
-    fn answered(&self) -> usize {
-        self.answered.load(Ordering::Relaxed)
-    }
-
-    async fn finish(self) -> anyhow::Result<Vec<Observation>> {
-        self.stop.store(true, Ordering::Relaxed);
-        let thread = self.thread;
-        tokio::task::spawn_blocking(move || thread.join())
-            .await?
-            .map_err(|_| anyhow::anyhow!("the results reader panicked"))?
-    }
-}
 
 /// This binary. A rebuild while the bench runs replaces the file, and the link
 /// then names the old one as deleted; the new one is the same program.
@@ -617,77 +416,6 @@ impl Bed {
         report.worker_peak_rss_mib = worker_memory.map(|m| m.peak_mib());
         report.cpu = Some(cpu_cost);
         Ok(PhaseOutcome { report, audit })
-    }
-}
-
-/// One line per answered command: where it was, when it was produced, when its
-/// result was produced and when the reader saw it (Unix milliseconds).
-fn write_samples(
-    path: &std::path::Path,
-    sent: &HashMap<Position, i64>,
-    observations: &[Observation],
-) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::BufWriter::new(
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-    );
-    writeln!(out, "partition,offset,sent_ms,result_ms,seen_ms,outcome")?;
-    for o in observations {
-        let at = sent.get(&o.source).copied().unwrap_or(-1);
-        writeln!(
-            out,
-            "{},{},{at},{},{},{}",
-            o.source.0, o.source.1, o.produced_ms, o.seen_ms, o.outcome
-        )?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
-fn summarize(
-    sent: &HashMap<Position, i64>,
-    observations: &[Observation],
-    measured_from: i64,
-) -> PhaseReport {
-    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
-    let mut latency = Vec::with_capacity(observations.len());
-    let mut observed = Vec::with_capacity(observations.len());
-    for o in observations {
-        *outcomes.entry(o.outcome.clone()).or_default() += 1;
-        match sent.get(&o.source) {
-            Some(&at) if at >= measured_from => {
-                latency.push(o.produced_ms - at);
-                observed.push(o.seen_ms - at);
-            }
-            Some(_) => {}
-            None => *outcomes.entry("unknown_source".into()).or_default() += 1,
-        }
-    }
-    let first = observations
-        .iter()
-        .map(|o| o.produced_ms)
-        .min()
-        .unwrap_or(0);
-    let last = observations
-        .iter()
-        .map(|o| o.produced_ms)
-        .max()
-        .unwrap_or(0);
-    let span_s = (last - first) as f64 / 1000.0;
-    let answered = observations.len();
-    PhaseReport {
-        commands: sent.len(),
-        answered,
-        outcomes,
-        payments_per_s: if span_s > 0.0 {
-            (answered.saturating_sub(1)) as f64 / span_s
-        } else {
-            0.0
-        },
-        first_to_last_result_s: span_s,
-        latency: LatencySummary::of(latency),
-        observed_latency: LatencySummary::of(observed),
-        ..PhaseReport::default()
     }
 }
 

@@ -5,12 +5,15 @@ mod audit;
 mod ceiling;
 mod cpu;
 mod e2e;
+mod load;
 mod pg_tokens;
 mod plot;
 mod report;
+mod results;
 mod round_trips;
 mod rss;
 mod runner;
+mod table;
 
 pub use report::{percentile, BenchReport};
 pub use rss::{read_memory, Memory};

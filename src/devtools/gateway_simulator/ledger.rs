@@ -1,0 +1,233 @@
+//! The ledger: every charge made, and the decision for each POST (fault, conflict,
+//! replay or new charge) taken under one lock.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use sha2::{Digest as _, Sha256};
+
+use super::SimulatorConfig;
+use crate::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
+use crate::token::IdempotencyKey;
+
+/// A payment method the simulator always declines, whatever `--decline-rate` says.
+const DECLINED_PAYMENT_METHOD: &str = "pm_card_declined";
+
+struct Entry {
+    public: LedgerEntry,
+    /// SHA-256 of the first request body; the payment method itself is not kept.
+    body_hash: [u8; 32],
+}
+
+struct Ledger {
+    entries: Vec<Entry>,
+    /// Key → index of its latest entry.
+    latest: HashMap<String, usize>,
+    rng: StdRng,
+}
+
+/// What every request handler shares: the fault settings and the ledger.
+pub(super) struct Shared {
+    pub(super) config: SimulatorConfig,
+    /// Key → how long its answer is held back (`--slow-key`).
+    pub(super) slow_keys: HashMap<String, Duration>,
+    ledger: Mutex<Ledger>,
+    /// The `traceparent` of the first POST per key, so tests can see the trace
+    /// context reach the gateway (in process only; not part of the HTTP API).
+    traceparents: Mutex<HashMap<String, String>>,
+}
+
+pub(super) enum Decision {
+    Unavailable,
+    Conflict,
+    Answer { charge: Charge, late: bool },
+}
+
+/// Length-prefixed, so no two different bodies hash alike by shifting characters
+/// between fields.
+fn body_hash(request: &ChargeRequest) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    let amount = request.amount_minor.to_string();
+    for part in [
+        amount.as_str(),
+        request.currency.as_str(),
+        request.payment_method.as_str(),
+    ] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    hasher.finalize().into()
+}
+
+impl Shared {
+    /// An empty ledger whose faults are drawn from `seed`.
+    pub(super) fn new(config: SimulatorConfig, seed: u64) -> Self {
+        let slow_keys = config
+            .slow_keys
+            .iter()
+            .map(|slow| (slow.key.as_str().to_owned(), slow.delay))
+            .collect();
+        Self {
+            slow_keys,
+            ledger: Mutex::new(Ledger {
+                entries: Vec::new(),
+                latest: HashMap::new(),
+                rng: StdRng::seed_from_u64(seed),
+            }),
+            traceparents: Mutex::new(HashMap::new()),
+            config,
+        }
+    }
+
+    /// Keeps the first `traceparent` seen for `key`.
+    pub(super) fn remember_traceparent(&self, key: &IdempotencyKey, traceparent: &str) {
+        let mut seen = self
+            .traceparents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        seen.entry(key.as_str().to_owned())
+            .or_insert_with(|| traceparent.to_owned());
+    }
+
+    pub(super) fn traceparent_of(&self, key: &str) -> Option<String> {
+        let seen = self
+            .traceparents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        seen.get(key).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        // Nothing panics while holding the lock; if something did, the ledger is
+        // still consistent (every mutation is a single push/insert/increment).
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Check and insert under one lock, so concurrent POSTs of one key charge once.
+    pub(super) fn decide(&self, key: &IdempotencyKey, request: &ChargeRequest) -> Decision {
+        let config = &self.config;
+        let hash = body_hash(request);
+        let mut guard = self.lock();
+        let ledger = &mut *guard;
+        // The same three draws on every POST, so a seeded run replays the same
+        // faults for the same sequence of requests.
+        let fail = ledger.rng.random::<f64>() < config.error_rate;
+        let decline = ledger.rng.random::<f64>() < config.decline_rate;
+        let late = ledger.rng.random::<f64>() < config.timeout_after_charge_rate;
+        if fail {
+            return Decision::Unavailable;
+        }
+        if !config.ignore_idempotency_key {
+            if let Some(entry) = ledger
+                .latest
+                .get(key.as_str())
+                .and_then(|&index| ledger.entries.get_mut(index))
+            {
+                if entry.body_hash != hash {
+                    return Decision::Conflict;
+                }
+                entry.public.attempts += 1;
+                return Decision::Answer {
+                    charge: charge_of(&entry.public),
+                    late,
+                };
+            }
+        }
+        let status = if request.payment_method == DECLINED_PAYMENT_METHOD || decline {
+            ChargeStatus::Declined
+        } else {
+            ChargeStatus::Approved
+        };
+        let transaction_id = format!("txn_{:032x}", ledger.rng.random::<u128>());
+        let public = LedgerEntry {
+            idempotency_key: key.as_str().to_owned(),
+            transaction_id,
+            amount_minor: request.amount_minor,
+            currency: request.currency.clone(),
+            status,
+            charged_at: chrono::Utc::now(),
+            attempts: 1,
+        };
+        let charge = charge_of(&public);
+        ledger
+            .latest
+            .insert(key.as_str().to_owned(), ledger.entries.len());
+        ledger.entries.push(Entry {
+            public,
+            body_hash: hash,
+        });
+        tracing::debug!(
+            idempotency_key = %key,
+            transaction_id = %charge.transaction_id,
+            status = ?charge.status,
+            amount_minor = request.amount_minor,
+            currency = %request.currency,
+            "gateway-sim charged"
+        );
+        Decision::Answer { charge, late }
+    }
+
+    pub(super) fn lookup(&self, key: &str) -> Option<LedgerEntry> {
+        let ledger = self.lock();
+        ledger
+            .latest
+            .get(key)
+            .and_then(|&index| ledger.entries.get(index))
+            .map(|entry| entry.public.clone())
+    }
+
+    pub(super) fn snapshot(&self, key: Option<&str>) -> Vec<LedgerEntry> {
+        let ledger = self.lock();
+        ledger
+            .entries
+            .iter()
+            .filter(|entry| key.is_none_or(|key| entry.public.idempotency_key == key))
+            .map(|entry| entry.public.clone())
+            .collect()
+    }
+}
+
+fn charge_of(entry: &LedgerEntry) -> Charge {
+    Charge {
+        transaction_id: entry.transaction_id.clone(),
+        status: entry.status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_runs_are_reproducible() {
+        let config = SimulatorConfig {
+            decline_rate: 0.5,
+            seed: Some(42),
+            ..SimulatorConfig::default()
+        };
+        let run = || {
+            let shared = Shared::new(config.clone(), 42);
+            (0..20)
+                .map(|i| {
+                    let key = IdempotencyKey::try_from(format!("k{i}")).unwrap();
+                    let request = ChargeRequest {
+                        amount_minor: 100,
+                        currency: "USD".into(),
+                        payment_method: "pm_card_visa".into(),
+                    };
+                    match shared.decide(&key, &request) {
+                        Decision::Answer { charge, .. } => charge,
+                        _ => panic!("unexpected decision"),
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        let first = run();
+        assert_eq!(first, run());
+        assert!(first.iter().any(|c| c.status == ChargeStatus::Declined));
+        assert!(first.iter().any(|c| c.status == ChargeStatus::Approved));
+    }
+}

@@ -1,0 +1,25 @@
+//! An in-memory payment gateway speaking the gateway contract (docs/CONTRACT.md), with fault injection, so the
+//! worker's exactly-once behaviour can be tested against timeouts, outages,
+//! declines and a gateway that ignores idempotency keys.
+//!
+//! Routes:
+//! - `POST /charges` (header `Idempotency-Key`, body `{amount_minor, currency,
+//!   payment_method}`) → 200 `{transaction_id, status}`; the same key replays the
+//!   first answer (and counts an attempt); the same key with another body → 422;
+//!   a missing or invalid key or body → 400; an injected fault → 503.
+//! - `GET /charges/{key}` → the (latest) charge made under `key`, or 404.
+//! - `GET /charges` → the whole ledger as a JSON array of [`LedgerEntry`];
+//!   `?idempotency_key=K` narrows it to one key (the way to ask for the keys `.`
+//!   and `..`, which cannot travel as a path segment).
+//!
+//! Test hook: the payment method `pm_card_declined` is always declined.
+//!
+//! Payment methods are never logged and never kept: a replay is matched against a
+//! SHA-256 of the first request body.
+mod config;
+mod ledger;
+mod routes;
+mod server;
+
+pub use config::{SimulatorConfig, SlowKey};
+pub use server::{run_cli, GatewaySimulator, RunningSimulator};

@@ -1,0 +1,180 @@
+//! The HTTP routes: `POST /charges`, `GET /charges/{key}` and `GET /charges`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+
+use super::ledger::{Decision, Shared};
+use crate::gateway::{ChargeRequest, LedgerEntry};
+use crate::token::IdempotencyKey;
+
+/// An error answer: `{"error": code, "message": …}`.
+struct Rejection {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.code, "message": self.message });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Rejection {
+    Rejection {
+        status,
+        code,
+        message: message.into(),
+    }
+}
+
+fn key_from_headers(headers: &HeaderMap) -> Result<IdempotencyKey, Rejection> {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "missing_idempotency_key",
+            "the Idempotency-Key header is required",
+        ));
+    };
+    if values.next().is_some() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            "the Idempotency-Key header must appear once",
+        ));
+    }
+    let text = value.to_str().map_err(|_| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            "the Idempotency-Key header is not visible ASCII",
+        )
+    })?;
+    IdempotencyKey::try_from(text).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+            e.to_string(),
+        )
+    })
+}
+
+/// The body is parsed here rather than by axum's `Json`: its rejection texts can
+/// quote the body (and so the payment method), and its 422 would be confused with
+/// "key reused with another body".
+fn request_from_body(body: &[u8]) -> Result<ChargeRequest, Rejection> {
+    let invalid = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let request: ChargeRequest = serde_json::from_slice(body).map_err(|e| {
+        invalid(format!(
+            "the body must be a JSON object {{amount_minor, currency, payment_method}} \
+             ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    if request.amount_minor < 1 {
+        return Err(invalid("amount_minor must be at least 1".into()));
+    }
+    if !(request.currency.len() == 3 && request.currency.bytes().all(|b| b.is_ascii_uppercase())) {
+        return Err(invalid("currency must be three upper-case letters".into()));
+    }
+    if request.payment_method.is_empty() {
+        return Err(invalid("payment_method must not be empty".into()));
+    }
+    Ok(request)
+}
+
+async fn post_charge(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = match key_from_headers(&headers) {
+        Ok(key) => key,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let request = match request_from_body(&body) {
+        Ok(request) => request,
+        Err(rejection) => return rejection.into_response(),
+    };
+    if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        shared.remember_traceparent(&key, traceparent);
+    }
+    if shared.config.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(shared.config.latency_ms)).await;
+    }
+    match shared.decide(&key, &request) {
+        Decision::Unavailable => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "injected fault; nothing was charged",
+        )
+        .into_response(),
+        Decision::Conflict => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "this Idempotency-Key was first used with a different request body",
+        )
+        .into_response(),
+        Decision::Answer { charge, late } => {
+            // The charge is already booked: a client that gives up while this
+            // sleeps leaves a charge it has no answer for, as with a real gateway.
+            let mut hold = shared
+                .slow_keys
+                .get(key.as_str())
+                .copied()
+                .unwrap_or_default();
+            if late {
+                hold += Duration::from_millis(shared.config.late_by_ms);
+            }
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
+            Json(charge).into_response()
+        }
+    }
+}
+
+async fn get_charge(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Response {
+    if shared.config.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(shared.config.latency_ms)).await;
+    }
+    match shared.lookup(&key) {
+        Some(charge) => Json(charge).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no charge was made under this idempotency key",
+        )
+        .into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct LedgerQuery {
+    idempotency_key: Option<String>,
+}
+
+async fn get_ledger(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<LedgerQuery>,
+) -> Json<Vec<LedgerEntry>> {
+    Json(shared.snapshot(query.idempotency_key.as_deref()))
+}
+
+pub(super) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/charges", get(get_ledger).post(post_charge))
+        .route("/charges/{key}", get(get_charge))
+        .with_state(shared)
+}
