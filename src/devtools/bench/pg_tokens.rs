@@ -20,6 +20,11 @@ use crate::token::{PostgresTokenStore, TokenPolicy, TokenStore};
 const LEASE_CONNECTIONS: u32 = 4;
 /// The worker's default purge statement size.
 const PURGE_BATCH: usize = 1000;
+/// Expired rows timed before the phase to learn how fast the purge deletes.
+const CALIBRATION_ROWS: usize = 20_000;
+/// However fast the purge, no more dead rows than this are planted (about 10 s of
+/// inserting on the 2-core machine this was measured on).
+const MAX_EXPIRED_ROWS: usize = 3_000_000;
 
 pub(super) async fn postgres_token_phases(
     bed: &mut Bed,
@@ -60,51 +65,58 @@ async fn measure(
     )
     .await?;
     report.e2e_tps_0ms_postgres_tokens = plain.payments_per_s;
+    let plain_s = plain.first_to_last_result_s;
     report.phases.push(plain);
 
-    // Dead rows enough to keep the purge busy for the whole phase: about ten times
-    // what the phase itself writes.
-    let expired = commands.saturating_mul(10).max(10_000);
+    // The purge must still have rows to delete when the phase ends, or the ratio
+    // would compare a phase partly run without it. How fast it deletes depends on the
+    // machine, so it is timed first on rows of its own; the phase then gets twice
+    // what that rate deletes in the plain phase's time, at least ten rows per command.
     let dead_prefix = format!("{}-", bed.key_prefix("expired"));
-    sqlx::query(
-        "INSERT INTO idempotency_tokens (key, status, fence, expires_at, payment_id, fingerprint)
-         SELECT $1 || g, 'completed', 1, now() - interval '1 hour', gen_random_uuid(), 'bench'
-           FROM generate_series(1, $2) AS g",
-    )
-    .bind(&dead_prefix)
-    .bind(i64::try_from(expired).unwrap_or(i64::MAX))
-    .execute(&bed.admin)
-    .await
-    .context("inserting expired token rows")?;
+    let rate = purge_rate(bed, postgres, &format!("{dead_prefix}calibration-")).await?;
+    let expired = ((rate * plain_s * 2.0) as usize)
+        .max(commands.saturating_mul(10))
+        .clamp(10_000, MAX_EXPIRED_ROWS);
+    plant_expired(bed, &dead_prefix, expired).await?;
 
     // The purge starts when the worker reserves its first token of the phase, not
-    // while the backlog is being produced.
+    // while the backlog is being produced, and stops when the phase has ended.
     let phase_name = "e2e-0ms-pgtokens-purging";
     let first_key = format!("{}-%", bed.key_prefix(phase_name));
     let admin = bed.admin.clone();
     let store = Arc::clone(postgres);
-    let purge = tokio::spawn(async move {
-        loop {
-            let started: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM idempotency_tokens WHERE key LIKE $1)",
-            )
-            .bind(&first_key)
-            .fetch_one(&admin)
-            .await?;
-            if started {
-                break;
+    let phase_over = tokio_util::sync::CancellationToken::new();
+    let purge = tokio::spawn({
+        let phase_over = phase_over.clone();
+        async move {
+            loop {
+                let started: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM idempotency_tokens WHERE key LIKE $1)",
+                )
+                .bind(&first_key)
+                .fetch_one(&admin)
+                .await?;
+                if started {
+                    break;
+                }
+                if phase_over.is_cancelled() {
+                    return Ok((0, Duration::ZERO));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let since = Instant::now();
-        let mut rows = 0;
-        loop {
-            match purge_round(store.as_ref(), PURGE_BATCH).await {
-                0 => break,
-                purged => rows += purged,
+            let since = Instant::now();
+            let mut rows = 0;
+            loop {
+                match purge_round(store.as_ref(), PURGE_BATCH).await {
+                    0 => break,
+                    purged => rows += purged,
+                }
+                if phase_over.is_cancelled() {
+                    break;
+                }
             }
+            Ok::<_, sqlx::Error>((rows, since.elapsed()))
         }
-        Ok::<_, sqlx::Error>((rows, since.elapsed()))
     });
     let purging = phase(
         bed,
@@ -115,12 +127,19 @@ async fn measure(
         audit,
     )
     .await;
-    let purged = tokio::time::timeout(Duration::from_secs(600), purge).await;
+    phase_over.cancel();
+    let purged = tokio::time::timeout(Duration::from_secs(60), purge).await;
     let purging = purging?;
     let (rows, took) = purged
-        .context("the purge did not finish")?
+        .context("the purge did not stop")?
         .context("the purge task failed")?
         .context("waiting for the phase to start")?;
+    // What the purge had no time for would slow the phases after this one.
+    sqlx::query("DELETE FROM idempotency_tokens WHERE starts_with(key, $1)")
+        .bind(&dead_prefix)
+        .execute(&bed.admin)
+        .await
+        .context("deleting the expired rows the purge left")?;
     report.purge = PurgeReport {
         expired_rows: expired as u64,
         purged_rows: rows,
@@ -131,4 +150,41 @@ async fn measure(
     report.e2e_tps_0ms_postgres_tokens_purging = purging.payments_per_s;
     report.phases.push(purging);
     Ok(())
+}
+
+/// Inserts `count` completed token rows that expired an hour ago.
+async fn plant_expired(bed: &Bed, prefix: &str, count: usize) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO idempotency_tokens (key, status, fence, expires_at, payment_id, fingerprint)
+         SELECT $1 || g, 'completed', 1, now() - interval '1 hour', gen_random_uuid(), 'bench'
+           FROM generate_series(1, $2) AS g",
+    )
+    .bind(prefix)
+    .bind(i64::try_from(count).unwrap_or(i64::MAX))
+    .execute(&bed.admin)
+    .await
+    .context("inserting expired token rows")?;
+    Ok(())
+}
+
+/// Rows per second the purge deletes with nothing else running.
+async fn purge_rate(
+    bed: &Bed,
+    postgres: &Arc<dyn TokenStore>,
+    prefix: &str,
+) -> anyhow::Result<f64> {
+    plant_expired(bed, prefix, CALIBRATION_ROWS).await?;
+    let since = Instant::now();
+    let mut rows = 0;
+    loop {
+        match purge_round(postgres.as_ref(), PURGE_BATCH).await {
+            0 => break,
+            purged => rows += purged,
+        }
+    }
+    anyhow::ensure!(
+        rows > 0,
+        "the purge deleted none of {CALIBRATION_ROWS} expired rows"
+    );
+    Ok(rows as f64 / since.elapsed().as_secs_f64().max(0.001))
 }

@@ -79,10 +79,13 @@ impl LatencySummary {
 /// The purge running under the `e2e-0ms-pgtokens-purging` phase.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PurgeReport {
-    /// Dead token rows inserted before the phase.
+    /// Dead token rows inserted before the phase: twice what the purge, timed first
+    /// on rows of its own, deletes in the plain Postgres-token phase's time.
     pub expired_rows: u64,
+    /// Rows the purge deleted before it found none left or the phase ended.
     pub purged_rows: u64,
-    /// From the phase's first reservation until the purge found nothing left.
+    /// From the phase's first reservation until the purge found nothing left or the
+    /// phase ended.
     pub purge_s: f64,
     /// The phase's first to last result: the purge covered it when `purge_s` ≥ this.
     pub phase_s: f64,

@@ -120,10 +120,21 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
             "worker-process"
         ]
     );
-    // Every dead token row inserted for the purging phase was purged.
+    // The purge ran under the purging phase: it deleted dead rows, all it was given
+    // or as many as it could until the phase ended (what it left is deleted with the
+    // run's rows, checked below).
     let purge = &report["purge"];
-    assert!(purge["expired_rows"].as_u64().is_some_and(|n| n >= 10_000));
-    assert_eq!(purge["purged_rows"], purge["expired_rows"], "{purge}");
+    let expired = purge["expired_rows"].as_u64().unwrap();
+    let purged = purge["purged_rows"].as_u64().unwrap();
+    assert!(
+        expired >= 10_000 && purged > 0 && purged <= expired,
+        "{purge}"
+    );
+    assert!(
+        purged == expired
+            || purge["purge_s"].as_f64().unwrap() >= purge["phase_s"].as_f64().unwrap(),
+        "{purge}"
+    );
     let mut commands = 0;
     for phase in phases {
         let sent = phase["commands"].as_u64().unwrap();
