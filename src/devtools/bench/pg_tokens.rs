@@ -24,7 +24,7 @@ const PURGE_BATCH: usize = 1000;
 const CALIBRATION_ROWS: usize = 20_000;
 /// However fast the purge, no more dead rows than this are planted (about 10 s of
 /// inserting on the 2-core machine this was measured on).
-const MAX_EXPIRED_ROWS: usize = 3_000_000;
+const MAX_EXPIRED_ROWS: usize = 2_000_000;
 
 pub(super) async fn postgres_token_phases(
     bed: &mut Bed,
