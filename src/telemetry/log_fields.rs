@@ -112,7 +112,7 @@ fn drop_field(formatted: &mut String, name: &str) {
 }
 
 /// Passes the fields a log line shows on to the visitor that formats them.
-pub struct LogFieldVisitor<V>(V);
+struct LogFieldVisitor<V>(V);
 
 fn shown_in_logs(field: &Field) -> bool {
     let name = field.name();
@@ -172,15 +172,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn log_lines_keep_what_an_operator_reads_and_leave_out_trace_only_fields() {
+    /// The text this formatter writes for what `emit` logs, with or without colours.
+    fn log_output(colours: bool, emit: impl FnOnce()) -> String {
         let captured = Captured::default();
         let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
+            .with_ansi(colours)
             .fmt_fields(LogFields)
             .with_writer(captured.clone())
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber, emit);
+        let bytes = captured.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn log_lines_keep_what_an_operator_reads_and_leave_out_trace_only_fields() {
+        let line = log_output(false, || {
             let span = tracing::info_span!(
                 COMMAND_SPAN,
                 otel.name = "payments.commands process",
@@ -196,7 +203,6 @@ mod tests {
             let _entered = span.enter();
             tracing::warn!(attempt = 3, "gateway call failed");
         });
-        let line = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         assert!(
             line.contains(
                 "process{messaging.destination.partition.id=\"2\" messaging.kafka.offset=41 \
@@ -211,13 +217,7 @@ mod tests {
     }
 
     fn line_after_three_verdicts(colours: bool) -> String {
-        let captured = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(colours)
-            .fmt_fields(LogFields)
-            .with_writer(captured.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        log_output(colours, || {
             let span = tracing::info_span!(
                 COMMAND_SPAN,
                 payment.idempotency_key = "order-7",
@@ -230,9 +230,7 @@ mod tests {
             span.record("payment.outcome", "charged");
             let _entered = span.enter();
             tracing::info!("done");
-        });
-        let line = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-        line
+        })
     }
 
     #[test]

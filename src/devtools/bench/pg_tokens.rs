@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio_util::sync::CancellationToken;
 
 use super::audit::AuditReport;
 use super::e2e::{Bed, Load, WorkerKind};
@@ -85,7 +86,7 @@ async fn measure(
     let first_key = format!("{}-%", bed.key_prefix(phase_name));
     let admin = bed.admin.clone();
     let store = Arc::clone(postgres);
-    let phase_over = tokio_util::sync::CancellationToken::new();
+    let phase_over = CancellationToken::new();
     let purge = tokio::spawn({
         let phase_over = phase_over.clone();
         async move {
@@ -104,18 +105,7 @@ async fn measure(
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let since = Instant::now();
-            let mut rows = 0;
-            loop {
-                match purge_round(store.as_ref(), PURGE_BATCH).await {
-                    0 => break,
-                    purged => rows += purged,
-                }
-                if phase_over.is_cancelled() {
-                    break;
-                }
-            }
-            Ok::<_, sqlx::Error>((rows, since.elapsed()))
+            Ok::<_, sqlx::Error>(purge_until(store.as_ref(), &phase_over).await)
         }
     });
     let purging = phase(
@@ -174,17 +164,28 @@ async fn purge_rate(
     prefix: &str,
 ) -> anyhow::Result<f64> {
     plant_expired(bed, prefix, CALIBRATION_ROWS).await?;
-    let since = Instant::now();
-    let mut rows = 0;
-    loop {
-        match purge_round(postgres.as_ref(), PURGE_BATCH).await {
-            0 => break,
-            purged => rows += purged,
-        }
-    }
+    let (rows, took) = purge_until(postgres.as_ref(), &CancellationToken::new()).await;
     anyhow::ensure!(
         rows > 0,
         "the purge deleted none of {CALIBRATION_ROWS} expired rows"
     );
-    Ok(rows as f64 / since.elapsed().as_secs_f64().max(0.001))
+    Ok(rows as f64 / took.as_secs_f64().max(0.001))
+}
+
+/// Purge rounds, as the worker runs them, back to back until a round finds nothing
+/// expired or `stop` is cancelled (checked after each round, so at least one runs).
+/// Returns the rows deleted and how long that took.
+async fn purge_until(store: &dyn TokenStore, stop: &CancellationToken) -> (u64, Duration) {
+    let since = Instant::now();
+    let mut rows = 0;
+    loop {
+        match purge_round(store, PURGE_BATCH).await {
+            0 => break,
+            purged => rows += purged,
+        }
+        if stop.is_cancelled() {
+            break;
+        }
+    }
+    (rows, since.elapsed())
 }
