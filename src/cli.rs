@@ -308,7 +308,9 @@ fn process_result(attempt: &Attempt) -> Result<(), CommandFailure> {
             | Outcome::Declined { .. }
             | Outcome::Duplicate { .. }
             | Outcome::Rejected { .. },
-        ) => Ok(()),
+        )
+        // Printed as `rejected`, its reason saying the charge is unbooked.
+        | Attempt::Unbooked(_) => Ok(()),
     }
 }
 

@@ -24,6 +24,7 @@ use anyhow::Context as _;
 use reqwest::{StatusCode, Url};
 
 use super::interface::{Charge, ChargeRequest, GatewayError, LedgerEntry, PaymentGateway};
+use crate::redaction::mask_card_numbers;
 use crate::token::IdempotencyKey;
 
 /// A rejection reason is shown to operators; a gateway could send a whole page.
@@ -292,7 +293,9 @@ fn reason_from_body(body: String) -> String {
                 (None, None) => None,
             }
         });
-    let mut reason = from_json.unwrap_or(body);
+    // The reason travels on (results, dead-letter headers, logs), and a gateway
+    // that echoes the request could put a card number in it.
+    let mut reason = mask_card_numbers(&from_json.unwrap_or(body)).into_owned();
     if reason.trim().is_empty() {
         reason = "no reason given".to_owned();
     }
@@ -466,6 +469,13 @@ mod tests {
             "idempotency_key_reused: other body"
         );
         assert_eq!(reason_from_body("plain".into()), "plain");
+        assert_eq!(
+            reason_from_body(
+                r#"{"error":"invalid_request","message":"card 4111 1111 1111 1111 refused"}"#
+                    .into()
+            ),
+            "invalid_request: card **** **** **** 1111 refused"
+        );
         assert_eq!(reason_from_body("".into()), "no reason given");
         assert_eq!(
             reason_from_body("x".repeat(2000)).chars().count(),

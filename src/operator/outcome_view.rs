@@ -18,7 +18,7 @@ pub struct OutcomeView {
 impl From<&Attempt> for OutcomeView {
     fn from(attempt: &Attempt) -> Self {
         match attempt {
-            Attempt::Final(outcome) => outcome.into(),
+            Attempt::Final(outcome) | Attempt::Unbooked(outcome) => outcome.into(),
             Attempt::Retry { reason, .. } => Self {
                 outcome: attempt.label(),
                 payment_id: None,

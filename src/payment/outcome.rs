@@ -87,6 +87,10 @@ pub enum Outcome {
 pub enum Attempt {
     /// The command's answer, to be published.
     Final(Outcome),
+    /// A final answer given while a charge the gateway made is booked nowhere: the
+    /// database refused, for good, to record it. Published like `Final`, marked
+    /// `x-charge-unknown`, and kept where `audit` lists it against the ledger.
+    Unbooked(Outcome),
     /// A transient failure; the token was restored (or left to its lease when the
     /// outcome is unknown). Try again no sooner than `after`.
     Retry {
@@ -103,7 +107,7 @@ impl Attempt {
     /// The final outcome label, or `retry` (what `process` prints; a low-cardinality label).
     pub fn label(&self) -> &'static str {
         match self {
-            Self::Final(outcome) => outcome.label(),
+            Self::Final(outcome) | Self::Unbooked(outcome) => outcome.label(),
             Self::Retry { .. } => "retry",
         }
     }
@@ -111,7 +115,7 @@ impl Attempt {
     /// The final outcome, if this attempt reached one.
     pub fn into_final(self) -> Option<Outcome> {
         match self {
-            Self::Final(outcome) => Some(outcome),
+            Self::Final(outcome) | Self::Unbooked(outcome) => Some(outcome),
             Self::Retry { .. } => None,
         }
     }

@@ -226,6 +226,19 @@ impl Partitions {
         failure.get_or_insert(WorkerFailure::FatalBroker(reason));
     }
 
+    /// Stops every partition task at once: commands that run are abandoned (their
+    /// offsets stay uncommitted, their tokens wait for their leases). Runs on the
+    /// poll thread.
+    fn abandon_all(&self) {
+        let stopped: Vec<Assigned> = self.lock().drain().map(|(_, entry)| entry).collect();
+        self.runtime.block_on(async move {
+            for entry in stopped {
+                entry.abandon.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(2), entry.task).await;
+            }
+        });
+    }
+
     /// After an abort: every partition task is stopped at once (their commands wait
     /// at the closed gate, or run without having answered; a command that charged
     /// is answered as a duplicate when redone), and every partition this member
@@ -236,13 +249,7 @@ impl Partitions {
         let Some(transactions) = &self.transactions else {
             return;
         };
-        let stopped: Vec<Assigned> = self.lock().drain().map(|(_, entry)| entry).collect();
-        self.runtime.block_on(async move {
-            for entry in stopped {
-                entry.abandon.cancel();
-                let _ = tokio::time::timeout(Duration::from_secs(2), entry.task).await;
-            }
-        });
+        self.abandon_all();
         let owned: HashSet<PartitionId> =
             self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut rewound = 0;
@@ -482,6 +489,7 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("kafka-poll".into())
         .spawn(move || {
+            let (member, tasks) = (Arc::clone(&consumer), Arc::clone(&partitions));
             let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 poll_loop(consumer, partitions, committer, &flag)
             }));
@@ -495,7 +503,19 @@ pub fn start(
             };
             if let Some(failure) = failure {
                 tracing::error!(%failure, "the worker cannot go on");
+                // Partition tasks hold the consumer too, and whoever lets go of it
+                // last closes it, serving its revoke: that must be this thread, not
+                // a task on the runtime (a revoke blocks on the runtime).
+                tasks.abandon_all();
                 let _ = report.send(Some(failure));
+            }
+            drop(tasks);
+            match Arc::try_unwrap(member) {
+                Ok(consumer) => drop(consumer),
+                Err(shared) => tracing::warn!(
+                    holders = Arc::strong_count(&shared),
+                    "consumer still shared at shutdown"
+                ),
             }
         })
         .context("spawning the poll thread")?;
@@ -561,6 +581,10 @@ fn poll_loop(
         if let Some((topic, partition)) = partitions.dead() {
             return Err(WorkerFailure::PartitionTaskEnded { topic, partition });
         }
+        if let Some(reason) = partitions.handler.producer_fatal_error() {
+            // Healthy-looking but stuck otherwise: every answer would wait forever.
+            return Err(WorkerFailure::FatalBroker(reason));
+        }
         if let Some(transactions) = &partitions.transactions {
             if stood_still {
                 tracing::warn!("the poll loop stood still longer than the session timeout");
@@ -596,19 +620,35 @@ fn poll_loop(
         // under the same instance id gets the same partitions back.
         tracing::info!("static member: leaving the group to its session timeout");
     } else {
-        consumer.unsubscribe();
-        // Serve the final revoke callback so the group sees us leave now, not at timeout.
-        let _ = consumer.poll(Duration::from_millis(100));
-    }
-    drop(partitions);
-    match Arc::try_unwrap(consumer) {
-        Ok(consumer) => drop(consumer),
-        Err(shared) => tracing::warn!(
-            holders = Arc::strong_count(&shared),
-            "consumer still shared at shutdown"
-        ),
+        leave_group(&consumer, partitions.session_timeout);
     }
     Ok(())
+}
+
+/// Unsubscribes, then serves callbacks until the final revoke has emptied the
+/// assignment (at most `within`), so the group sees us leave now rather than at the
+/// session timeout. Closing while an (un)assignment is still in flight can abort the
+/// whole process inside librdkafka (`rd_kafka_cgrp_terminated: assert:
+/// !rd_kafka_assignment_in_progress`, confluentinc/librdkafka#4792), most often when
+/// a rebalance caused by another member leaving reaches this one as it closes.
+/// Records polled here are dropped: their offsets were never stored, so the next
+/// owner reads them again.
+fn leave_group<C: ConsumerContext>(consumer: &BaseConsumer<C>, within: Duration) {
+    consumer.unsubscribe();
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let _ = consumer.poll(Duration::from_millis(100));
+        let assigned = consumer.assignment().map_or(0, |list| list.count());
+        if assigned == 0 {
+            // One more turn for the stopped partitions' fetchers to wind down.
+            let _ = consumer.poll(Duration::from_millis(100));
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(assigned, "partitions still assigned when leaving the group");
+            return;
+        }
+    }
 }
 
 /// `run`: consume until `shutdown` resolves, then drain, commit and leave. Serves

@@ -56,6 +56,12 @@ impl Handler {
         &self.processor
     }
 
+    /// A fatal error of the results producer (librdkafka gives up on it for good,
+    /// e.g. no idempotent-write permission): no answer can leave this process again.
+    pub fn producer_fatal_error(&self) -> Option<String> {
+        self.publisher.fatal_error()
+    }
+
     /// The open-transaction bookkeeping, in exactly-once mode.
     pub(super) fn transactions(&self) -> Option<&Arc<super::transactions::Transactions>> {
         self.publisher.transactions()
@@ -96,9 +102,9 @@ impl Handler {
                 key,
                 attempts: 1,
                 charge_unknown: false,
-                redacted: undecodable
-                    .holds_card_number()
-                    .then(|| redact_payload(message.payload().unwrap_or_default())),
+                // Parsing stops at the first broken rule, so a card number may sit
+                // in a field no rule reached: every refused payload is looked at.
+                redacted: redaction_of(message.payload().unwrap_or_default()),
             },
         };
         Some(self.answer(message, source, verdict, started).await)
@@ -112,17 +118,7 @@ impl Handler {
             reason: format!("panicked: handling this record panicked {panics} times"),
         };
         // Whatever made it panic, a card number in it must not reach the topic.
-        let payload = message.payload().unwrap_or_default();
-        let redacted = match redact_payload(payload) {
-            RedactedPayload::Masked(masked) if masked == payload => None,
-            // Not UTF-8 and so not maskable: keep it unless it could hold a card.
-            RedactedPayload::Dropped if std::str::from_utf8(payload).is_err() => {
-                let lossy = String::from_utf8_lossy(payload);
-                (crate::payment::mask_card_numbers(&lossy) != lossy)
-                    .then_some(RedactedPayload::Dropped)
-            }
-            other => Some(other),
-        };
+        let redacted = redaction_of(message.payload().unwrap_or_default());
         let verdict = Verdict {
             outcome,
             key: record_key(message),
@@ -209,7 +205,8 @@ impl Handler {
                         charge_unknown.store(charge.may_have_charged(earlier), Ordering::Relaxed);
                         Err(NotYet { after, reason })
                     }
-                    Some(Attempt::Final(outcome)) => Ok(outcome),
+                    Some(Attempt::Final(outcome)) => Ok((outcome, false)),
+                    Some(Attempt::Unbooked(outcome)) => Ok((outcome, true)),
                     // Still queued for a payment slot when the drain began: not started.
                     None => Err(NotYet {
                         after: Duration::ZERO,
@@ -250,7 +247,17 @@ impl Handler {
             })
             .await;
         match result {
-            Ok(outcome) => Some((outcome, attempts, false)),
+            Ok((outcome, unbooked)) => {
+                if unbooked {
+                    let reason = match &outcome {
+                        Outcome::Rejected { reason, .. } => reason.as_str(),
+                        _ => "the gateway charged and no payment row records it",
+                    };
+                    self.remember_unresolved(command, source, reason, attempts)
+                        .await;
+                }
+                Some((outcome, attempts, unbooked))
+            }
             // Not exhausted, interrupted: the partition's next owner takes it over.
             Err(_) if draining.is_cancelled() => None,
             Err(last) => {
@@ -275,7 +282,8 @@ impl Handler {
         }
     }
 
-    /// Retries ran out while a charge may exist unbooked: besides the dead letter's
+    /// A charge may exist unbooked (retries ran out after an unresolved attempt, or
+    /// the database refused to record a charge): besides the dead letter's
     /// `x-charge-unknown`, keep the key where `audit` lists it against the ledger.
     async fn remember_unresolved(
         &self,
@@ -288,7 +296,7 @@ impl Handler {
         tracing::error!(
             idempotency_key = key,
             attempts,
-            "retries exhausted while an earlier attempt may have charged; dead-lettering with x-charge-unknown"
+            "a charge may exist that no payment row records; dead-lettering with x-charge-unknown"
         );
         let pool = self.processor.pool();
         let record = || record_unresolved_charge(pool, command, source, reason, attempts);
@@ -308,5 +316,20 @@ impl Handler {
                 "could not record the unresolved charge for audit"
             );
         }
+    }
+}
+
+/// What a dead letter carries instead of this payload: `None` when it holds no card
+/// number (it goes as it came), else the payload with card numbers masked, or nothing
+/// when they cannot be masked (not UTF-8, or still there after masking).
+fn redaction_of(payload: &[u8]) -> Option<RedactedPayload> {
+    match redact_payload(payload) {
+        RedactedPayload::Masked(masked) if masked == payload => None,
+        // Not UTF-8 and so not maskable: keep it unless it could hold a card.
+        RedactedPayload::Dropped if std::str::from_utf8(payload).is_err() => {
+            let lossy = String::from_utf8_lossy(payload);
+            (crate::payment::mask_card_numbers(&lossy) != lossy).then_some(RedactedPayload::Dropped)
+        }
+        other => Some(other),
     }
 }

@@ -108,13 +108,16 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 _ = self.abandon.cancelled() => {
                     // Abandoned commands keep their offsets pending: the next owner of
                     // the partition processes them again, and their tokens' leases expire.
+                    // Aborted tasks are never joined: take them off the gauge here.
+                    let aborted = i64::try_from(running.len()).unwrap_or(i64::MAX);
+                    crate::telemetry::metrics().in_flight.add(-aborted, &[]);
                     running.abort_all();
                     break;
                 }
                 Some(joined) = running.join_next(), if !running.is_empty() => {
+                    crate::telemetry::metrics().in_flight.add(-1, &[]);
                     // Every task catches its own panics; an error here is an abort.
                     let Ok(Finished { offset, lane, ending, transaction, span }) = joined else { continue };
-                    crate::telemetry::metrics().in_flight.add(-1, &[]);
                     match ending {
                         Ending::Settled => {
                             panics.remove(&offset);

@@ -9,7 +9,7 @@ use anyhow::Context;
 use backon::{ExponentialBuilder, Retryable};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tracing::Instrument;
@@ -139,6 +139,17 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// The producer's fatal error, if librdkafka raised one. Its sends are retried
+    /// without limit (an answer must be acknowledged before its offset moves), so
+    /// only the poll loop, by asking this, can end a worker whose answers can no
+    /// longer leave it.
+    pub(super) fn fatal_error(&self) -> Option<String> {
+        self.producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("results producer: {code:?}: {reason}"))
+    }
+
     /// An at-least-once publisher: each record is acknowledged on its own.
     pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
         settings.check_passthrough()?;

@@ -39,7 +39,7 @@ pub struct BenchArgs {
     /// baseline, as an SVG picture in this file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// A short run (about a minute) for smoke checks; its figures are noisier.
+    /// A short run (about two minutes) for smoke checks; its figures are noisier.
     #[arg(long)]
     pub quick: bool,
     /// The bench's own Postgres database (created and migrated when missing).

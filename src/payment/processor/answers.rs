@@ -62,13 +62,14 @@ pub(super) fn database_failure(what: &str, error: &sqlx::Error) -> Attempt {
 
 /// A failed database call after the gateway charged: the charge stands, so a retry
 /// must look it up ([`retry_unknown`]); a final refusal is our own failure to book it
-/// (`internal`), and the lease hands the look-up to the next owner.
+/// (`internal`): the answer says the charge is unbooked, and the token is left to its
+/// lease, so a later delivery of the command looks the charge up.
 pub(super) fn database_failure_after_charge(what: &str, error: &sqlx::Error) -> Attempt {
     match database_failure(what, error) {
         Attempt::Retry { reason, .. } => retry_unknown(reason),
-        Attempt::Final(Outcome::Rejected { reason, .. }) => Attempt::Final(Outcome::Rejected {
+        Attempt::Final(Outcome::Rejected { reason, .. }) => Attempt::Unbooked(Outcome::Rejected {
             kind: RejectionKind::Internal,
-            reason: format!("{reason}; the charge was made and is left to the next look-up"),
+            reason: format!("{reason}; the gateway charged and no payment row records it"),
         }),
         other => other,
     }

@@ -2,7 +2,7 @@
 //! that fires and one that silences every alert, each alert links to its runbook
 //! section, and the Grafana dashboard is provisioned against the Prometheus of the
 //! compose file. (Which metric names the queries use is checked against a real
-//! worker in `metric_export.rs`; the Kubernetes manifests in `k8s_manifests.rs`.)
+//! worker in `telemetry/metric_export.rs`; the Kubernetes manifests in `k8s.rs`.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -299,7 +299,7 @@ async fn an_unreadable_2xx_whose_lookup_fails_is_left_to_the_lease_then_booked_o
                 assert!(Instant::now() < deadline, "still retrying: {reason}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Attempt::Final(outcome) => break outcome,
+            Attempt::Final(outcome) | Attempt::Unbooked(outcome) => break outcome,
         }
     };
     rig.assert_booked_once(key, &outcome).await;
@@ -526,14 +526,7 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     assert_eq!(charged[0].attempts, 1);
 
     // audit lists the key with what the ledger holds; the refused one is not listed.
-    let report = audit(
-        &stack.db.pool,
-        stack.tokens.as_ref(),
-        &ledger_gateway,
-        &AuditOptions::default(),
-    )
-    .await
-    .unwrap();
+    let report = audit_against(&stack, &ledger_gateway).await;
     assert_eq!(report.unresolved_charges.keys(), vec![unknown]);
     let detail = &report.unresolved_charges.examples[0].detail;
     assert!(
@@ -576,7 +569,7 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
                 assert!(Instant::now() < deadline, "still retrying: {reason}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Attempt::Final(outcome) => break outcome,
+            Attempt::Final(outcome) | Attempt::Unbooked(outcome) => break outcome,
         }
     };
     assert!(
@@ -594,4 +587,87 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     .unwrap();
     assert_eq!(report.unresolved_charges.count, 0, "{report:?}");
     assert!(report.is_clean(), "{}", report.to_table());
+}
+
+/// The gateway charges, then answers with a transaction id another payment already
+/// holds: Postgres refuses the row (unique index), for good. The charge exists and no
+/// row records it, so the answer must not read like a plain internal error: the dead
+/// letter says the charge is unknown, `audit` lists the key, and nothing is charged
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_charge_the_database_refuses_to_record_is_dead_lettered_as_unknown_and_listed_by_audit() {
+    let mut stack = Stack::new(1, SimulatorConfig::default()).await;
+    let front = ScriptedGateway::start(&stack.simulator).await;
+    stack.gateway = Arc::new(
+        HttpGateway::new(&front.url(), Duration::from_secs(5), Duration::from_secs(1)).unwrap(),
+    );
+    let handler = Arc::new(Handler::new(
+        stack.processor("unbooked"),
+        Publisher::new(&stack.settings).unwrap(),
+        RetryPolicy::default(),
+    ));
+    let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
+    let (first, reused) = ("xb-first", "xb-reused");
+    stack.produce(&[record(first, 1000)]).await;
+    let results = stack.wait_for_results(1, Duration::from_secs(60)).await;
+    let taken = results[0]
+        .gateway_transaction_id
+        .clone()
+        .expect("the first payment's transaction id");
+    front.script(reused, &[PostAnswer::ChargeWithTransactionId(taken.leak())]);
+    stack.produce(&[record(reused, 2000)]).await;
+    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    stack.wait_for_commits(Duration::from_secs(30)).await;
+    stop_all(vec![running]).await;
+
+    let answer = results
+        .iter()
+        .find(|r| r.idempotency_key.as_deref() == Some(reused))
+        .expect("an answer for the reused id");
+    assert_eq!(answer.outcome, "rejected", "{answer:?}");
+    let letters = stack.dead_letters().await;
+    assert_eq!(letters.len(), 1, "one dead letter");
+    assert_eq!(
+        header(&letters[0], worker::ERROR_KIND).as_deref(),
+        Some("internal")
+    );
+    assert_eq!(
+        header(&letters[0], worker::CHARGE_UNKNOWN).as_deref(),
+        Some("true"),
+        "the gateway charged and no row records it"
+    );
+    let charged: Vec<LedgerEntry> = stack
+        .ledger()
+        .into_iter()
+        .filter(|e| e.idempotency_key == reused)
+        .collect();
+    assert_eq!(charged.len(), 1, "charged once, never again");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE idempotency_key = $1")
+        .bind(reused)
+        .fetch_one(&stack.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the database refused the row");
+
+    let ledger_gateway = HttpGateway::new(
+        &stack.simulator.url(),
+        Duration::from_secs(5),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let report = audit_against(&stack, &ledger_gateway).await;
+    assert_eq!(report.unresolved_charges.keys(), vec![reused]);
+    assert_eq!(report.charges_without_row.keys(), vec![reused]);
+}
+
+/// `audit` of the stack's books against the gateway's ledger, default options.
+async fn audit_against(stack: &Stack, ledger: &HttpGateway) -> payment_worker::audit::AuditReport {
+    audit(
+        &stack.db.pool,
+        stack.tokens.as_ref(),
+        ledger,
+        &AuditOptions::default(),
+    )
+    .await
+    .unwrap()
 }

@@ -161,7 +161,7 @@ async fn until_final(processor: &Processor, command: &PaymentCommand) -> Outcome
                 )
                 .await;
             }
-            Attempt::Final(outcome) => return outcome,
+            Attempt::Final(outcome) | Attempt::Unbooked(outcome) => return outcome,
         }
     }
 }

@@ -241,7 +241,7 @@ pub(crate) async fn until_final(
                 )
                 .await;
             }
-            Attempt::Final(outcome) => return (outcome, retries),
+            Attempt::Final(outcome) | Attempt::Unbooked(outcome) => return (outcome, retries),
         }
     }
 }

@@ -474,7 +474,8 @@ pub async fn committed_offsets(settings: &KafkaSettings, partitions: i32) -> Has
                 (e.partition(), offset)
             })
             .collect();
-        // librdkafka lists must go before their consumer (TRAPS.md).
+        // A partition list librdkafka returned that outlives its consumer makes the
+        // consumer's drop hang: lists go first.
         drop(committed);
         drop(consumer);
         out
@@ -523,7 +524,8 @@ pub fn final_outcome(
     attempt: payment_worker::payment::Attempt,
 ) -> payment_worker::payment::Outcome {
     match attempt {
-        payment_worker::payment::Attempt::Final(outcome) => outcome,
+        payment_worker::payment::Attempt::Final(outcome)
+        | payment_worker::payment::Attempt::Unbooked(outcome) => outcome,
         payment_worker::payment::Attempt::Retry { reason, .. } => {
             panic!("expected a final outcome, got a retry: {reason}")
         }

@@ -29,6 +29,9 @@ pub enum PostAnswer {
     ChargeThenGarbledBody,
     /// Charge, then answer 200 and break the connection in the middle of the body.
     ChargeThenCutBody,
+    /// Charge, then answer the ledger's 200 with this transaction id instead of the
+    /// charge's own (a gateway that hands out an id twice).
+    ChargeWithTransactionId(&'static str),
 }
 
 #[derive(Default)]
@@ -155,6 +158,16 @@ async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes
                     .insert("location", format!("/charges/{key}").parse().unwrap());
             }
             response
+        }
+        PostAnswer::ChargeWithTransactionId(id) => {
+            let mut charge: serde_json::Value = serde_json::from_slice(&ledger_body).unwrap();
+            charge["transaction_id"] = id.into();
+            (
+                status(ledger_status.as_u16()),
+                [("content-type", "application/json")],
+                charge.to_string(),
+            )
+                .into_response()
         }
         PostAnswer::ChargeThenGarbledBody => (
             StatusCode::OK,

@@ -325,51 +325,75 @@ async fn broker_faults_lose_nothing_and_charge_nothing_twice() {
     stack.assert_books_balance().await;
 }
 
-async fn time_to_drain(max_in_flight: usize) -> Duration {
-    let stack = Stack::new(
-        1,
-        SimulatorConfig {
-            latency_ms: 20,
-            ..SimulatorConfig::default()
-        },
-    )
-    .await;
+/// One partition of `COMMANDS` fresh commands whose first key the gateway holds for
+/// `HOLD`; returns the keys in the order their results were read once all are
+/// answered, and the held key.
+async fn answers_around_a_held_charge(max_in_flight: usize) -> (Vec<String>, String) {
+    const COMMANDS: usize = 60;
+    const HOLD: Duration = Duration::from_secs(5);
     let records = operator::generate(
         &WorkloadSpec {
-            count: 200,
+            count: COMMANDS,
             duplicate_ratio: 0.0,
             invalid_ratio: 0.0,
             decline_ratio: 0.0,
             seed: 3,
         },
-        "par",
+        &format!("par{max_in_flight}"),
     );
+    let held = String::from_utf8(records[0].key.clone().expect("generated keys")).unwrap();
+    let stack = Stack::new(
+        1,
+        SimulatorConfig {
+            latency_ms: 20,
+            slow_keys: vec![SlowKey {
+                key: IdempotencyKey::try_from(held.as_str()).unwrap(),
+                delay: HOLD,
+            }],
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
     stack.produce(&records).await;
     let settings = payment_worker::configuration::WorkerSettings {
         max_in_flight,
         ..quick_worker_settings()
     };
     let worker = stack.start_worker("p", &settings);
-    // Time from the first result to the last, so group-join time does not count.
-    stack.wait_for_results(1, Duration::from_secs(30)).await;
-    let started = Instant::now();
-    stack
+    let results = stack
         .wait_for_results(records.len(), Duration::from_secs(120))
         .await;
-    let elapsed = started.elapsed();
     stop_all(vec![worker]).await;
     stack.assert_books_balance().await;
-    elapsed
+    let order = results
+        .iter()
+        .filter_map(|r| r.idempotency_key.clone())
+        .collect();
+    (order, held)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn different_keys_of_one_partition_run_in_parallel() {
-    let sequential = time_to_drain(1).await;
-    let parallel = time_to_drain(64).await;
-    let ratio = sequential.as_secs_f64() / parallel.as_secs_f64();
-    assert!(
-        ratio >= 5.0,
-        "per-key parallelism: sequential {sequential:?} vs parallel {parallel:?} is only {ratio:.1}x"
+    // Order, not timing: while the gateway holds the partition's first charge for
+    // seconds, the others (20 ms each) are answered around it, so its result comes
+    // last; one command at a time, it can only come first.
+    let (parallel, held) = answers_around_a_held_charge(64).await;
+    assert_eq!(
+        parallel.len(),
+        60,
+        "every command answered once: {parallel:?}"
+    );
+    assert_eq!(
+        parallel.last(),
+        Some(&held),
+        "per-key parallelism: the other commands of the partition waited for the held one"
+    );
+    let (sequential, held) = answers_around_a_held_charge(1).await;
+    assert_eq!(sequential.len(), 60);
+    assert_eq!(
+        sequential.first(),
+        Some(&held),
+        "one at a time, nothing is answered before the partition's first command"
     );
 }
 

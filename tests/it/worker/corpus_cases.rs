@@ -342,6 +342,26 @@ pub(crate) fn corpus() -> Vec<Case> {
         Some("\"paid with 4242-4242-4242-4242\""),
         invalid("card_number_in_description"),
     );
+    // A card number behind a rule that refuses the record first: parsing stops at
+    // the first broken rule, and the dead letter must still not carry the number.
+    c.raw(
+        "card number behind a lower-case currency",
+        Some(b"c-card-behind-currency".as_slice()),
+        Some(
+            br#"{"idempotency_key":"c-card-behind-currency","account_id":"a","amount_minor":100,"currency":"eur","payment_method":"4111111111111111"}"#
+                .to_vec(),
+        ),
+        invalid("currency_not_upper_case"),
+    );
+    c.raw(
+        "card number in truncated JSON",
+        Some(b"c-card-truncated".as_slice()),
+        Some(
+            br#"{"idempotency_key":"c-card-truncated","payment_method":"4242 4242 4242 4242"#
+                .to_vec(),
+        ),
+        invalid("malformed_json"),
+    );
     let long_pm = serde_json::to_string(&"p".repeat(129)).unwrap();
     c.field(
         "over-long payment method",

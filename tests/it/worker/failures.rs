@@ -263,8 +263,15 @@ async fn a_broker_that_refuses_the_group_ends_the_worker_with_a_fatal_error() {
         RDKafkaApiKey::JoinGroup,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; 20],
     );
+    let reason = fatal_broker_failure_of_a_worker(&stack, "fatal").await;
+    assert!(reason.contains("uthorization"), "{reason}");
+}
+
+/// Runs a worker on `stack` until it ends on its own; asserts it ended with a fatal
+/// broker error (exit status 4) and returns that error's text.
+async fn fatal_broker_failure_of_a_worker(stack: &Stack, name: &str) -> String {
     let handler = std::sync::Arc::new(payment_worker::worker::Handler::new(
-        stack.processor("fatal"),
+        stack.processor(name),
         payment_worker::worker::Publisher::new(&stack.settings).unwrap(),
         payment_worker::retry::RetryPolicy::default(),
     ));
@@ -275,18 +282,15 @@ async fn a_broker_that_refuses_the_group_ends_the_worker_with_a_fatal_error() {
         handler,
         std::future::pending(),
     );
-    let ended = tokio::time::timeout(Duration::from_secs(30), run)
+    let ended = tokio::time::timeout(Duration::from_secs(60), run)
         .await
         .expect("the worker ends on its own");
-    let error = ended.expect_err("a refused group is an error");
-    let failure = error
-        .downcast_ref::<worker::WorkerFailure>()
-        .unwrap_or_else(|| panic!("{error:#}"));
-    assert!(
-        matches!(failure, worker::WorkerFailure::FatalBroker(_)),
-        "{failure}"
-    );
-    assert_eq!(payment_worker::cli::exit_code(&error), 4);
+    let error = ended.expect_err("a fatal broker error ends the worker with an error");
+    assert_eq!(payment_worker::cli::exit_code(&error), 4, "{error:#}");
+    match error.downcast_ref::<worker::WorkerFailure>() {
+        Some(worker::WorkerFailure::FatalBroker(reason)) => reason.clone(),
+        _ => panic!("not a fatal broker error: {error:#}"),
+    }
 }
 
 /// A drain cuts a retry loop short without an answer: the command is left to the
@@ -347,4 +351,41 @@ async fn a_drain_leaves_a_retrying_command_unanswered_for_the_next_owner() {
     );
     assert!(stack.results().await.is_empty(), "no result was published");
     assert!(stack.dead_letters().await.is_empty(), "no dead letter");
+}
+
+/// A results producer that librdkafka gave up on (here: the cluster refuses it the
+/// idempotent-write permission) would leave every answer waiting forever while the
+/// worker looked healthy; the worker ends instead, with the fatal-broker exit code,
+/// and commits nothing it did not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_results_producer_refused_for_good_ends_the_worker_with_a_fatal_error() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let records = payment_worker::operator::generate(
+        &payment_worker::operator::WorkloadSpec {
+            count: 5,
+            duplicate_ratio: 0.0,
+            invalid_ratio: 0.0,
+            decline_ratio: 0.0,
+            seed: 5,
+        },
+        "pfatal",
+    );
+    stack.produce(&records).await;
+    // The next InitProducerId is the worker's results producer's.
+    stack.kafka.cluster().request_errors(
+        RDKafkaApiKey::InitProducerId,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED],
+    );
+    let reason = fatal_broker_failure_of_a_worker(&stack, "pfatal").await;
+    assert!(reason.starts_with("results producer"), "{reason}");
+    assert!(
+        stack.results().await.is_empty(),
+        "no answer left the worker"
+    );
+    assert!(
+        stack.committed().await.values().all(|&offset| offset <= 0),
+        "nothing unanswered is committed: {:?}",
+        stack.committed().await
+    );
 }

@@ -1,5 +1,4 @@
-//! Secrets out of what is logged: a URL's password never reaches a log line, an
-//! error message or a `Debug` output.
+//! A URL's password never reaches a log line, an error message or a `Debug` output.
 
 /// `scheme://user:secret@host/db` → `scheme://user:***@host/db`; a URL that does
 /// not parse is shown as `<unparseable url>` (it might hold a secret anywhere).
