@@ -620,7 +620,9 @@ fn poll_loop(
         // under the same instance id gets the same partitions back.
         tracing::info!("static member: leaving the group to its session timeout");
     } else {
-        leave_group(&consumer, partitions.session_timeout);
+        // Half the session timeout at most: with the commit before it, a stop still
+        // fits the grace period the deployments give it.
+        leave_group(&consumer, partitions.session_timeout / 2);
     }
     Ok(())
 }

@@ -36,8 +36,10 @@ pub const SOURCE_PARTITION: &str = "x-source-partition";
 pub const SOURCE_OFFSET: &str = "x-source-offset";
 /// Dead-letter header: attempts made.
 pub const ATTEMPTS: &str = "x-attempts";
-/// `true` on a `retries_exhausted` dead letter when an earlier attempt may have
-/// charged and no look-up resolved it (absent otherwise).
+/// `true` when a charge may exist that no payment row records: on a
+/// `retries_exhausted` dead letter when an earlier attempt may have charged and no
+/// look-up resolved it, on an `internal` one when the database refused to record a
+/// charge the gateway made (absent otherwise).
 pub const CHARGE_UNKNOWN: &str = "x-charge-unknown";
 /// On a dead letter whose value was masked: what was masked (`card_number`).
 pub const PAYLOAD_REDACTED: &str = "x-payload-redacted";

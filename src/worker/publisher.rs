@@ -27,6 +27,9 @@ use crate::payment::{Outcome, RedactedPayload, RejectionKind, SourcePosition};
 pub const PAYLOAD_DROPPED: &str = "x-payload-dropped";
 /// The dropped value's size in bytes.
 pub const ORIGINAL_SIZE: &str = "x-original-size";
+/// On a dead letter still too large without its value: what else of the original
+/// record was left out (`key,headers`).
+pub const ORIGINAL_DROPPED: &str = "x-original-dropped";
 
 fn is_too_large(error: &KafkaError) -> bool {
     matches!(
@@ -68,6 +71,20 @@ pub struct DeadLetter<'a> {
 /// The original headers plus the dead-letter headers. Headers from an earlier
 /// dead-lettering are replaced, so a redriven record does not carry stale ones.
 pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> OwnedHeaders {
+    with_dead_letter_headers(
+        without_dead_letter_headers(message).unwrap_or_default(),
+        message,
+        letter,
+    )
+}
+
+/// `headers` plus the headers that say why `message` was dead-lettered and where it
+/// came from.
+fn with_dead_letter_headers(
+    mut headers: OwnedHeaders,
+    message: &OwnedMessage,
+    letter: &DeadLetter<'_>,
+) -> OwnedHeaders {
     let DeadLetter {
         kind,
         reason,
@@ -75,7 +92,6 @@ pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> O
         charge_unknown,
         ..
     } = *letter;
-    let mut headers = without_dead_letter_headers(message).unwrap_or_default();
     let partition = message.partition().to_string();
     let offset = message.offset().to_string();
     let attempts = attempts.to_string();
@@ -359,10 +375,35 @@ impl Publisher {
                     key: ORIGINAL_SIZE,
                     value: Some(size.as_str()),
                 });
-            let _ = self
+            let without_value = self
                 .send(&self.dlq_topic, original.key(), None, Some(headers))
-                .instrument(span)
+                .instrument(span.clone())
                 .await;
+            if let Err(error) = without_value {
+                // The original key or headers are too large as well: keep only
+                // what says why the record was refused and where it is.
+                tracing::error!(%error, "dead letter too large without its value; dropping its key and headers too");
+                let bare = with_dead_letter_headers(OwnedHeaders::new(), original, &letter)
+                    .insert(Header {
+                        key: PAYLOAD_DROPPED,
+                        value: Some("message_too_large"),
+                    })
+                    .insert(Header {
+                        key: ORIGINAL_SIZE,
+                        value: Some(size.as_str()),
+                    })
+                    .insert(Header {
+                        key: ORIGINAL_DROPPED,
+                        value: Some("key,headers"),
+                    });
+                let sent = self
+                    .send(&self.dlq_topic, None, None, Some(bare))
+                    .instrument(span)
+                    .await;
+                if let Err(error) = sent {
+                    tracing::error!(%error, "the dead letter could not be produced at all");
+                }
+            }
         }
     }
 }

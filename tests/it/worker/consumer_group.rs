@@ -458,6 +458,23 @@ async fn a_record_too_large_to_dead_letter_whole_is_dead_lettered_without_its_va
         )
         .await
         .unwrap();
+    // Too large even without its value: the bulk is in a header.
+    let blob = vec![b'h'; 1536 * 1024];
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("huge-2")
+                .payload("{}")
+                .headers(
+                    rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                        key: "x-blob",
+                        value: Some(&blob),
+                    }),
+                ),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
     let after =
         serde_json::json!({"idempotency_key": "after-huge", "account_id": "a", "amount_minor": 5,
         "currency": "EUR", "payment_method": "pm_card_visa"})
@@ -472,15 +489,17 @@ async fn a_record_too_large_to_dead_letter_whole_is_dead_lettered_without_its_va
         .await
         .unwrap();
     let worker = stack.start_worker("big", &quick_worker_settings());
-    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    let results = stack.wait_for_results(3, Duration::from_secs(60)).await;
     stack.wait_for_commits(Duration::from_secs(30)).await;
     stop_all(vec![worker]).await;
     assert_eq!(
         results.iter().filter(|r| r.outcome == "succeeded").count(),
         1
     );
-    let dead = stack.dead_letters().await;
-    assert_eq!(dead.len(), 1);
+    let mut dead = stack.dead_letters().await;
+    assert_eq!(dead.len(), 2, "one dead letter per refused record");
+    // Keys run in parallel: the dead letters come in either order.
+    dead.sort_by_key(|m| header(m, "x-source-offset"));
     assert_eq!(header(&dead[0], "x-error-kind").as_deref(), Some("invalid"));
     assert_eq!(
         header(&dead[0], "x-payload-dropped").as_deref(),
@@ -497,6 +516,16 @@ async fn a_record_too_large_to_dead_letter_whole_is_dead_lettered_without_its_va
         "the original key is kept"
     );
     assert_eq!(dead[0].payload(), None);
+    // Without value, key and its own headers: what says why and where is kept.
+    assert_eq!(header(&dead[1], "x-source-offset").as_deref(), Some("1"));
+    assert_eq!(header(&dead[1], "x-error-kind").as_deref(), Some("invalid"));
+    assert_eq!(
+        header(&dead[1], "x-original-dropped").as_deref(),
+        Some("key,headers")
+    );
+    assert_eq!(header(&dead[1], "x-blob"), None);
+    assert_eq!(dead[1].key(), None);
+    assert_eq!(dead[1].payload(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
