@@ -5,7 +5,8 @@ mod processor;
 mod unresolved;
 
 pub use command::{
-    mask_card_numbers, redact_payload, Fingerprint, InvalidCommand, PaymentCommand, RedactedPayload,
+    dead_letter_redaction, mask_card_numbers, redact_payload, Fingerprint, InvalidCommand,
+    PaymentCommand, RedactedPayload,
 };
 
 pub use outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use super::inbound::{record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
 use crate::payment::{
-    record_unresolved_charge, redact_payload, Attempt, CommandContext, Outcome, PaymentCommand,
-    Processor, RedactedPayload, RejectionKind, SourcePosition,
+    dead_letter_redaction, record_unresolved_charge, Attempt, CommandContext, Outcome,
+    PaymentCommand, Processor, RejectionKind, SourcePosition,
 };
 use crate::retry::RetryPolicy;
 
@@ -104,7 +104,7 @@ impl Handler {
                 charge_unknown: false,
                 // Parsing stops at the first broken rule, so a card number may sit
                 // in a field no rule reached: every refused payload is looked at.
-                redacted: redaction_of(message.payload().unwrap_or_default()),
+                redacted: dead_letter_redaction(message.payload().unwrap_or_default()),
             },
         };
         Some(self.answer(message, source, verdict, started).await)
@@ -118,7 +118,7 @@ impl Handler {
             reason: format!("panicked: handling this record panicked {panics} times"),
         };
         // Whatever made it panic, a card number in it must not reach the topic.
-        let redacted = redaction_of(message.payload().unwrap_or_default());
+        let redacted = dead_letter_redaction(message.payload().unwrap_or_default());
         let verdict = Verdict {
             outcome,
             key: record_key(message),
@@ -316,20 +316,5 @@ impl Handler {
                 "could not record the unresolved charge for audit"
             );
         }
-    }
-}
-
-/// What a dead letter carries instead of this payload: `None` when it holds no card
-/// number (it goes as it came), else the payload with card numbers masked, or nothing
-/// when they cannot be masked (not UTF-8, or still there after masking).
-fn redaction_of(payload: &[u8]) -> Option<RedactedPayload> {
-    match redact_payload(payload) {
-        RedactedPayload::Masked(masked) if masked == payload => None,
-        // Not UTF-8 and so not maskable: keep it unless it could hold a card.
-        RedactedPayload::Dropped if std::str::from_utf8(payload).is_err() => {
-            let lossy = String::from_utf8_lossy(payload);
-            (crate::payment::mask_card_numbers(&lossy) != lossy).then_some(RedactedPayload::Dropped)
-        }
-        other => Some(other),
     }
 }

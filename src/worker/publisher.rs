@@ -78,6 +78,19 @@ pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> O
     )
 }
 
+/// `headers` plus the marks of a dead letter sent without its value of `size` bytes.
+fn value_dropped(headers: OwnedHeaders, size: &str) -> OwnedHeaders {
+    headers
+        .insert(Header {
+            key: PAYLOAD_DROPPED,
+            value: Some("message_too_large"),
+        })
+        .insert(Header {
+            key: ORIGINAL_SIZE,
+            value: Some(size),
+        })
+}
+
 /// `headers` plus the headers that say why `message` was dead-lettered and where it
 /// came from.
 fn with_dead_letter_headers(
@@ -366,15 +379,7 @@ impl Publisher {
             // visible without its value rather than stall the partition forever.
             tracing::warn!(%error, "dead letter too large; dropping its value");
             let size = payload.map_or(0, <[u8]>::len).to_string();
-            let headers = headers
-                .insert(Header {
-                    key: PAYLOAD_DROPPED,
-                    value: Some("message_too_large"),
-                })
-                .insert(Header {
-                    key: ORIGINAL_SIZE,
-                    value: Some(size.as_str()),
-                });
+            let headers = value_dropped(headers, &size);
             let without_value = self
                 .send(&self.dlq_topic, original.key(), None, Some(headers))
                 .instrument(span.clone())
@@ -383,19 +388,14 @@ impl Publisher {
                 // The original key or headers are too large as well: keep only
                 // what says why the record was refused and where it is.
                 tracing::error!(%error, "dead letter too large without its value; dropping its key and headers too");
-                let bare = with_dead_letter_headers(OwnedHeaders::new(), original, &letter)
-                    .insert(Header {
-                        key: PAYLOAD_DROPPED,
-                        value: Some("message_too_large"),
-                    })
-                    .insert(Header {
-                        key: ORIGINAL_SIZE,
-                        value: Some(size.as_str()),
-                    })
-                    .insert(Header {
-                        key: ORIGINAL_DROPPED,
-                        value: Some("key,headers"),
-                    });
+                let bare = value_dropped(
+                    with_dead_letter_headers(OwnedHeaders::new(), original, &letter),
+                    &size,
+                )
+                .insert(Header {
+                    key: ORIGINAL_DROPPED,
+                    value: Some("key,headers"),
+                });
                 let sent = self
                     .send(&self.dlq_topic, None, None, Some(bare))
                     .instrument(span)

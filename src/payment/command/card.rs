@@ -32,6 +32,21 @@ pub fn redact_payload(payload: &[u8]) -> RedactedPayload {
     }
 }
 
+/// What a dead letter carries instead of this payload: `None` when it holds no card
+/// number (it goes as it came), else the payload with card numbers masked, or nothing
+/// when they cannot be masked (not UTF-8, or still there after masking).
+pub fn dead_letter_redaction(payload: &[u8]) -> Option<RedactedPayload> {
+    match redact_payload(payload) {
+        RedactedPayload::Masked(masked) if masked == payload => None,
+        // Not UTF-8 and so not maskable: keep it unless it could hold a card.
+        RedactedPayload::Dropped if std::str::from_utf8(payload).is_err() => {
+            let lossy = String::from_utf8_lossy(payload);
+            (mask_card_numbers(&lossy) != lossy).then_some(RedactedPayload::Dropped)
+        }
+        other => Some(other),
+    }
+}
+
 fn json_strings_hold_card(value: &Value) -> bool {
     match value {
         Value::String(text) => contains_card_number(text),

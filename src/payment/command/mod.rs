@@ -13,7 +13,7 @@ mod fingerprint;
 mod invalid;
 mod payment_command;
 
-pub use card::{mask_card_numbers, redact_payload, RedactedPayload};
+pub use card::{dead_letter_redaction, mask_card_numbers, redact_payload, RedactedPayload};
 pub use fingerprint::Fingerprint;
 pub use invalid::{InvalidCommand, TextProblem};
 pub use payment_command::{
