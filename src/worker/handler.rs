@@ -10,6 +10,7 @@ use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 
+use super::answer_order::{AnswerTurn, Turn};
 use super::inbound::{record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
 use crate::payment::{
@@ -68,12 +69,14 @@ impl Handler {
     }
 
     /// Returns once the outcome is final and every record about it is acknowledged,
-    /// or `None` when `draining` stopped the retries first: then nothing was
-    /// published and the command's offset must stay uncommitted.
+    /// or `None` when `draining` stopped the retries first, or (exactly-once) an
+    /// earlier command of the partition will not answer: then nothing was published
+    /// and the command's offset must stay uncommitted.
     pub async fn handle(
         &self,
         message: &OwnedMessage,
         draining: &CancellationToken,
+        turn: Option<AnswerTurn>,
     ) -> Option<Answer> {
         let started = Instant::now();
         let Inbound {
@@ -107,12 +110,17 @@ impl Handler {
                 redacted: dead_letter_redaction(message.payload().unwrap_or_default()),
             },
         };
-        Some(self.answer(message, source, verdict, started).await)
+        self.answer(message, source, verdict, started, turn).await
     }
 
     /// The record made its handler panic `panics` times: dead-letter it as
     /// `internal` without touching it again, so the records behind it can flow.
-    pub async fn give_up_after_panics(&self, message: &OwnedMessage, panics: u32) -> Answer {
+    pub async fn give_up_after_panics(
+        &self,
+        message: &OwnedMessage,
+        panics: u32,
+        turn: Option<AnswerTurn>,
+    ) -> Option<Answer> {
         let outcome = Outcome::Rejected {
             kind: RejectionKind::Internal,
             reason: format!("panicked: handling this record panicked {panics} times"),
@@ -128,20 +136,32 @@ impl Handler {
             redacted,
         };
         // Not decoded again: whatever made it panic may be in the value.
-        self.answer(message, source_of(message), verdict, Instant::now())
+        self.answer(message, source_of(message), verdict, Instant::now(), turn)
             .await
     }
 
     /// Has the publisher send the dead letter (if any) and the result, and counts the
-    /// outcome. In exactly-once mode both go into the same open transaction.
+    /// outcome. In exactly-once mode both go into the same open transaction, once
+    /// every earlier command of the partition entered its answer (`turn`).
     async fn answer(
         &self,
         message: &OwnedMessage,
         source: SourcePosition,
         verdict: Verdict,
         started: Instant,
-    ) -> Answer {
-        let transaction = self.publisher.enter().await;
+        turn: Option<AnswerTurn>,
+    ) -> Option<Answer> {
+        let transaction = match turn {
+            Some(turn) => {
+                if turn.wait().await == Turn::Stopped {
+                    return None;
+                }
+                let transaction = self.publisher.enter(&source).await;
+                turn.entered();
+                transaction
+            }
+            None => self.publisher.enter(&source).await,
+        };
         let span = tracing::Span::current();
         span.record("payment.outcome", verdict.outcome.label());
         let rejection = match &verdict.outcome {
@@ -167,10 +187,10 @@ impl Handler {
         metrics
             .processing_duration
             .record(started.elapsed().as_secs_f64(), &labels);
-        Answer {
+        Some(Answer {
             outcome,
             transaction,
-        }
+        })
     }
 
     async fn process_with_retries(

@@ -1,4 +1,5 @@
 //! The Kafka consumer-group worker (invariant I3: offsets move only past finished commands).
+mod answer_order;
 mod consumer;
 mod handler;
 mod health;
@@ -13,6 +14,7 @@ mod spans;
 mod supervision;
 mod transactions;
 
+pub use answer_order::{AnswerOrder, AnswerTurn, Turn};
 pub use consumer::{run_until, start, RunningWorker};
 pub use handler::Handler;
 pub use health::{serve_health, HealthChecks, HealthServer, Liveness};

@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::answer_order::AnswerOrder;
 use super::handler::Handler;
 use super::offsets::OffsetTracker;
 use super::spans::command_span;
@@ -87,6 +88,11 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let draining = CancellationToken::new();
         let mut admitted = 0usize;
         let mut inbox_open = true;
+        // Exactly-once: the answers enter the open transaction in offset order.
+        let order = self
+            .transactions
+            .as_ref()
+            .map(|_| Arc::new(AnswerOrder::default()));
         // A revoke drops the inbox's sender, but `recv` still hands out what was
         // buffered (up to the inbox's capacity): the closure itself is the signal to
         // start nothing new, checked on every wake-up and at least every 50 ms.
@@ -97,7 +103,9 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 // Revoked or shutting down: finish what runs, start nothing new.
                 // Queued records stay pending, so their offsets are not committed.
                 inbox_open = false;
-                waiting.clear();
+                for queued in waiting.drain().flat_map(|(_, queue)| queue) {
+                    stop_answers(&order, queued.offset());
+                }
                 draining.cancel();
                 if running.is_empty() {
                     break;
@@ -124,26 +132,33 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                             offsets.complete(offset);
                             span.in_scope(|| self.store(&mut offsets));
                             // Only now may a commit run: its offsets include this one.
-                            drop(transaction);
+                            if let Some(transaction) = transaction {
+                                transaction.settled();
+                            }
                         }
-                        Ending::Interrupted => {}
+                        Ending::Interrupted => stop_answers(&order, offset),
                         Ending::Panicked(message) => {
                             let count = panics.entry(offset).or_default();
                             *count += 1;
                             if inbox_open && !self.inbox.is_closed() {
                                 // Same lane, same place: the records behind it wait.
-                                self.spawn(&mut running, message, lane, &draining, *count);
+                                self.spawn(&mut running, message, lane, &draining, *count, &order);
                                 continue;
                             }
+                            stop_answers(&order, offset);
                         }
                     }
                     admitted -= 1;
                     let next = waiting.get_mut(&lane).and_then(VecDeque::pop_front);
                     match next {
                         Some(message) if inbox_open && !self.inbox.is_closed() => {
-                            self.start(&mut running, message, lane, &draining)
+                            self.start(&mut running, message, lane, &draining, &order)
                         }
-                        _ => { waiting.remove(&lane); }
+                        Some(message) => {
+                            stop_answers(&order, message.offset());
+                            waiting.remove(&lane);
+                        }
+                        None => { waiting.remove(&lane); }
                     }
                 }
                 received = self.inbox.recv(), if inbox_open && admitted < self.max_in_flight => {
@@ -154,12 +169,15 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     };
                     admitted += 1;
                     offsets.admit(message.offset());
+                    if let Some(order) = &order {
+                        order.admit(message.offset());
+                    }
                     let lane = lane_of(&message);
                     if let Some(queue) = waiting.get_mut(&lane) {
                         queue.push_back(message);
                     } else {
                         waiting.insert(lane.clone(), VecDeque::new());
-                        self.start(&mut running, message, lane, &draining);
+                        self.start(&mut running, message, lane, &draining, &order);
                     }
                 }
                 _ = closure_check.tick(), if inbox_open => {}
@@ -179,8 +197,9 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         message: OwnedMessage,
         lane: Lane,
         draining: &CancellationToken,
+        order: &Option<Arc<AnswerOrder>>,
     ) {
-        self.spawn(running, message, lane, draining, 0);
+        self.spawn(running, message, lane, draining, 0, order);
     }
 
     /// Handles `message`, which has made its handler panic `panics` times so far:
@@ -193,8 +212,10 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         lane: Lane,
         draining: &CancellationToken,
         panics: u32,
+        order: &Option<Arc<AnswerOrder>>,
     ) {
         let handler = Arc::clone(&self.handler);
+        let turn = order.as_ref().map(|order| order.turn(message.offset()));
         let draining = draining.clone();
         let span = command_span(&message, &self.group_id);
         crate::telemetry::metrics().in_flight.add(1, &[]);
@@ -209,11 +230,11 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             }
             let work = async {
                 if panics >= PANICS_BEFORE_DEAD_LETTER {
-                    Some(handler.give_up_after_panics(&message, panics).await)
+                    handler.give_up_after_panics(&message, panics, turn).await
                 } else if draining.is_cancelled() {
                     None
                 } else {
-                    handler.handle(&message, &draining).await
+                    handler.handle(&message, &draining, turn).await
                 }
             };
             let caught = AssertUnwindSafe(work.instrument(span.clone()))
@@ -281,5 +302,13 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             Ok(()) => self.progress.store(true, Ordering::SeqCst),
             Err(error) => tracing::debug!(%error, partition = self.partition, "offset not stored"),
         }
+    }
+}
+
+/// Exactly-once: the record at `offset` will not be answered here, so neither will
+/// those behind it (their offsets stay pending with its own).
+fn stop_answers(order: &Option<Arc<AnswerOrder>>, offset: i64) {
+    if let Some(order) = order {
+        order.stop(offset);
     }
 }

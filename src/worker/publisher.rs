@@ -222,9 +222,9 @@ impl Publisher {
 
     /// Admits one command's answer to the open transaction (waits while one is
     /// being committed); `None` in at-least-once mode.
-    pub(super) async fn enter(&self) -> Option<AnswerGuard> {
+    pub(super) async fn enter(&self, source: &SourcePosition) -> Option<AnswerGuard> {
         match &self.transactions {
-            Some(transactions) => Some(transactions.enter().await),
+            Some(transactions) => Some(transactions.enter(source).await),
             None => None,
         }
     }

@@ -6,12 +6,15 @@
 //! the *gate* for reading; the partition task lets go of it only after the gap-free
 //! tracker recorded the command as settled. A commit takes the gate for writing, so
 //! at that moment every answer produced in the open transaction is acknowledged and
-//! its offset is among the settled offsets sent with `send_offsets_to_transaction`,
-//! and no answer of a command whose offset is not sent can be in the transaction.
-//! The offsets and the answers they cover therefore become visible together, or,
-//! when the transaction is aborted, neither does: the member then rewinds its
-//! partitions to the last committed offsets and answers those commands again (as
-//! `duplicate`, with the original answer, since the charge itself is idempotent).
+//! settled. Answers of one partition enter in offset order (`answer_order.rs`), so
+//! the settled offset sent with `send_offsets_to_transaction` lies past every one of
+//! them; the commit checks that and aborts instead when it does not hold (an answer
+//! whose command was abandoned before it settled, or one that panicked after it
+//! answered). The offsets and the answers they cover therefore become visible
+//! together, or, when the transaction is aborted, neither does: the member then
+//! rewinds its partitions to the last committed offsets and answers those commands
+//! again (as `duplicate`, with the original answer, since the charge itself is
+//! idempotent).
 //!
 //! Commits, aborts and rewinds run on the poll thread, which owns the consumer and
 //! the partition map; see `consumer.rs`.
@@ -29,13 +32,36 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::configuration::{KafkaSettings, WorkerSettings};
+use crate::payment::SourcePosition;
 
 type PartitionId = (String, i32);
 
 /// Held by a command from the start of its answer until its partition recorded it
 /// as settled; a commit waits for every one of them.
 pub struct AnswerGuard {
+    settled: bool,
+    /// The transaction's `broken` flag: a guard dropped unsettled raises it.
+    broken: Arc<AtomicBool>,
     _gate: OwnedRwLockReadGuard<()>,
+}
+
+impl AnswerGuard {
+    /// The partition recorded the command as settled: a commit may carry its answer.
+    pub fn settled(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for AnswerGuard {
+    fn drop(&mut self) {
+        // Abandoned at the drain deadline, or its handler panicked after answering:
+        // the answer is in the transaction but its offset will not be sent, and the
+        // command will be answered again. Raised before the gate opens, so the
+        // commit waiting for this guard sees it and aborts.
+        if !self.settled {
+            self.broken.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Why a transaction did not commit.
@@ -60,8 +86,11 @@ pub struct Transactions {
     restart_at: Mutex<HashMap<PartitionId, i64>>,
     /// Answers produced in the open transaction.
     answers: AtomicU64,
-    /// A record of the open transaction was not delivered: it cannot commit.
-    broken: AtomicBool,
+    /// The highest offset answered in the open transaction, per partition.
+    answered: Mutex<HashMap<PartitionId, i64>>,
+    /// A record of the open transaction was not delivered, or an answer in it was
+    /// abandoned unsettled: it cannot commit.
+    broken: Arc<AtomicBool>,
     opened: Mutex<Instant>,
     interval: Duration,
     max_records: u64,
@@ -106,7 +135,8 @@ impl Transactions {
             settled: Mutex::default(),
             restart_at: Mutex::default(),
             answers: AtomicU64::new(0),
-            broken: AtomicBool::new(false),
+            answered: Mutex::default(),
+            broken: Arc::new(AtomicBool::new(false)),
             opened: Mutex::new(Instant::now()),
             interval: worker.transaction_interval,
             max_records: worker.transaction_max_records,
@@ -119,11 +149,21 @@ impl Transactions {
         &self.producer
     }
 
-    /// Waits while a commit is under way, then admits one answer to the open transaction.
-    pub async fn enter(&self) -> AnswerGuard {
+    /// Waits while a commit is under way, then admits the answer to the command at
+    /// `source` to the open transaction.
+    pub async fn enter(&self, source: &SourcePosition) -> AnswerGuard {
         let gate = Arc::clone(&self.gate).read_owned().await;
         self.answers.fetch_add(1, Ordering::SeqCst);
-        AnswerGuard { _gate: gate }
+        let mut answered = lock(&self.answered);
+        let highest = answered
+            .entry((source.topic.clone(), source.partition))
+            .or_insert(source.offset);
+        *highest = (*highest).max(source.offset);
+        AnswerGuard {
+            settled: false,
+            broken: Arc::clone(&self.broken),
+            _gate: gate,
+        }
     }
 
     /// A record of the open transaction failed for good: the transaction must abort.
@@ -237,8 +277,13 @@ impl Transactions {
     ) -> Result<(), TransactionFailure> {
         if self.broken.load(Ordering::SeqCst) {
             return Err(TransactionFailure::Aborted(
-                "a record of the transaction was not delivered".to_owned(),
+                "a record of the transaction was not delivered, or an answer in it was abandoned before it settled".to_owned(),
             ));
+        }
+        if let Some(((topic, partition), offset)) = uncovered(&lock(&self.answered), offsets) {
+            return Err(TransactionFailure::Aborted(format!(
+                "the answer to {topic}/{partition} at offset {offset} lies past the offset the transaction would commit"
+            )));
         }
         if !offsets.is_empty() {
             let group = group.ok_or_else(|| {
@@ -291,6 +336,7 @@ impl Transactions {
 
     fn reopen(&self) -> Result<(), TransactionFailure> {
         self.answers.store(0, Ordering::SeqCst);
+        lock(&self.answered).clear();
         self.broken.store(false, Ordering::SeqCst);
         *lock(&self.opened) = Instant::now();
         self.producer
@@ -302,6 +348,19 @@ impl Transactions {
                 _ => TransactionFailure::Fatal(error.to_string()),
             })
     }
+}
+
+/// An answer of the transaction whose offset the transaction would not commit past:
+/// committed, it would be visible while the next owner of its partition reads the
+/// command again and answers it a second time.
+fn uncovered<'a>(
+    answered: &'a HashMap<PartitionId, i64>,
+    offsets: &HashMap<PartitionId, i64>,
+) -> Option<(&'a PartitionId, i64)> {
+    answered
+        .iter()
+        .find(|(id, offset)| offsets.get(*id).is_none_or(|next| next <= offset))
+        .map(|(id, offset)| (id, *offset))
 }
 
 /// What one commit carried.

@@ -181,11 +181,11 @@ use std::sync::Arc;
 
 use payment_worker::configuration::{KafkaSettings, WorkerSettings};
 use payment_worker::devtools::LocalKafka;
-use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
+use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig, SlowKey};
 use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{GatewayLookup, Processor};
 use payment_worker::retry::RetryPolicy;
-use payment_worker::token::{RedisTokenStore, TokenPolicy, TokenStore};
+use payment_worker::token::{IdempotencyKey, RedisTokenStore, TokenPolicy, TokenStore};
 use payment_worker::worker::{self, Handler, Publisher, ResultRecord, RunningWorker};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
@@ -220,6 +220,30 @@ impl Stack {
             },
         )
         .await
+    }
+
+    /// One partition, `records` produced to it, and a gateway that answers in 20 ms
+    /// but holds the charge of the first record's key for `hold`; returns the stack
+    /// and the held key.
+    pub async fn holding_the_first_charge(
+        records: &[operator::WorkloadRecord],
+        hold: Duration,
+    ) -> (Self, String) {
+        let held = String::from_utf8(records[0].key.clone().expect("generated keys")).unwrap();
+        let stack = Self::new(
+            1,
+            SimulatorConfig {
+                latency_ms: 20,
+                slow_keys: vec![SlowKey {
+                    key: IdempotencyKey::try_from(held.as_str()).unwrap(),
+                    delay: hold,
+                }],
+                ..SimulatorConfig::default()
+            },
+        )
+        .await;
+        stack.produce(records).await;
+        (stack, held)
     }
 
     pub async fn with_policy(

@@ -341,20 +341,7 @@ async fn answers_around_a_held_charge(max_in_flight: usize) -> (Vec<String>, Str
         },
         &format!("par{max_in_flight}"),
     );
-    let held = String::from_utf8(records[0].key.clone().expect("generated keys")).unwrap();
-    let stack = Stack::new(
-        1,
-        SimulatorConfig {
-            latency_ms: 20,
-            slow_keys: vec![SlowKey {
-                key: IdempotencyKey::try_from(held.as_str()).unwrap(),
-                delay: HOLD,
-            }],
-            ..SimulatorConfig::default()
-        },
-    )
-    .await;
-    stack.produce(&records).await;
+    let (stack, held) = Stack::holding_the_first_charge(&records, HOLD).await;
     let settings = payment_worker::configuration::WorkerSettings {
         max_in_flight,
         ..quick_worker_settings()

@@ -14,12 +14,14 @@
 //! original answer, without a second charge.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use payment_worker::configuration::{ResultsMode, WorkerSettings};
-use payment_worker::devtools::SimulatorConfig;
+use payment_worker::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
+use payment_worker::devtools::{LocalKafka, SimulatorConfig};
 use payment_worker::operator::WorkloadSpec;
-use payment_worker::worker::{self, ResultRecord};
+use payment_worker::payment::SourcePosition;
+use payment_worker::worker::{self, ResultRecord, TransactionFailure, Transactions};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
@@ -231,4 +233,160 @@ async fn an_aborted_transaction_is_redone_as_duplicates_of_the_original_answers(
         results.len(),
         records.len()
     );
+}
+
+/// The partition's first command is held by the gateway for seconds: the commands
+/// behind it are still charged and booked meanwhile (per-key parallelism), but none
+/// of them is answered before it. Were a later answer let into a transaction that
+/// commits the partition's offset below it, a crash after that commit would answer
+/// the command a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn answers_of_a_partition_enter_the_transaction_in_offset_order_around_a_held_charge() {
+    const COMMANDS: usize = 40;
+    const HOLD: Duration = Duration::from_secs(5);
+    let records = payment_worker::operator::generate(
+        &WorkloadSpec {
+            count: COMMANDS,
+            duplicate_ratio: 0.0,
+            invalid_ratio: 0.0,
+            decline_ratio: 0.0,
+            seed: 17,
+        },
+        &unique("eos-order"),
+    );
+    let (stack, held) = Stack::holding_the_first_charge(&records, HOLD).await;
+    // Room for every command at once: a command waiting for its turn to answer
+    // keeps its place among the partition's commands in flight.
+    let settings = WorkerSettings {
+        max_in_flight: 64,
+        ..exactly_once_settings()
+    };
+    let worker = stack.start_worker("eos", &settings);
+
+    // Order, not timing: wait until every other command is booked, then look.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let booked_around_the_held_one = loop {
+        let rows = stack.payment_rows().await;
+        let others = rows
+            .iter()
+            .filter(|(key, status, _)| key != &held && status == "succeeded")
+            .count();
+        if others == COMMANDS - 1 {
+            break rows;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {others} of the other commands were booked"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let answered_meanwhile = stack.results().await;
+    let held_status = stack
+        .payment_rows()
+        .await
+        .into_iter()
+        .find(|(key, _, _)| key == &held)
+        .map(|(_, status, _)| status);
+    assert_ne!(
+        held_status.as_deref(),
+        Some("succeeded"),
+        "the held charge ended before the others were booked (a machine slower than the {HOLD:?} hold): {booked_around_the_held_one:?}"
+    );
+    assert!(
+        answered_meanwhile.is_empty(),
+        "answers entered the transaction before the partition's first command: {answered_meanwhile:?}"
+    );
+
+    stack
+        .wait_for_results(COMMANDS, Duration::from_secs(60))
+        .await;
+    worker.stop().await.unwrap();
+    let results = read_committed(&stack.settings, &stack.settings.results_topic, 1).await;
+    // Entering in order is not producing in order: the records of answers that
+    // entered one after the other may reach the topic in either order.
+    let mut offsets: Vec<i64> = results.iter().map(|r| r.source.offset).collect();
+    offsets.sort_unstable();
+    let expected: Vec<i64> = (0..COMMANDS as i64).collect();
+    assert_eq!(offsets, expected, "one answer per command");
+    assert_eq!(stack.ledger().len(), COMMANDS, "one charge per key");
+    stack.assert_books_balance().await;
+}
+
+/// What a commit refuses: an answer whose offset the transaction would not commit
+/// past (an earlier command of its partition still running), and an answer whose
+/// command was abandoned before its partition recorded it as settled (the drain
+/// deadline passed, or its handler panicked after answering). Both would be visible
+/// after the commit while the command is read and answered again. Each such
+/// transaction is aborted instead; a covered answer commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_carries_no_answer_past_its_offsets_and_none_abandoned_unsettled() {
+    let kafka = LocalKafka::start(1).expect("mock cluster");
+    let settings = KafkaSettings::local(kafka.bootstrap_servers(), unique("group"));
+    kafka.create_payment_topics(&settings, 1).expect("topics");
+    let topic = settings.commands_topic.clone();
+    let transactions = {
+        let settings = settings.clone();
+        tokio::task::spawn_blocking(move || {
+            Transactions::start(&settings, &exactly_once_settings()).unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let member: BaseConsumer = {
+        let mut config = worker::base_config(&settings);
+        config.set("group.id", &settings.group_id);
+        config.create().unwrap()
+    };
+    let commit = |answered, next, settled| {
+        answer_then_commit(&transactions, &topic, answered, next, settled, &member)
+    };
+    let refused = commit(5, 3, true).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|reason| reason.contains("offset 5")),
+        "an answer past the committed offset (an earlier command still runs): {refused:?}"
+    );
+    let refused = commit(6, 7, false).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|reason| reason.contains("abandoned")),
+        "an answer abandoned before it settled: {refused:?}"
+    );
+    let committed = commit(6, 7, true).await;
+    assert_eq!(committed, Ok((1, 1)), "a settled, covered answer commits");
+}
+
+/// One answer at `offset` of partition 0, the partition settled up to `next`, the
+/// answer's guard let go as settled or dropped unsettled; then a commit with the
+/// group metadata of `member`. Returns what it carried, or why it aborted.
+async fn answer_then_commit(
+    transactions: &Arc<Transactions>,
+    topic: &str,
+    offset: i64,
+    next: i64,
+    settled: bool,
+    member: &BaseConsumer,
+) -> Result<(u64, usize), String> {
+    let at = SourcePosition {
+        topic: topic.to_owned(),
+        partition: 0,
+        offset,
+    };
+    let guard = transactions.enter(&at).await;
+    transactions.settle(topic, 0, next);
+    if settled {
+        guard.settled();
+    } else {
+        drop(guard);
+    }
+    let (transactions, group) = (Arc::clone(transactions), member.group_metadata());
+    tokio::task::spawn_blocking(move || match transactions.commit(group) {
+        Ok(committed) => Ok((committed.answers, committed.partitions)),
+        Err((TransactionFailure::Aborted(reason), _gate)) => Err(reason),
+        Err((TransactionFailure::Fatal(reason), _gate)) => panic!("fatal: {reason}"),
+    })
+    .await
+    .unwrap()
 }
