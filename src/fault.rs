@@ -21,6 +21,10 @@ pub enum FaultPoint {
     AfterCharge,
     /// Transaction committed, token not confirmed.
     AfterCommit,
+    /// Result (and dead letter) published, the command not yet settled: its offset
+    /// not stored, in exactly-once mode its answer in the open transaction. A `Fail`
+    /// armed here does nothing: there is no step left to fail.
+    AfterAnswer,
 }
 
 impl FaultPoint {
@@ -31,6 +35,7 @@ impl FaultPoint {
             "after_insert" => Some(Self::AfterInsert),
             "after_charge" => Some(Self::AfterCharge),
             "after_commit" => Some(Self::AfterCommit),
+            "after_answer" => Some(Self::AfterAnswer),
             _ => None,
         }
     }
@@ -42,6 +47,7 @@ impl FaultPoint {
             Self::AfterInsert => "after_insert",
             Self::AfterCharge => "after_charge",
             Self::AfterCommit => "after_commit",
+            Self::AfterAnswer => "after_answer",
         }
     }
 }
@@ -162,6 +168,12 @@ impl Faults {
         };
         let only_key = std::env::var(Self::KEY_ENV).ok().filter(|k| !k.is_empty());
         Self { armed, only_key }
+    }
+
+    /// Whether any point is armed (never in production): lets a hot path skip
+    /// building what `hit` needs.
+    pub fn is_armed(&self) -> bool {
+        self.armed.is_some()
     }
 
     /// Whether the poll thread should freeze after its first record.

@@ -131,6 +131,11 @@ impl Processor {
         self
     }
 
+    /// The faults armed for this processor's commands (none in production).
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
     /// The token store.
     pub fn tokens(&self) -> &Arc<dyn TokenStore> {
         &self.tokens

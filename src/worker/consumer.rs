@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::handler::Handler;
 use super::health::{serve_health, HealthChecks, Liveness};
-use super::partition::PartitionTask;
+use super::partition::{PanicCounts, PartitionTask};
 use super::rebalance::{Commits, Committer, PartitionId};
 use super::supervision::{is_fatal_broker_error, panic_message, WorkerFailure};
 use super::transactions::{TransactionFailure, Transactions};
@@ -57,6 +57,8 @@ pub(super) struct Partitions {
     session_timeout: Duration,
     /// Exactly-once mode: the open transaction that results and offsets go into.
     pub(super) transactions: Option<Arc<Transactions>>,
+    /// How often each record panicked, across the partition tasks that handled it.
+    panics: Arc<PanicCounts>,
     /// A failure found inside a rebalance callback, reported by the poll loop.
     pub(super) failure: Mutex<Option<WorkerFailure>>,
 }
@@ -91,6 +93,7 @@ impl Partitions {
                 max_in_flight: self.max_in_flight.max(1),
                 progress: self.commits.progress_flag(),
                 transactions: self.transactions.clone(),
+                panics: Arc::clone(&self.panics),
             };
             let task = self.runtime.spawn(task.run());
             Assigned {
@@ -460,6 +463,7 @@ pub fn start(
         static_member: kafka.group_instance_id.is_some(),
         session_timeout: kafka.session_timeout,
         transactions: handler.transactions().cloned(),
+        panics: Arc::default(),
         failure: Mutex::new(None),
     });
     kafka.check_passthrough()?;

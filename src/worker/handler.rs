@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::answer_order::{AnswerTurn, Turn};
 use super::inbound::{record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
+use crate::fault::FaultPoint;
 use crate::payment::{
     dead_letter_redaction, record_unresolved_charge, Attempt, CommandContext, Outcome,
     PaymentCommand, Processor, RejectionKind, SourcePosition,
@@ -110,7 +111,15 @@ impl Handler {
                 redacted: dead_letter_redaction(message.payload().unwrap_or_default()),
             },
         };
-        self.answer(message, source, verdict, started, turn).await
+        let answer = self.answer(message, source, verdict, started, turn).await;
+        let faults = self.processor.faults();
+        if answer.is_some() && faults.is_armed() {
+            // Freeze or panic only: after the answer there is no step left to fail.
+            // Not in `give_up_after_panics`, whose answer ends the panics.
+            let key = String::from_utf8_lossy(message.key().unwrap_or_default());
+            let _ = faults.hit(FaultPoint::AfterAnswer, &key).await;
+        }
+        answer
     }
 
     /// The record made its handler panic `panics` times: dead-letter it as

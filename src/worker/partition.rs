@@ -5,12 +5,15 @@
 //! A panic while handling one record is caught here, counted and treated as an
 //! unknown outcome: the record is handled again after a pause (its token was left
 //! to its lease, so the next attempt looks the charge up), and the third panic
-//! dead-letters it as `internal`. The partition task itself never dies of it.
+//! dead-letters it as `internal`. The partition task itself never dies of it. The
+//! count outlives the task (`PanicCounts`): in exactly-once mode a panic after the
+//! command answered aborts the transaction, and the rewind restarts its partition
+//! with a new task.
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -40,6 +43,52 @@ pub fn lane_of(message: &OwnedMessage) -> Option<Vec<u8>> {
 
 /// The panic that dead-letters a record as `internal`.
 pub const PANICS_BEFORE_DEAD_LETTER: u32 = 3;
+
+/// How often handling each record of this member panicked, kept by the process and
+/// not by a partition task: a task restarted by an exactly-once rewind would
+/// otherwise count from zero, so a record that panics after answering would abort
+/// every transaction of the member and never be dead-lettered.
+#[derive(Debug, Default)]
+pub struct PanicCounts {
+    counts: Mutex<HashMap<(String, i32, i64), u32>>,
+}
+
+impl PanicCounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32, i64), u32>> {
+        // Every mutation is a single insert/remove/increment: a poisoned map is valid.
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Panics so far of the record at this position.
+    fn of(&self, topic: &str, partition: i32, offset: i64) -> u32 {
+        let counts = self.lock();
+        if counts.is_empty() {
+            return 0;
+        }
+        counts
+            .get(&(topic.to_owned(), partition, offset))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Counts one more panic of the record; returns the count.
+    fn record(&self, topic: &str, partition: i32, offset: i64) -> u32 {
+        let mut counts = self.lock();
+        let count = counts
+            .entry((topic.to_owned(), partition, offset))
+            .or_default();
+        *count += 1;
+        *count
+    }
+
+    /// The record settled: nothing to remember about it.
+    fn settled(&self, topic: &str, partition: i32, offset: i64) {
+        let mut counts = self.lock();
+        if !counts.is_empty() {
+            counts.remove(&(topic.to_owned(), partition, offset));
+        }
+    }
+}
 
 /// How a command task ended.
 enum Ending {
@@ -76,13 +125,14 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
     pub progress: Arc<AtomicBool>,
     /// Exactly-once: settled offsets go to the open transaction, not to the consumer.
     pub transactions: Option<Arc<Transactions>>,
+    /// The member's panic counts, which outlive this task.
+    pub panics: Arc<PanicCounts>,
 }
 
 impl<C: ConsumerContext + 'static> PartitionTask<C> {
     /// Returns the last offset stored (where the next owner should start).
     pub async fn run(mut self) -> Option<i64> {
         let mut offsets = OffsetTracker::default();
-        let mut panics: HashMap<i64, u32> = HashMap::new();
         let mut waiting: HashMap<Lane, VecDeque<OwnedMessage>> = HashMap::new();
         let mut running: JoinSet<Finished> = JoinSet::new();
         let draining = CancellationToken::new();
@@ -128,7 +178,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     let Ok(Finished { offset, lane, ending, transaction, span }) = joined else { continue };
                     match ending {
                         Ending::Settled => {
-                            panics.remove(&offset);
+                            self.panics.settled(&self.topic, self.partition, offset);
                             offsets.complete(offset);
                             span.in_scope(|| self.store(&mut offsets));
                             // Only now may a commit run: its offsets include this one.
@@ -138,11 +188,10 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                         }
                         Ending::Interrupted => stop_answers(&order, offset),
                         Ending::Panicked(message) => {
-                            let count = panics.entry(offset).or_default();
-                            *count += 1;
+                            let count = self.panics.record(&self.topic, self.partition, offset);
                             if inbox_open && !self.inbox.is_closed() {
                                 // Same lane, same place: the records behind it wait.
-                                self.spawn(&mut running, message, lane, &draining, *count, &order);
+                                self.spawn(&mut running, message, lane, &draining, count, &order);
                                 continue;
                             }
                             stop_answers(&order, offset);
@@ -199,7 +248,10 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         draining: &CancellationToken,
         order: &Option<Arc<AnswerOrder>>,
     ) {
-        self.spawn(running, message, lane, draining, 0, order);
+        let panics = self
+            .panics
+            .of(&self.topic, self.partition, message.offset());
+        self.spawn(running, message, lane, draining, panics, order);
     }
 
     /// Handles `message`, which has made its handler panic `panics` times so far:

@@ -23,11 +23,13 @@ use payment_worker::operator::WorkloadSpec;
 use payment_worker::payment::SourcePosition;
 use payment_worker::worker::{self, ResultRecord, TransactionFailure, Transactions};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::support::helpers::{quick_worker_settings, unique, Stack};
+
+use super::poison::{command, producer, send, start_run};
 
 pub(crate) fn exactly_once_settings() -> WorkerSettings {
     WorkerSettings {
@@ -389,4 +391,98 @@ async fn answer_then_commit(
     })
     .await
     .unwrap()
+}
+
+/// A record whose handling panics after it answered, in exactly-once mode: its
+/// answer is in the open transaction and the command will be handled again, so the
+/// transaction aborts and the member rewinds, starting its partitions with new
+/// tasks. The panic count outlives those tasks: the third panic dead-letters the
+/// record as `internal` and the member commits again. Counted per task, it would
+/// start over after every rewind, and the member would abort forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_that_panics_after_answering_is_dead_lettered_on_the_third_panic_across_rewinds() {
+    const PANICKING: &str = "eos-answer-panic";
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let producer = producer(&stack);
+    let mut keys = vec![];
+    for n in 0..10 {
+        let key = if n == 3 {
+            PANICKING.to_owned()
+        } else {
+            format!("eos-after-{n}")
+        };
+        let value = serde_json::to_vec(&command(&key)).unwrap();
+        let topic = &stack.settings.commands_topic;
+        send(
+            &producer,
+            topic,
+            Some(key.as_bytes()),
+            Some(&value),
+            OwnedHeaders::new(),
+        )
+        .await;
+        keys.push(key);
+    }
+    let mut run = start_run(
+        &stack,
+        "eos-panic",
+        &[
+            ("RESULTS_MODE", "exactly-once"),
+            ("PAYMENT_WORKER_FAULT", "panic:after_answer"),
+            ("PAYMENT_WORKER_FAULT_KEY", PANICKING),
+        ],
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let internal = loop {
+        let results = stack.results().await;
+        let internal = results.into_iter().find(|r| {
+            r.idempotency_key.as_deref() == Some(PANICKING)
+                && r.reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("internal: panicked"))
+        });
+        if let Some(internal) = internal {
+            break internal;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never dead-lettered; the worker said: {}",
+            run.tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(internal.outcome, "rejected");
+    stack
+        .wait_for_results(keys.len(), Duration::from_secs(60))
+        .await;
+    run.assert_running();
+    let panics = run
+        .lines()
+        .iter()
+        .filter(|l| l.contains("handling a record panicked"))
+        .count();
+    assert_eq!(panics, 3, "{}", run.tail(40));
+    let aborts = run
+        .lines()
+        .iter()
+        .filter(|l| l.contains("aborting the Kafka transaction"))
+        .count();
+    assert!(
+        aborts >= 1,
+        "each answered-then-panicked attempt aborts: {}",
+        run.tail(40)
+    );
+    run.stop(Duration::from_secs(20)).await;
+    let charged: HashSet<String> = stack
+        .ledger()
+        .into_iter()
+        .map(|e| e.idempotency_key)
+        .collect();
+    assert_eq!(
+        charged,
+        keys.iter().cloned().collect(),
+        "one charge per key"
+    );
+    stack.assert_books_balance().await;
 }
