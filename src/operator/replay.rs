@@ -25,7 +25,8 @@ pub struct ReplayArgs {
     /// Rewind every partition to its first offset.
     #[arg(long)]
     pub to_beginning: bool,
-    /// Rewind every partition to this offset (clamped to what the topic holds).
+    /// Rewind every partition to this offset (clamped to what the topic holds); a
+    /// partition the group has not read that far yet is left where it is.
     #[arg(long)]
     pub to_offset: Option<i64>,
     /// Report what replaying would do (counts per verdict: would_charge,
@@ -55,20 +56,62 @@ pub struct ReplayArgs {
     pub stores: StoreSettings,
 }
 
-/// Start offsets for a replay: per partition, the target clamped to the low watermark.
+/// What a rewind did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rewound {
+    /// Partitions moved back.
+    pub rewound: usize,
+    /// Partitions the group had not read past the target yet, left where they were.
+    pub left: usize,
+}
+
+/// One partition of a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Restart {
+    /// Where the group restarts it.
+    start: i64,
+    /// The group had not read as far as the target: left where it was.
+    left: bool,
+    /// Moved back.
+    rewound: bool,
+}
+
+/// Where one partition of the group restarts: the target clamped to what the topic
+/// holds, but never past where the group is (`committed`, or the low watermark when
+/// it committed nothing): moving a partition forward would skip commands that were
+/// never processed, with no charge, result or dead letter to show for them.
+fn restart_of(to_offset: Option<i64>, low: i64, high: i64, committed: Option<i64>) -> Restart {
+    let target = to_offset.map_or(low, |o| o.clamp(low, high));
+    let current = committed.unwrap_or(low).max(low);
+    Restart {
+        start: target.min(current),
+        left: target > current,
+        rewound: target < current,
+    }
+}
+
+/// Where each partition of a replay restarts.
 fn replay_targets(
     consumer: &BaseConsumer,
     topic: &str,
     partitions: i32,
     to_offset: Option<i64>,
-) -> anyhow::Result<Vec<(i32, i64, i64)>> {
+) -> anyhow::Result<Vec<(i32, Restart)>> {
+    let committed = consumer
+        .committed(Duration::from_secs(10))
+        .context("reading the group's committed offsets")?;
     (0..partitions)
         .map(|p| {
             let (low, high) = consumer
                 .fetch_watermarks(topic, p, Duration::from_secs(10))
                 .with_context(|| format!("watermarks of {topic}/{p}"))?;
-            let start = to_offset.map_or(low, |o| o.clamp(low, high));
-            Ok((p, start, high))
+            let at = committed
+                .find_partition(topic, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                });
+            Ok((p, restart_of(to_offset, low, high, at)))
         })
         .collect()
 }
@@ -87,8 +130,14 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     } else {
         args.to_offset
     };
-    let rewound = tokio::task::spawn_blocking(move || rewind_group(&kafka, to_offset)).await??;
-    println!("rewound {rewound} partitions");
+    let done = tokio::task::spawn_blocking(move || rewind_group(&kafka, to_offset)).await??;
+    println!("rewound {} partitions", done.rewound);
+    if done.left > 0 {
+        println!(
+            "left {} partitions where they were: the group has not read that far yet",
+            done.left
+        );
+    }
     Ok(())
 }
 
@@ -122,7 +171,7 @@ async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()>
 
 /// Joins the group, waits to be assigned every partition (only possible when no
 /// other member is alive), commits the start offsets as a member, and leaves.
-pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Result<usize> {
+pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Result<Rewound> {
     let topic = kafka.commands_topic.as_str();
     let partitions = partition_count(kafka, topic)?;
     let mut config = consumer_config(kafka);
@@ -147,8 +196,8 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     }
     let targets = replay_targets(&consumer, topic, partitions, to_offset)?;
     let mut list = TopicPartitionList::new();
-    for (p, start, _) in &targets {
-        list.add_partition_offset(topic, *p, Offset::Offset(*start))?;
+    for (p, restart) in &targets {
+        list.add_partition_offset(topic, *p, Offset::Offset(restart.start))?;
     }
     consumer
         .commit(&list, CommitMode::Sync)
@@ -157,5 +206,51 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     consumer.unsubscribe();
     let _ = consumer.poll(Duration::from_millis(100));
     drop(consumer);
-    Ok(targets.len())
+    let count = |pick: fn(&Restart) -> bool| targets.iter().filter(|(_, r)| pick(r)).count();
+    Ok(Rewound {
+        rewound: count(|r| r.rewound),
+        left: count(|r| r.left),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{restart_of, Restart};
+
+    fn restart(start: i64, left: bool, rewound: bool) -> Restart {
+        Restart {
+            start,
+            left,
+            rewound,
+        }
+    }
+
+    #[test]
+    fn a_replay_moves_a_partition_back_never_forward() {
+        // The group committed 300 of a partition holding 100..1200.
+        let at_300 = |to| restart_of(to, 100, 1200, Some(300));
+        assert_eq!(
+            at_300(Some(1000)),
+            restart(300, true, false),
+            "not read that far"
+        );
+        assert_eq!(at_300(Some(200)), restart(200, false, true));
+        assert_eq!(at_300(Some(300)), restart(300, false, false));
+        assert_eq!(at_300(None), restart(100, false, true));
+        assert_eq!(at_300(Some(50)), restart(100, false, true), "clamped");
+        // Nothing committed: the group starts at the low watermark anyway.
+        assert_eq!(
+            restart_of(Some(1000), 100, 1200, None),
+            restart(100, true, false)
+        );
+        assert_eq!(
+            restart_of(None, 100, 1200, None),
+            restart(100, false, false)
+        );
+        // A committed offset the topic no longer holds reads from the low watermark.
+        assert_eq!(
+            restart_of(Some(1000), 100, 1200, Some(20)),
+            restart(100, true, false)
+        );
+    }
 }
