@@ -238,7 +238,7 @@ impl StoreSettings {
 }
 
 /// The payment gateway: where it is and how long to wait for it.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct GatewaySettings {
     /// Base URL of the payment gateway.
     #[arg(
@@ -264,6 +264,19 @@ pub struct GatewaySettings {
         default_value = "uncertain"
     )]
     pub lookup: crate::payment::GatewayLookup,
+}
+
+impl std::fmt::Debug for GatewaySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client refuses a URL with credentials, but only after `run` logged
+        // its settings: the log line must not carry them either.
+        f.debug_struct("GatewaySettings")
+            .field("url", &redact_url(&self.url))
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("lookup", &self.lookup)
+            .finish()
+    }
 }
 
 /// Everything one command needs besides Kafka.
@@ -342,11 +355,20 @@ pub struct KafkaSettings {
 
 /// Every `KAFKA_CONFIG_*` environment variable as a librdkafka setting (`_`
 /// becomes `.`, lower-cased).
+///
+/// Read as OS strings: `std::env::vars` panics on any variable that is not UTF-8,
+/// however unrelated to Kafka. One of ours that is not UTF-8 keeps its bytes as
+/// U+FFFD, so librdkafka refuses it by name when the client is created.
 pub fn environment_passthrough() -> Vec<(String, String)> {
-    std::env::vars()
+    std::env::vars_os()
         .filter_map(|(k, v)| {
-            k.strip_prefix("KAFKA_CONFIG_")
-                .map(|rest| (rest.to_ascii_lowercase().replace('_', "."), v))
+            let name = k.to_string_lossy();
+            name.strip_prefix("KAFKA_CONFIG_").map(|rest| {
+                (
+                    rest.to_ascii_lowercase().replace('_', "."),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
         })
         .collect()
 }

@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use reqwest::{StatusCode, Url};
 
 use super::interface::{Charge, ChargeRequest, GatewayError, LedgerEntry, PaymentGateway};
-use crate::redaction::mask_card_numbers;
+use crate::redaction::{mask_card_numbers, redact_url};
 use crate::token::IdempotencyKey;
 
 /// A rejection reason is shown to operators; a gateway could send a whole page.
@@ -59,8 +59,8 @@ impl HttpGateway {
         timeout: Duration,
         connect_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let url =
-            Url::parse(base_url).with_context(|| format!("invalid gateway URL {base_url:?}"))?;
+        let url = Url::parse(base_url)
+            .with_context(|| format!("invalid gateway URL {}", redact_url(base_url)))?;
         anyhow::ensure!(
             matches!(url.scheme(), "http" | "https"),
             "gateway URL must be http or https, got {:?}",

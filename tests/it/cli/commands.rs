@@ -323,3 +323,26 @@ async fn logs_written_to_a_file_are_plain_text_and_routine_notices_stay_out() {
     );
     assert!(!log.contains('\u{1b}'), "{log:?}");
 }
+
+/// A variable that is not UTF-8 anywhere in the environment (a stray one, nothing to
+/// do with the worker) is no reason to panic: `run` gets as far as its real problem
+/// here, a database it cannot reach, and exits with its documented 1.
+#[tokio::test]
+async fn a_variable_that_is_not_utf8_does_not_stop_the_worker_from_starting() {
+    use std::os::unix::ffi::OsStrExt;
+    let unreachable = format!(
+        "postgres://postgres@{}/payments",
+        dead_url().trim_start_matches("http://")
+    );
+    let output = tokio::process::Command::new(crate::support::procs::BINARY)
+        .arg("run")
+        .env_clear()
+        .env("DATABASE_URL", &unreachable)
+        .env("STRAY", std::ffi::OsStr::from_bytes(b"\xff\xfe"))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status_of(&output), 1, "{stderr}");
+}

@@ -220,6 +220,29 @@ fn debug_of_the_settings_redacts_secrets() {
         "<unparseable url>"
     );
     assert!(!redact_url("postgres://u:p%40ss%3Aword@h/db").contains("p%40ss"));
+    // Postgres drivers take the password as a query parameter too.
+    let shown =
+        redact_url("postgres://u@h/db?sslmode=require&password=q-secret-1&sslpassword=q-secret-2");
+    assert!(
+        !shown.contains("q-secret") && shown.contains("sslmode=require"),
+        "{shown}"
+    );
+    let database =
+        DatabaseSettings::with_url("postgres://u@db.internal/payments?password=q-secret-3");
+    assert!(!format!("{database:?}").contains("q-secret-3"));
+    // The gateway client refuses credentials, but `run` logs its settings first.
+    let cli = payment_worker::cli::Cli::try_parse_from([
+        "payment-worker",
+        "run",
+        "--gateway-url",
+        "https://user:gw-secret-4@gateway.internal/",
+    ])
+    .unwrap();
+    let shown = format!("{cli:?}");
+    assert!(
+        !shown.contains("gw-secret-4") && shown.contains("gateway.internal"),
+        "{shown}"
+    );
 
     // The whole command line, as `run` logs it, and `audit`'s arguments.
     let url = "postgres://payments:cli-db-pass@127.0.0.1/payments";
