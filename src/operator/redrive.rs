@@ -11,7 +11,11 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::topics::{partition_count, read_partitions};
 use crate::configuration::KafkaSettings;
-use crate::worker::{base_config, producer_config, without_dead_letter_headers, ERROR_KIND};
+use crate::payment::RejectionKind;
+use crate::worker::{
+    base_config, producer_config, without_dead_letter_headers, ERROR_KIND, ORIGINAL_DROPPED,
+    PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+};
 
 /// `payment-worker dlq redrive`: which dead letters, how many.
 #[derive(Debug, clap::Args)]
@@ -21,7 +25,7 @@ pub struct RedriveArgs {
     pub kafka: KafkaSettings,
     /// Only records with this `x-error-kind`. Progress is one offset per partition,
     /// so records of other kinds are passed over for good.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(RejectionKind::ALL.map(RejectionKind::as_str)))]
     pub kind: Option<String>,
     /// Redrive at most this many records.
     #[arg(long)]
@@ -30,6 +34,9 @@ pub struct RedriveArgs {
 
 /// Puts dead letters back on the commands topic (original key, value and headers),
 /// remembering progress in the `<group>.dlq-redrive` group so none is sent twice.
+/// A dead letter whose value is not the original (card numbers masked, or the value
+/// dropped for size) is never sent: the masked command could pass the rules the
+/// original broke and be charged as something nobody asked for.
 pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     let kafka = args.kafka.clone();
     let group = format!("{}.dlq-redrive", kafka.group_id);
@@ -67,6 +74,7 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     .await??;
     let producer: FutureProducer = producer_config(&kafka).create()?;
     let mut sent = 0usize;
+    let mut altered = 0usize;
     let mut progress: std::collections::HashMap<i32, i64> = next;
     for record in &records {
         if args.max.is_some_and(|m| sent >= m) {
@@ -78,6 +86,10 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
             .and_then(|v| String::from_utf8(v.to_vec()).ok());
         progress.insert(record.partition(), record.offset() + 1);
         if args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref()) {
+            continue;
+        }
+        if is_altered(record) {
+            altered += 1;
             continue;
         }
         let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&kafka.commands_topic);
@@ -121,5 +133,20 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     })
     .await??;
     println!("redrove {sent} records");
+    if altered > 0 {
+        println!(
+            "passed over {altered} dead letters whose value is not the original (masked or dropped); \
+             their commands must be sent again by whoever sent them"
+        );
+    }
     Ok(())
+}
+
+/// The dead letter carries a masked or dropped value instead of the original.
+fn is_altered(record: &rdkafka::message::OwnedMessage) -> bool {
+    record.headers().is_some_and(|headers| {
+        [PAYLOAD_REDACTED, PAYLOAD_DROPPED, ORIGINAL_DROPPED]
+            .iter()
+            .any(|name| crate::kafka_headers::last_value(headers, name).is_some())
+    })
 }

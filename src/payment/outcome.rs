@@ -20,6 +20,15 @@ pub enum RejectionKind {
 }
 
 impl RejectionKind {
+    /// Every kind, in the order the docs list them.
+    pub const ALL: [Self; 5] = [
+        Self::Invalid,
+        Self::TokenMissing,
+        Self::KeyReused,
+        Self::RetriesExhausted,
+        Self::Internal,
+    ];
+
     /// The rejection's code in results and dead letters (`invalid`, `key_reused`, …).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -26,7 +26,9 @@ pub use messages::{
 };
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;
-pub use publisher::{dead_letter_headers, DeadLetter, Publisher};
+pub use publisher::{
+    dead_letter_headers, DeadLetter, Publisher, ORIGINAL_DROPPED, PAYLOAD_DROPPED,
+};
 pub use rebalance::drain_bound;
 pub use spans::command_span;
 pub use supervision::WorkerFailure;

@@ -535,10 +535,27 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
         )
         .await
         .unwrap();
+    // Refused for its card number: its dead letter carries the number masked, a
+    // value that would pass the rules the original broke; it must never go back.
+    let masked = br#"{"idempotency_key":"redrive-2","account_id":"a","amount_minor":5,"currency":"EUR","payment_method":"4111111111111111"}"#;
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("redrive-2")
+                .payload(&masked[..]),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
     let worker = stack.start_worker("d", &quick_worker_settings());
-    stack.wait_for_results(1, Duration::from_secs(30)).await;
+    stack.wait_for_results(2, Duration::from_secs(30)).await;
     stop_all(vec![worker]).await;
-    assert_eq!(stack.dead_letters().await.len(), 1);
+    let letters = stack.dead_letters().await;
+    assert_eq!(letters.len(), 2);
+    assert_eq!(
+        header(&letters[1], "x-payload-redacted").as_deref(),
+        Some("card_number")
+    );
 
     let redrive = || operator::RedriveArgs {
         kafka: stack.settings.clone(),
@@ -554,10 +571,10 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
     .unwrap();
     assert_eq!(
         commands.len(),
-        2,
-        "the dead letter is back on the commands topic"
+        3,
+        "the first dead letter is back on the commands topic, the masked one is not"
     );
-    let again = &commands[1];
+    let again = &commands[2];
     assert_eq!(again.key(), Some(&b"redrive-1"[..]));
     assert_eq!(again.payload(), Some(&bad[..]));
     assert_eq!(
@@ -579,7 +596,32 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
     })
     .await
     .unwrap();
-    assert_eq!(commands.len(), 2);
+    assert_eq!(commands.len(), 3);
+    assert!(
+        !commands.iter().any(|c| c
+            .payload()
+            .is_some_and(|v| String::from_utf8_lossy(v).contains("**"))),
+        "no masked value was ever sent as a command"
+    );
+
+    // A kind that does not exist is refused, instead of matching nothing and
+    // passing every dead letter over for good.
+    let mistyped = <payment_worker::cli::Cli as clap::Parser>::try_parse_from([
+        "payment-worker",
+        "dlq",
+        "redrive",
+        "--kind",
+        "retries-exhausted",
+    ]);
+    assert!(mistyped.is_err(), "{mistyped:?}");
+    let known = <payment_worker::cli::Cli as clap::Parser>::try_parse_from([
+        "payment-worker",
+        "dlq",
+        "redrive",
+        "--kind",
+        "retries_exhausted",
+    ]);
+    assert!(known.is_ok(), "{known:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
