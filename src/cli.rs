@@ -103,8 +103,10 @@ fn exit_status_roff() -> String {
 const PROCESS_EXIT_HELP: &str = "\
 Exit status: 0 a final outcome (succeeded, declined, duplicate, rejected as
 key_reused/token_missing); 65 the command is invalid; 75 no final outcome yet
-(`retry`: gateway or store unavailable), send it again later; 1 any other failure.
-The outcome is printed as one JSON line on standard output in every case but 1.";
+(`retry`: gateway or store unavailable), send it again later; 1 any other failure,
+among them `rejected` as `internal` (the worker failed on the command, or the gateway
+charged and the database refused to record it: run `audit`). The outcome is printed
+as one JSON line on standard output in every case but a failure before it.";
 
 const TOKENS_SHOW_EXIT_HELP: &str = "\
 Exit status: 0 the token exists; 1 no such token (`{\"state\":\"missing\"}` is
@@ -130,6 +132,10 @@ pub enum CommandFailure {
     /// What was asked about does not exist.
     #[error("{0} not found")]
     NotFound(String),
+    /// The worker itself failed on the input, or charged it without booking it;
+    /// someone must look (`audit` lists an unbooked charge).
+    #[error("the worker failed on this command: {0}")]
+    Internal(String),
 }
 
 impl CommandFailure {
@@ -138,7 +144,7 @@ impl CommandFailure {
         match self {
             Self::InvalidInput(_) => exit_status::DATA_ERROR,
             Self::TryAgainLater(_) => exit_status::TEMPORARY_FAILURE,
-            Self::NotFound(_) => exit_status::FAILURE,
+            Self::NotFound(_) | Self::Internal(_) => exit_status::FAILURE,
         }
     }
 }
@@ -295,7 +301,8 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
 }
 
 /// The exit status `process` ends with for `attempt`: final outcomes succeed, an
-/// invalid command is a data error, a retry a temporary failure.
+/// invalid command is a data error, a retry a temporary failure, and the worker's
+/// own failure (an `internal` rejection, a charge it could not book) a failure.
 fn process_result(attempt: &Attempt) -> Result<(), CommandFailure> {
     match attempt {
         Attempt::Retry { reason, .. } => Err(CommandFailure::TryAgainLater(reason.clone())),
@@ -303,14 +310,21 @@ fn process_result(attempt: &Attempt) -> Result<(), CommandFailure> {
             kind: RejectionKind::Invalid,
             reason,
         }) => Err(CommandFailure::InvalidInput(reason.clone())),
+        Attempt::Final(Outcome::Rejected {
+            kind: RejectionKind::Internal,
+            reason,
+        }) => Err(CommandFailure::Internal(reason.clone())),
+        // Printed as `rejected`, its reason saying the charge is unbooked.
+        Attempt::Unbooked(outcome) => Err(CommandFailure::Internal(match outcome {
+            Outcome::Rejected { reason, .. } => reason.clone(),
+            other => format!("charged but not booked ({})", other.label()),
+        })),
         Attempt::Final(
             Outcome::Succeeded { .. }
             | Outcome::Declined { .. }
             | Outcome::Duplicate { .. }
             | Outcome::Rejected { .. },
-        )
-        // Printed as `rejected`, its reason saying the charge is unbooked.
-        | Attempt::Unbooked(_) => Ok(()),
+        ) => Ok(()),
     }
 }
 
@@ -498,12 +512,45 @@ mod tests {
     }
 
     #[test]
+    fn process_fails_when_the_worker_failed_on_the_command_or_left_a_charge_unbooked() {
+        use super::{exit_status, process_result};
+        use crate::payment::{Attempt, Outcome, RejectionKind};
+        let rejected = |kind| Outcome::Rejected {
+            kind,
+            reason: "why".into(),
+        };
+        let status = |attempt: &Attempt| match process_result(attempt) {
+            Ok(()) => exit_status::SUCCESS,
+            Err(failure) => failure.exit_code(),
+        };
+        assert_eq!(
+            status(&Attempt::Unbooked(rejected(RejectionKind::Internal))),
+            exit_status::FAILURE
+        );
+        assert_eq!(
+            status(&Attempt::Final(rejected(RejectionKind::Internal))),
+            exit_status::FAILURE
+        );
+        assert_eq!(
+            status(&Attempt::Final(rejected(RejectionKind::Invalid))),
+            exit_status::DATA_ERROR
+        );
+        for final_refusal in [RejectionKind::KeyReused, RejectionKind::TokenMissing] {
+            assert_eq!(
+                status(&Attempt::Final(rejected(final_refusal))),
+                exit_status::SUCCESS
+            );
+        }
+    }
+
+    #[test]
     fn each_typed_error_has_its_documented_exit_status() {
         use super::{exit_code, CommandFailure, EXIT_STATUSES};
         let errors: Vec<anyhow::Error> = vec![
             CommandFailure::InvalidInput("x".into()).into(),
             CommandFailure::TryAgainLater("x".into()).into(),
             CommandFailure::NotFound("x".into()).into(),
+            CommandFailure::Internal("x".into()).into(),
             crate::audit::ViolationsFound(2).into(),
             crate::worker::WorkerFailure::FatalBroker("x".into()).into(),
             crate::worker::WorkerFailure::PollLoopEnded.into(),
@@ -512,7 +559,7 @@ mod tests {
             anyhow::Error::from(CommandFailure::TryAgainLater("x".into())).context("processing"),
         ];
         let codes: Vec<u8> = errors.iter().map(exit_code).collect();
-        assert_eq!(codes, [65, 75, 1, 3, 4, 1, 1, 75]);
+        assert_eq!(codes, [65, 75, 1, 1, 3, 4, 1, 1, 75]);
         let documented: Vec<u8> = EXIT_STATUSES.iter().map(|(code, _)| *code).collect();
         for code in codes {
             assert!(documented.contains(&code), "{code} is not documented");
