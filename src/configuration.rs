@@ -59,13 +59,36 @@ impl DatabaseSettings {
     /// The connection options `DATABASE_URL` names (no connection is made);
     /// statements are logged by the tracing spans, not by sqlx.
     pub fn connect_options(&self) -> anyhow::Result<PgConnectOptions> {
-        let options: PgConnectOptions = self
+        let mut options: PgConnectOptions = self
             .url
             .parse()
             .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.url)))?;
+        if requires_tls_with_a_root_certificate(&self.url) {
+            // libpq verifies the server against `sslrootcert` under `sslmode=require`
+            // (as `verify-ca`); sqlx alone would encrypt without verifying anything,
+            // so a URL written for psql would silently trust any server.
+            options = options.ssl_mode(sqlx::postgres::PgSslMode::VerifyCa);
+        }
         // Statements are logged at debug by the tracing spans, not by sqlx at info.
         Ok(options.log_statements(tracing::log::LevelFilter::Trace))
     }
+}
+
+/// `sslmode=require` together with an `sslrootcert` in a Postgres URL.
+fn requires_tls_with_a_root_certificate(raw: &str) -> bool {
+    let Ok(parsed) = url::Url::parse(raw) else {
+        return false;
+    };
+    let mut require = false;
+    let mut root_certificate = false;
+    for (name, value) in parsed.query_pairs() {
+        match name.as_ref() {
+            "sslmode" | "ssl-mode" => require = value.eq_ignore_ascii_case("require"),
+            "sslrootcert" | "ssl-root-cert" => root_certificate = !value.is_empty(),
+            _ => {}
+        }
+    }
+    require && root_certificate
 }
 
 /// Whether `run` prepares the schema itself or leaves it to the `migrate` command.

@@ -1,6 +1,7 @@
 //! Postgres over TLS: a private server with `ssl=on` and a certificate from a CA made
 //! at test time. `migrate` and `run` connect with `sslmode=verify-full` and that CA;
-//! a client given another CA refuses the server with an error that names TLS.
+//! a client given another CA refuses the server with an error that names TLS, with
+//! `sslmode=require` too (a root certificate makes it verify, as in libpq).
 
 use std::time::Duration;
 
@@ -96,5 +97,25 @@ async fn migrate_and_run_connect_with_verify_full_and_a_wrong_ca_is_refused() {
     .await;
     let output = lines.join("\n");
     assert!(!status.success(), "{output}");
+    assert!(output.contains("TLS"), "the error must name TLS: {output}");
+
+    // `sslmode=require` with a root certificate verifies the server, as with psql,
+    // rather than trusting whatever answers.
+    let require = format!(
+        "postgres://postgres@localhost:{}/{database}?sslmode=require&sslrootcert={}",
+        pg.port,
+        path_str(&pki.wrong_ca())
+    );
+    let (status, lines) = run_to_end(
+        "migrate-require-wrong-ca",
+        binary(&["migrate"], &env(&require)),
+        Duration::from_secs(60),
+    )
+    .await;
+    let output = lines.join("\n");
+    assert!(
+        !status.success(),
+        "sslmode=require trusted a server the CA did not sign: {output}"
+    );
     assert!(output.contains("TLS"), "the error must name TLS: {output}");
 }
