@@ -2,7 +2,7 @@
 //! read-only from Postgres (the truth) and the token store. Neither the group's
 //! offsets nor the gateway are touched.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -10,7 +10,7 @@ use rdkafka::message::Message;
 
 use super::topics::{partition_count, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
-use crate::payment::GatewayLookup;
+use crate::payment::{Fingerprint, GatewayLookup};
 use crate::token::{TokenMode, TokenState, TokenStore};
 use crate::worker::{base_config, Inbound};
 
@@ -201,6 +201,9 @@ async fn examine(
     })
     .await??;
     let mut verdicts = Vec::with_capacity(records.len());
+    // Keys this replay would charge (or look up) at an earlier record: the workers
+    // answer their later records from that first one, not from today's state.
+    let mut decided_here: HashMap<String, (Fingerprint, i64)> = HashMap::new();
     for record in &records {
         let mut idempotency_key = None;
         let (verdict, detail) = match Inbound::read(record).command {
@@ -217,10 +220,27 @@ async fn examine(
                         ("duplicate", format!("payment {}", row.id))
                     }
                     Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
-                    None => {
-                        let token = store.show(&command.idempotency_key).await?;
-                        token_verdict(token.as_ref(), mode, scope.lookup)
-                    }
+                    None => match decided_here.get(command.idempotency_key.as_str()) {
+                        Some((fingerprint, first)) if *fingerprint == command.fingerprint() => (
+                            "duplicate",
+                            format!("of offset {first}, earlier in this replay"),
+                        ),
+                        Some((_, first)) => (
+                            "key_reused",
+                            format!("key first used at offset {first}, earlier in this replay"),
+                        ),
+                        None => {
+                            let token = store.show(&command.idempotency_key).await?;
+                            let verdict = token_verdict(token.as_ref(), mode, scope.lookup);
+                            if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
+                                decided_here.insert(
+                                    command.idempotency_key.as_str().to_owned(),
+                                    (command.fingerprint(), record.offset()),
+                                );
+                            }
+                            verdict
+                        }
+                    },
                 }
             }
         };

@@ -137,34 +137,47 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_cli_file"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("commands.jsonl");
-    let line = |key: &str| {
+    let line_of = |key: &str, amount: i64| {
         serde_json::json!({"idempotency_key": key, "account_id": "acct_1",
-            "amount_minor": 500, "currency": "EUR", "payment_method": "pm_card_visa"})
+            "amount_minor": amount, "currency": "EUR", "payment_method": "pm_card_visa"})
         .to_string()
     };
+    let line = |key: &str| line_of(key, 500);
+    // cli-new-1 three times: the replay charges the first; the workers answer the
+    // second as its duplicate and refuse the third (another amount) as key reuse.
     std::fs::write(
         &file,
-        format!("{}\n{}\nnot json\n", line("cli-held-1"), line("cli-new-1")),
+        format!(
+            "{}\n{}\nnot json\n{}\n{}\n",
+            line("cli-held-1"),
+            line("cli-new-1"),
+            line("cli-new-1"),
+            line_of("cli-new-1", 501)
+        ),
     )
     .unwrap();
     pw(&stack, &["produce", "--file", file.to_str().unwrap()]).await;
     let _ = std::fs::remove_dir_all(&dir);
 
     let report = dry_run_json(&stack, &["--list"]).await;
-    assert_eq!(report["records_in_range"], 65, "{report}");
+    assert_eq!(report["records_in_range"], 67, "{report}");
     let counts = &report["counts"];
-    assert_eq!(counts["duplicate"], 60, "{report}");
+    assert_eq!(counts["duplicate"], 61, "{report}");
     assert_eq!(
         counts["would_charge"], 3,
-        "cli-fixed-* and cli-new-1: {report}"
+        "cli-fixed-* and cli-new-1 once: {report}"
+    );
+    assert_eq!(
+        counts["key_reused"], 1,
+        "cli-new-1 with another amount: {report}"
     );
     assert_eq!(counts["would_look_up"], 1, "{report}");
     assert_eq!(counts["invalid"], 1, "{report}");
-    for verdict in ["key_reused", "in_flight", "token_missing"] {
+    for verdict in ["in_flight", "token_missing"] {
         assert_eq!(counts[verdict], 0, "{verdict}: {report}");
     }
     let records = report["records"].as_array().unwrap();
-    assert_eq!(records.len(), 65);
+    assert_eq!(records.len(), 67);
     let verdict_of = |key: &str| {
         records
             .iter()
@@ -187,7 +200,7 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
 
     // --limit examines that many records, and says how many the range holds.
     let report = dry_run_json(&stack, &["--limit", "10", "--list"]).await;
-    assert_eq!(report["records_in_range"], 65, "{report}");
+    assert_eq!(report["records_in_range"], 67, "{report}");
     assert_eq!(report["examined"], 10);
     assert_eq!(report["records"].as_array().unwrap().len(), 10);
     let counted: u64 = report["counts"]
@@ -212,7 +225,7 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
             "{verdict}: {text}"
         );
     }
-    assert!(text.contains("examined 10 of 65 records"), "{text}");
+    assert!(text.contains("examined 10 of 67 records"), "{text}");
     // Dry runs never reach the gateway: it holds the 60 charges of the two runs.
     assert_eq!(stack.ledger().len(), 60);
 
