@@ -174,7 +174,14 @@ async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()>
 pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Result<Rewound> {
     let topic = kafka.commands_topic.as_str();
     let partitions = partition_count(kafka, topic)?;
-    let mut config = consumer_config(kafka);
+    // Always a dynamic member: with a worker's `KAFKA_GROUP_INSTANCE_ID` in its
+    // environment it would take that worker's place (fencing it while it runs), and
+    // "every partition is mine" would no longer prove that no worker is alive.
+    let dynamic = KafkaSettings {
+        group_instance_id: None,
+        ..kafka.clone()
+    };
+    let mut config = consumer_config(&dynamic);
     config.set("enable.auto.commit", "false");
     let consumer: BaseConsumer = config.create()?;
     consumer.subscribe(&[topic])?;

@@ -680,3 +680,33 @@ async fn a_duplicate_result_repeats_the_original_answer() {
         .all(|r| r.outcome != "succeeded" || r.original.is_none()));
     assert_eq!(stack.ledger().len(), 1);
 }
+
+/// A replay run with a live static worker's environment (its `KAFKA_GROUP_INSTANCE_ID`
+/// too) finds the worker and refuses, and the worker goes on. (The replay joins as a
+/// dynamic member so that a real broker does not hand it the worker's place; the mock
+/// cluster does not fence by instance id, so that part is not shown here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_refuses_while_a_static_worker_is_alive() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let mut run = super::poison::start_run(
+        &stack,
+        "static-worker",
+        &[("KAFKA_GROUP_INSTANCE_ID", "static-1")],
+    )
+    .await;
+    let settings = payment_worker::configuration::KafkaSettings {
+        group_instance_id: Some("static-1".to_owned()),
+        session_timeout: Duration::from_secs(6),
+        ..stack.settings.clone()
+    };
+    let rewound = tokio::task::spawn_blocking(move || operator::rewind_group(&settings, None))
+        .await
+        .unwrap();
+    let refused = rewound.expect_err("the replay found the live worker");
+    assert!(
+        refused.to_string().contains("stop the workers first"),
+        "{refused:#}"
+    );
+    run.assert_running();
+    run.stop(Duration::from_secs(20)).await;
+}
