@@ -674,6 +674,7 @@ pub async fn run_until(
         liveness: Arc::clone(&liveness),
         stall_limit: kafka.session_timeout,
         processor,
+        probe: super::health::PostgresProbe::default(),
     };
     let _health = serve_health(worker.health_listen, checks).await?;
     let stall_exit = kafka.session_timeout * 2;

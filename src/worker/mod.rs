@@ -17,7 +17,7 @@ mod transactions;
 pub use answer_order::{AnswerOrder, AnswerTurn, Turn};
 pub use consumer::{run_until, start, RunningWorker};
 pub use handler::Handler;
-pub use health::{serve_health, HealthChecks, HealthServer, Liveness};
+pub use health::{serve_health, HealthChecks, HealthServer, Liveness, PostgresProbe};
 pub use inbound::{record_key, source_of, Inbound, Undecodable};
 pub use kafka::{base_config, consumer_config, producer_config};
 pub use messages::{

@@ -389,3 +389,72 @@ async fn a_results_producer_refused_for_good_ends_the_worker_with_a_fatal_error(
         stack.committed().await
     );
 }
+
+/// Every payment connection held across a slow gateway call: the database still
+/// answers, and so does `/readyz`, through its own connection. Asked through the
+/// payment pool, the probe waited behind the held payments and reported
+/// "postgres: no answer" for as long as the gateway was slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_answers_while_every_payment_connection_waits_on_a_slow_gateway() {
+    use payment_worker::devtools::SlowKey;
+    use payment_worker::token::IdempotencyKey;
+    const HELD: [&str; 2] = ["ready-held-1", "ready-held-2"];
+    let stack = Stack::new(
+        1,
+        SimulatorConfig {
+            slow_keys: HELD
+                .iter()
+                .map(|key| SlowKey {
+                    key: IdempotencyKey::try_from(*key).unwrap(),
+                    delay: Duration::from_secs(8),
+                })
+                .collect(),
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
+    let producer = producer(&stack);
+    for key in HELD {
+        let value = serde_json::to_vec(&command(key)).unwrap();
+        let topic = &stack.settings.commands_topic;
+        send(
+            &producer,
+            topic,
+            Some(key.as_bytes()),
+            Some(&value),
+            OwnedHeaders::new(),
+        )
+        .await;
+    }
+    let health = free_port();
+    let mut run = start_run(
+        &stack,
+        "readyz-run",
+        &[
+            // One connection per held payment: the pool has none left.
+            ("DATABASE_MAX_CONNECTIONS", "2"),
+            ("HEALTH_LISTEN", &format!("127.0.0.1:{health}")),
+        ],
+    )
+    .await;
+    // The gateway books a charge before it holds the answer: both are held now.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stack.ledger().len() < HELD.len() {
+        assert!(Instant::now() < deadline, "{}", run.tail(30));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ready = reqwest::get(format!("http://127.0.0.1:{health}/readyz"))
+        .await
+        .unwrap();
+    let status = ready.status();
+    let body = ready.text().await.unwrap();
+    assert!(
+        stack.results().await.is_empty(),
+        "the gateway still holds both payments while readiness is asked"
+    );
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    stack
+        .wait_for_results(HELD.len(), Duration::from_secs(60))
+        .await;
+    run.stop(Duration::from_secs(20)).await;
+}
