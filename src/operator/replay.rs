@@ -65,15 +65,22 @@ pub struct Rewound {
     pub left: usize,
 }
 
-/// One partition of a replay.
+/// One partition of a replay: where the group restarts it, and how that compares
+/// with where the group was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Restart {
-    /// Where the group restarts it.
     start: i64,
+    movement: Movement,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Movement {
+    /// Moved back to the target.
+    Rewound,
+    /// Already at the target.
+    Stays,
     /// The group had not read as far as the target: left where it was.
-    left: bool,
-    /// Moved back.
-    rewound: bool,
+    NotReadThatFar,
 }
 
 /// Where one partition of the group restarts: the target clamped to what the topic
@@ -83,10 +90,14 @@ struct Restart {
 fn restart_of(to_offset: Option<i64>, low: i64, high: i64, committed: Option<i64>) -> Restart {
     let target = to_offset.map_or(low, |o| o.clamp(low, high));
     let current = committed.unwrap_or(low).max(low);
+    let movement = match target.cmp(&current) {
+        std::cmp::Ordering::Less => Movement::Rewound,
+        std::cmp::Ordering::Equal => Movement::Stays,
+        std::cmp::Ordering::Greater => Movement::NotReadThatFar,
+    };
     Restart {
         start: target.min(current),
-        left: target > current,
-        rewound: target < current,
+        movement,
     }
 }
 
@@ -213,23 +224,24 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     consumer.unsubscribe();
     let _ = consumer.poll(Duration::from_millis(100));
     drop(consumer);
-    let count = |pick: fn(&Restart) -> bool| targets.iter().filter(|(_, r)| pick(r)).count();
+    let count = |movement| {
+        targets
+            .iter()
+            .filter(|(_, r)| r.movement == movement)
+            .count()
+    };
     Ok(Rewound {
-        rewound: count(|r| r.rewound),
-        left: count(|r| r.left),
+        rewound: count(Movement::Rewound),
+        left: count(Movement::NotReadThatFar),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{restart_of, Restart};
+    use super::{restart_of, Movement, Restart};
 
-    fn restart(start: i64, left: bool, rewound: bool) -> Restart {
-        Restart {
-            start,
-            left,
-            rewound,
-        }
+    fn restart(start: i64, movement: Movement) -> Restart {
+        Restart { start, movement }
     }
 
     #[test]
@@ -238,26 +250,26 @@ mod tests {
         let at_300 = |to| restart_of(to, 100, 1200, Some(300));
         assert_eq!(
             at_300(Some(1000)),
-            restart(300, true, false),
+            restart(300, Movement::NotReadThatFar),
             "not read that far"
         );
-        assert_eq!(at_300(Some(200)), restart(200, false, true));
-        assert_eq!(at_300(Some(300)), restart(300, false, false));
-        assert_eq!(at_300(None), restart(100, false, true));
-        assert_eq!(at_300(Some(50)), restart(100, false, true), "clamped");
+        assert_eq!(at_300(Some(200)), restart(200, Movement::Rewound));
+        assert_eq!(at_300(Some(300)), restart(300, Movement::Stays));
+        assert_eq!(at_300(None), restart(100, Movement::Rewound));
+        assert_eq!(at_300(Some(50)), restart(100, Movement::Rewound), "clamped");
         // Nothing committed: the group starts at the low watermark anyway.
         assert_eq!(
             restart_of(Some(1000), 100, 1200, None),
-            restart(100, true, false)
+            restart(100, Movement::NotReadThatFar)
         );
         assert_eq!(
             restart_of(None, 100, 1200, None),
-            restart(100, false, false)
+            restart(100, Movement::Stays)
         );
         // A committed offset the topic no longer holds reads from the low watermark.
         assert_eq!(
             restart_of(Some(1000), 100, 1200, Some(20)),
-            restart(100, true, false)
+            restart(100, Movement::NotReadThatFar)
         );
     }
 }
