@@ -23,13 +23,13 @@ use payment_worker::operator::WorkloadSpec;
 use payment_worker::payment::SourcePosition;
 use payment_worker::worker::{self, ResultRecord, TransactionFailure, Transactions};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Message, OwnedHeaders};
+use rdkafka::message::Message;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::support::helpers::{quick_worker_settings, unique, Stack};
 
-use super::poison::{command, producer, send, start_run};
+use super::poison::{producer, send_command, start_run};
 
 pub(crate) fn exactly_once_settings() -> WorkerSettings {
     WorkerSettings {
@@ -411,16 +411,7 @@ async fn a_record_that_panics_after_answering_is_dead_lettered_on_the_third_pani
         } else {
             format!("eos-after-{n}")
         };
-        let value = serde_json::to_vec(&command(&key)).unwrap();
-        let topic = &stack.settings.commands_topic;
-        send(
-            &producer,
-            topic,
-            Some(key.as_bytes()),
-            Some(&value),
-            OwnedHeaders::new(),
-        )
-        .await;
+        send_command(&producer, &stack, &key).await;
         keys.push(key);
     }
     let mut run = start_run(

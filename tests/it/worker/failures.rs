@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::support::helpers::Stack;
 use crate::support::procs::free_port;
 
-use super::poison::{command, header_value, producer, send, start_run};
+use super::poison::{command, header_value, producer, send, send_command, start_run};
 
 // ---------------------------------------------------------------------------
 // Panics are contained; a dead part ends the process.
@@ -136,15 +136,7 @@ async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_p
 async fn a_stalled_poll_loop_fails_healthz_then_ends_the_process_non_zero() {
     let stack = Stack::new(1, SimulatorConfig::default()).await;
     let producer = producer(&stack);
-    let value = serde_json::to_vec(&command("p-stall")).unwrap();
-    send(
-        &producer,
-        &stack.settings.commands_topic,
-        Some(b"p-stall"),
-        Some(&value),
-        OwnedHeaders::new(),
-    )
-    .await;
+    send_command(&producer, &stack, "p-stall").await;
     let health = free_port();
     let mut run = start_run(
         &stack,
@@ -415,16 +407,7 @@ async fn readyz_answers_while_every_payment_connection_waits_on_a_slow_gateway()
     .await;
     let producer = producer(&stack);
     for key in HELD {
-        let value = serde_json::to_vec(&command(key)).unwrap();
-        let topic = &stack.settings.commands_topic;
-        send(
-            &producer,
-            topic,
-            Some(key.as_bytes()),
-            Some(&value),
-            OwnedHeaders::new(),
-        )
-        .await;
+        send_command(&producer, &stack, key).await;
     }
     let health = free_port();
     let mut run = start_run(

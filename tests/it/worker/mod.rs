@@ -7,5 +7,6 @@ mod corpus_cases;
 mod exactly_once;
 mod failures;
 mod kafka_connectivity;
+mod operator_tools;
 mod poison;
 mod rebalance;

@@ -189,6 +189,21 @@ pub(crate) async fn send(
     delivery.offset
 }
 
+/// Sends a valid command with idempotency key `key`, keyed by it, to partition 0 of
+/// the commands topic; returns its offset.
+pub(crate) async fn send_command(producer: &FutureProducer, stack: &Stack, key: &str) -> i64 {
+    let value = serde_json::to_vec(&command(key)).unwrap();
+    let topic = &stack.settings.commands_topic;
+    send(
+        producer,
+        topic,
+        Some(key.as_bytes()),
+        Some(&value),
+        OwnedHeaders::new(),
+    )
+    .await
+}
+
 pub(crate) fn command(key: &str) -> serde_json::Value {
     json!({"idempotency_key": key, "account_id": "acct_poison", "amount_minor": 1500,
         "currency": "EUR", "payment_method": "pm_card_visa", "description": "poison"})

@@ -1,0 +1,158 @@
+//! The operator's tools against a live group's topics: `dlq redrive` puts dead
+//! letters back once, never a masked or dropped one; `replay` refuses while a worker
+//! is alive.
+
+use std::time::Duration;
+
+use payment_worker::devtools::SimulatorConfig;
+use payment_worker::operator;
+use payment_worker::worker;
+use rdkafka::message::Message;
+
+use crate::support::helpers::{quick_worker_settings, stop_all, Stack};
+
+use super::poison::{header_value as header, start_run};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_are_redriven_once_with_their_original_key_value_and_headers() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let producer: FutureProducer = worker::producer_config(&stack.settings).create().unwrap();
+    let bad = br#"{"idempotency_key":"redrive-1","amount_minor":5}"#.to_vec();
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("redrive-1")
+                .payload(&bad)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "tenant",
+                    value: Some("acme"),
+                })),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    // Refused for its card number: its dead letter carries the number masked, a
+    // value that would pass the rules the original broke; it must never go back.
+    let masked = br#"{"idempotency_key":"redrive-2","account_id":"a","amount_minor":5,"currency":"EUR","payment_method":"4111111111111111"}"#;
+    producer
+        .send(
+            FutureRecord::to(&stack.settings.commands_topic)
+                .key("redrive-2")
+                .payload(&masked[..]),
+            rdkafka::util::Timeout::After(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let worker = stack.start_worker("d", &quick_worker_settings());
+    stack.wait_for_results(2, Duration::from_secs(30)).await;
+    stop_all(vec![worker]).await;
+    let letters = stack.dead_letters().await;
+    assert_eq!(letters.len(), 2);
+    // Both commands run at once: their dead letters land in either order.
+    let masked_letter = letters
+        .iter()
+        .find(|l| l.key() == Some(&b"redrive-2"[..]))
+        .expect("the masked command's dead letter");
+    assert_eq!(
+        header(masked_letter, "x-payload-redacted").as_deref(),
+        Some("card_number")
+    );
+
+    let redrive = || operator::RedriveArgs {
+        kafka: stack.settings.clone(),
+        kind: None,
+        max: None,
+    };
+    operator::redrive(redrive()).await.unwrap();
+    let settings = stack.settings.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        commands.len(),
+        3,
+        "the first dead letter is back on the commands topic, the masked one is not"
+    );
+    let again = &commands[2];
+    assert_eq!(again.key(), Some(&b"redrive-1"[..]));
+    assert_eq!(again.payload(), Some(&bad[..]));
+    assert_eq!(
+        header(again, "tenant").as_deref(),
+        Some("acme"),
+        "original headers kept"
+    );
+    assert_eq!(
+        header(again, "x-error-kind"),
+        None,
+        "dead-letter headers removed"
+    );
+
+    // Progress is remembered: a second redrive sends nothing.
+    operator::redrive(redrive()).await.unwrap();
+    let settings = stack.settings.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(commands.len(), 3);
+    assert!(
+        !commands.iter().any(|c| c
+            .payload()
+            .is_some_and(|v| String::from_utf8_lossy(v).contains("**"))),
+        "no masked value was ever sent as a command"
+    );
+
+    // A kind that does not exist is refused, instead of matching nothing and
+    // passing every dead letter over for good.
+    let mistyped = <payment_worker::cli::Cli as clap::Parser>::try_parse_from([
+        "payment-worker",
+        "dlq",
+        "redrive",
+        "--kind",
+        "retries-exhausted",
+    ]);
+    assert!(mistyped.is_err(), "{mistyped:?}");
+    let known = <payment_worker::cli::Cli as clap::Parser>::try_parse_from([
+        "payment-worker",
+        "dlq",
+        "redrive",
+        "--kind",
+        "retries_exhausted",
+    ]);
+    assert!(known.is_ok(), "{known:?}");
+}
+
+/// A replay run with a live static worker's environment (its `KAFKA_GROUP_INSTANCE_ID`
+/// too) finds the worker and refuses, and the worker goes on. (The replay joins as a
+/// dynamic member so that a real broker does not hand it the worker's place; the mock
+/// cluster does not fence by instance id, so that part is not shown here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_refuses_while_a_static_worker_is_alive() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let mut run = start_run(
+        &stack,
+        "static-worker",
+        &[("KAFKA_GROUP_INSTANCE_ID", "static-1")],
+    )
+    .await;
+    let settings = payment_worker::configuration::KafkaSettings {
+        group_instance_id: Some("static-1".to_owned()),
+        session_timeout: Duration::from_secs(6),
+        ..stack.settings.clone()
+    };
+    let rewound = tokio::task::spawn_blocking(move || operator::rewind_group(&settings, None))
+        .await
+        .unwrap();
+    let refused = rewound.expect_err("the replay found the live worker");
+    assert!(
+        refused.to_string().contains("stop the workers first"),
+        "{refused:#}"
+    );
+    run.assert_running();
+    run.stop(Duration::from_secs(20)).await;
+}
