@@ -78,15 +78,18 @@ impl AsRef<str> for IdempotencyKey {
     }
 }
 
+/// For log lines, spans and error messages: a key that holds a card number (an
+/// upstream that keyed its commands by card) shows it masked. The stores, the
+/// gateway and the result records take the key as it is ([`IdempotencyKey::as_str`]).
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&crate::redaction::mask_card_numbers(&self.0))
     }
 }
 
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "IdempotencyKey({})", self.0)
+        write!(f, "IdempotencyKey({self})")
     }
 }
 
@@ -133,6 +136,14 @@ mod tests {
         assert_eq!(AsRef::<str>::as_ref(&key), "ord-2026-000123");
         assert_eq!(key.to_string(), "ord-2026-000123");
         assert_eq!(format!("{key:?}"), "IdempotencyKey(ord-2026-000123)");
+    }
+
+    #[test]
+    fn a_key_holding_a_card_number_shows_it_masked_and_keeps_it() {
+        let key = IdempotencyKey::try_from("ord-4111111111111111").unwrap();
+        assert_eq!(key.as_str(), "ord-4111111111111111");
+        assert_eq!(key.to_string(), "ord-************1111");
+        assert_eq!(format!("{key:?}"), "IdempotencyKey(ord-************1111)");
         let owned = IdempotencyKey::try_from(String::from("ord-1")).unwrap();
         assert_eq!(owned.as_str(), "ord-1");
         assert_eq!("ord-2".parse::<IdempotencyKey>().unwrap().as_str(), "ord-2");

@@ -321,9 +321,9 @@ impl Handler {
         reason: &str,
         attempts: u32,
     ) {
-        let key = command.idempotency_key.as_str();
+        let key = &command.idempotency_key;
         tracing::error!(
-            idempotency_key = key,
+            idempotency_key = %key,
             attempts,
             "a charge may exist that no payment row records; dead-lettering with x-charge-unknown"
         );
@@ -341,7 +341,7 @@ impl Handler {
         if let Err(error) = recorded {
             // The dead letter's header still says so; only audit's list misses it.
             tracing::error!(
-                idempotency_key = key, %error,
+                idempotency_key = %key, %error,
                 "could not record the unresolved charge for audit"
             );
         }

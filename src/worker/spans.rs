@@ -29,7 +29,11 @@ pub fn command_span(message: &OwnedMessage, group_id: &str) -> tracing::Span {
     );
     crate::telemetry::adopt_remote_parent(&span, message.headers());
     if let Some(key) = record_key(message) {
-        span.record("payment.idempotency_key", key);
+        // Masked like `IdempotencyKey`'s Display: no card number in a span.
+        span.record(
+            "payment.idempotency_key",
+            crate::redaction::mask_card_numbers(&key).as_ref(),
+        );
     }
     if let Some((trace_id, span_id)) = crate::telemetry::trace_ids(&span) {
         // Puts the trace and span ids on every JSON log line of this command.

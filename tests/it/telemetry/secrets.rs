@@ -342,6 +342,9 @@ struct Secrets {
     cards: Vec<&'static str>,
 }
 
+/// A valid idempotency key that is a (test) card number.
+const CARD_KEY: &str = "4000056655665556";
+
 fn command_json(key: &str, method: &str) -> String {
     serde_json::json!({"idempotency_key": key, "account_id": "acct_sec", "amount_minor": 4200,
         "currency": "EUR", "payment_method": method, "description": "security run"})
@@ -452,6 +455,12 @@ async fn a_run_of_the_binary_logs_and_exports_no_secret_card_number_or_payment_m
         let key = format!("sec-rc{n}");
         records.push((key.clone(), command_json(&key, card)));
     }
+    // An upstream that keys its commands by card number: the key is data (stored,
+    // sent to the gateway, answered), but logs and spans show it masked.
+    records.push((
+        CARD_KEY.to_owned(),
+        command_json(CARD_KEY, &secrets.methods[2]),
+    ));
     let key = "sec-acct".to_owned();
     let in_account =
         command_json(&key, &secrets.methods[2]).replace("acct_sec", "acct 4111111111111111");
@@ -499,7 +508,7 @@ async fn a_run_of_the_binary_logs_and_exports_no_secret_card_number_or_payment_m
         .await;
     assert_eq!(
         results.iter().filter(|r| r.outcome == "succeeded").count(),
-        3,
+        4,
         "{results:?}"
     );
     assert_eq!(
@@ -571,6 +580,10 @@ async fn a_run_of_the_binary_logs_and_exports_no_secret_card_number_or_payment_m
         spans.contains("sec-r0") && spans.contains("sec-rc0"),
         "spans of the run were exported ({} exports)",
         traces.len()
+    );
+    assert!(
+        spans.contains("************5556") && transcript.contains("************5556"),
+        "the card-number key shows masked in spans and logs"
     );
     let metrics = sink
         .bodies("/v1/metrics")
@@ -657,7 +670,15 @@ async fn a_run_of_the_binary_logs_and_exports_no_secret_card_number_or_payment_m
         for card in &secrets.cards {
             assert!(!text.contains(card), "{what} leak the card number {card}");
         }
-        let cards = card_like_numbers(text);
+        let mut cards = card_like_numbers(text);
+        if what == "topics" || what == "tables" {
+            // The card-number key is the command's own: its result and its row
+            // carry it as it came.
+            cards
+                .retain(|c| c.chars().filter(char::is_ascii_digit).collect::<String>() != CARD_KEY);
+        } else {
+            assert!(!text.contains(CARD_KEY), "{what} leak the card-number key");
+        }
         assert!(
             cards.is_empty(),
             "{what} contain card-like numbers: {cards:?}"

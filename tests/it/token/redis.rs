@@ -33,11 +33,11 @@ impl RedisBackend {
 
     /// The documented layout, spelled out here independently of the store.
     fn token_key(&self, key: &IdempotencyKey) -> String {
-        format!("{}:token:{{{key}}}", self.prefix)
+        format!("{}:token:{{{}}}", self.prefix, key.as_str())
     }
 
     fn lock_key(&self, key: &IdempotencyKey) -> String {
-        format!("{}:lock:{{{key}}}", self.prefix)
+        format!("{}:lock:{{{}}}", self.prefix, key.as_str())
     }
 
     async fn hash(&self, key: &IdempotencyKey) -> HashMap<String, String> {

@@ -114,7 +114,7 @@ impl Backend for TopologyBackend {
     }
 
     async fn raw_token(&self, key: &IdempotencyKey) -> Option<RawToken> {
-        let redis_key = format!("{}:token:{{{key}}}", self.prefix);
+        let redis_key = format!("{}:token:{{{}}}", self.prefix, key.as_str());
         // Three reads (a cluster pipeline is not atomic either); TIME of any node: the
         // nodes share this machine's clock.
         let fields: HashMap<String, String> =
@@ -139,7 +139,7 @@ impl Backend for TopologyBackend {
     }
 
     async fn raw_lock(&self, key: &IdempotencyKey) -> Option<String> {
-        self.query(redis::cmd("GET").arg(format!("{}:lock:{{{key}}}", self.prefix)))
+        self.query(redis::cmd("GET").arg(format!("{}:lock:{{{}}}", self.prefix, key.as_str())))
             .await
     }
 }
