@@ -362,6 +362,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             worker,
             processor,
         } => {
+            // Before anything that takes time: a SIGTERM while the worker starts
+            // stops it cleanly once it has.
+            let shutdown = startup::shutdown_signal()?;
             // Before any connection: a refused Kafka setting is a configuration error.
             kafka.check_passthrough()?;
             let worker_id = worker.worker_id();
@@ -379,7 +382,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 &settings.stores.token_table,
             );
             let handler = startup::handler(processor, &kafka, &worker)?;
-            worker::run_until(&kafka, &worker, handler, startup::shutdown_signal()).await
+            worker::run_until(&kafka, &worker, handler, shutdown).await
         }
         Command::Demo(args) => crate::devtools::run_demo(args).await,
         Command::Migrate { database } => {
@@ -411,7 +414,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     };
                     for key in keys {
                         match store.issue(&key, ttl).await? {
-                            IssueOutcome::Created => writeln!(out, "{key}")?,
+                            IssueOutcome::Created => writeln!(out, "{}", key.as_str())?,
                             IssueOutcome::AlreadyExists => {
                                 eprintln!("{key}: already exists, left as it is")
                             }

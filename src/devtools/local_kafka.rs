@@ -98,6 +98,7 @@ pub struct DevKafkaArgs {
 /// `payment-worker dev-kafka`: starts the mock cluster with the three payment
 /// topics, prints (and writes) its bootstrap address, and runs until SIGTERM/Ctrl-C.
 pub async fn run_dev_kafka(args: DevKafkaArgs) -> anyhow::Result<()> {
+    let shutdown = crate::startup::shutdown_signal()?;
     let local = LocalKafka::start(args.brokers)?;
     local.create_payment_topics(&args.kafka, args.partitions)?;
     let bootstrap = local.bootstrap_servers();
@@ -112,7 +113,7 @@ pub async fn run_dev_kafka(args: DevKafkaArgs) -> anyhow::Result<()> {
     }
     println!("dev-kafka bootstrap {advertised}");
     std::io::stdout().flush()?;
-    crate::startup::shutdown_signal().await;
+    shutdown.await;
     tokio::task::spawn_blocking(move || drop(local)).await?;
     Ok(())
 }

@@ -208,7 +208,7 @@ impl std::fmt::Debug for RunningSimulator {
 pub async fn run_cli(listen: SocketAddr, config: SimulatorConfig) -> anyhow::Result<()> {
     // Handlers first: a SIGTERM sent right after the line is read must already
     // find them installed.
-    let shutdown = shutdown_signal()?;
+    let shutdown = crate::startup::shutdown_signal()?;
     let simulator = GatewaySimulator::bind(listen, config)?;
     {
         let mut stdout = std::io::stdout().lock();
@@ -228,29 +228,6 @@ pub async fn run_cli(listen: SocketAddr, config: SimulatorConfig) -> anyhow::Res
     simulator.serve(shutdown).await?;
     tracing::info!("gateway simulator stopped");
     Ok(())
-}
-
-#[cfg(unix)]
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate =
-        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(async move {
-        tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
-        }
-    })
-}
-
-#[cfg(not(unix))]
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
-    Ok(async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    })
 }
 
 #[cfg(test)]

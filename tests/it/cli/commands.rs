@@ -1,5 +1,6 @@
 //! The command line, black-box: `migrate`, `tokens issue`, `tokens show`; the
-//! exit statuses per command and log output fit for a file.
+//! exit statuses per command (a worker stopped while it starts included) and log
+//! output fit for a file.
 
 use std::process::{Output, Stdio};
 
@@ -100,6 +101,31 @@ async fn workers_starting_together_create_their_database_once() {
             .unwrap()
             .expect("a concurrent CREATE DATABASE is not an error");
     }
+}
+
+/// An orchestrator may stop a worker that is still starting (connecting to its
+/// stores, creating its Kafka clients). The signal handlers come first, so the
+/// worker finishes starting, stops at once and exits 0; without them the default
+/// action of SIGTERM killed it mid-start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_while_it_starts_exits_cleanly() {
+    let stack = Stack::new(2, SimulatorConfig::default()).await;
+    let mut env = stack.run_env();
+    // Exactly-once start-up also initialises a transactional producer: about half
+    // a second of broker round trips, a window the signal cannot miss.
+    env.insert("RESULTS_MODE".into(), "exactly-once".into());
+    let mut worker = crate::support::procs::Proc::spawn(
+        "starting-worker",
+        crate::support::procs::binary(&["run"], &env),
+    );
+    // The first line is written before the stores are reached: the rest of the
+    // start-up is still ahead when the signal lands.
+    worker
+        .wait_for(std::time::Duration::from_secs(30), |l| {
+            l.contains("starting worker").then_some(())
+        })
+        .await;
+    worker.stop(std::time::Duration::from_secs(60)).await;
 }
 
 /// Runs the binary with only the given environment (none inherited), so no
