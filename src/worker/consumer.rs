@@ -626,35 +626,9 @@ fn poll_loop(
     } else {
         // Half the session timeout at most: with the commit before it, a stop still
         // fits the grace period the deployments give it.
-        leave_group(&consumer, partitions.session_timeout / 2);
+        super::rebalance::leave_group(&consumer, partitions.session_timeout / 2);
     }
     Ok(())
-}
-
-/// Unsubscribes, then serves callbacks until the final revoke has emptied the
-/// assignment (at most `within`), so the group sees us leave now rather than at the
-/// session timeout. Closing while an (un)assignment is still in flight can abort the
-/// whole process inside librdkafka (`rd_kafka_cgrp_terminated: assert:
-/// !rd_kafka_assignment_in_progress`, confluentinc/librdkafka#4792), most often when
-/// a rebalance caused by another member leaving reaches this one as it closes.
-/// Records polled here are dropped: their offsets were never stored, so the next
-/// owner reads them again.
-fn leave_group<C: ConsumerContext>(consumer: &BaseConsumer<C>, within: Duration) {
-    consumer.unsubscribe();
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        let _ = consumer.poll(Duration::from_millis(100));
-        let assigned = consumer.assignment().map_or(0, |list| list.count());
-        if assigned == 0 {
-            // One more turn for the stopped partitions' fetchers to wind down.
-            let _ = consumer.poll(Duration::from_millis(100));
-            return;
-        }
-        if std::time::Instant::now() >= deadline {
-            tracing::warn!(assigned, "partitions still assigned when leaving the group");
-            return;
-        }
-    }
 }
 
 /// `run`: consume until `shutdown` resolves, then drain, commit and leave. Serves
