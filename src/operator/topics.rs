@@ -69,7 +69,24 @@ pub fn read_partitions(
     read_ranges(kafka, topic, &ranges)
 }
 
-/// Reads `[from, to)` of each partition of `topic`, without a consumer group.
+/// How long a read of ranges may take before it fails.
+const READ_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Whether the consumer's position in every partition of `ends` is at its end.
+fn reached(
+    consumer: &BaseConsumer,
+    ends: &std::collections::HashMap<i32, i64>,
+) -> anyhow::Result<bool> {
+    let positions = consumer.position()?;
+    let reached = positions.elements().iter().all(|e| match e.offset() {
+        Offset::Offset(position) => position >= ends.get(&e.partition()).copied().unwrap_or(0),
+        _ => false,
+    });
+    Ok(reached)
+}
+
+/// Reads `[from, to)` of each partition of `topic`, without a consumer group; an
+/// error when the ends are not reached within a minute.
 pub fn read_ranges(
     kafka: &KafkaSettings,
     topic: &str,
@@ -102,8 +119,18 @@ pub fn read_ranges(
     let mut out = Vec::new();
     // A fetch retried after an error may deliver a record again: count positions.
     let mut seen = std::collections::HashSet::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while out.len() < remaining as usize && Instant::now() < deadline {
+    let deadline = Instant::now() + READ_DEADLINE;
+    // Done when every partition's position reached its end, not after `remaining`
+    // records: transaction markers and aborted records take offsets that a
+    // `read_committed` reader never gets as records.
+    while !reached(&consumer, &ends)? {
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "reading {topic}: {} records in {READ_DEADLINE:?}, and the partitions' ends \
+                 {ends:?} not reached (is a transaction holding them open?)",
+                out.len()
+            );
+        }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(message)) => {
                 let position = (message.partition(), message.offset());

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, Producer};
@@ -98,6 +99,21 @@ pub struct Transactions {
     call_timeout: Duration,
 }
 
+/// librdkafka refuses a transactional producer whose records may outlive their
+/// transaction: an operator's `transaction.timeout.ms` below the worker's message
+/// timeout lowers the message timeout to it.
+fn fit_message_timeout(config: &mut ClientConfig) {
+    let setting = |key| config.get(key).and_then(|v: &str| v.parse::<u64>().ok());
+    if let (Some(transaction), Some(message)) = (
+        setting("transaction.timeout.ms"),
+        setting("message.timeout.ms"),
+    ) {
+        if message > transaction {
+            config.set("message.timeout.ms", transaction.to_string());
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Every mutation is a single insert/remove/replace: a poisoned map is still valid.
     mutex.lock().unwrap_or_else(|p| p.into_inner())
@@ -118,6 +134,7 @@ impl Transactions {
         );
         let mut config = super::kafka::producer_config(kafka);
         config.set("transactional.id", &transactional_id);
+        fit_message_timeout(&mut config);
         let producer: FutureProducer = config
             .create()
             .context("creating the transactional Kafka producer")?;
@@ -373,4 +390,38 @@ pub struct Committed {
 /// No answer enters a transaction while this is held.
 pub struct GateClosed<'a> {
     _gate: tokio::sync::RwLockWriteGuard<'a, ()>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&str, &str)]) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        for (key, value) in pairs {
+            config.set(*key, *value);
+        }
+        fit_message_timeout(&mut config);
+        config
+    }
+
+    #[test]
+    fn a_transaction_timeout_below_the_message_timeout_lowers_it() {
+        let fitted = config(&[
+            ("message.timeout.ms", "30000"),
+            ("transaction.timeout.ms", "10000"),
+        ]);
+        assert_eq!(fitted.get("message.timeout.ms"), Some("10000"));
+    }
+
+    #[test]
+    fn a_message_timeout_within_the_transaction_timeout_stays() {
+        let kept = config(&[
+            ("message.timeout.ms", "30000"),
+            ("transaction.timeout.ms", "60000"),
+        ]);
+        assert_eq!(kept.get("message.timeout.ms"), Some("30000"));
+        let unset = config(&[("message.timeout.ms", "30000")]);
+        assert_eq!(unset.get("message.timeout.ms"), Some("30000"));
+    }
 }

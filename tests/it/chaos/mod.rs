@@ -1,7 +1,8 @@
-//! Real processes SIGKILLed and restarted while they work: `dev-kafka`, `gateway-sim`
-//! and three `run` workers, each its own OS process.
+//! Real processes SIGKILLed and restarted while they work: `dev-kafka` (or
+//! `txn-broker`), `gateway-sim` and three `run` workers, each its own OS process.
 
 mod back_pressure;
 mod chaos_run;
+mod exactly_once;
 mod kill_one;
 mod stores;

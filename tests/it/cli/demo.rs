@@ -38,3 +38,36 @@ async fn the_demo_charges_once_replays_without_charging_and_audits_clean() {
         );
     }
 }
+
+/// In exactly-once mode the demo says which mode ran and what a `read_committed`
+/// reader counted: one result per command in each pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exactly_once_demo_reports_one_result_per_command() {
+    ensure_services();
+    let database = format!("postgres://postgres@{PG_ADDR}/{}", unique("pw_demo"));
+    let output = tokio::process::Command::new(crate::support::procs::BINARY)
+        .args([
+            "demo",
+            "--count",
+            "200",
+            "--results",
+            "exactly-once",
+            "--database-url",
+            &database,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("  results:  exactly-once"), "{stdout}");
+    assert!(
+        stdout.contains("results per command (read_committed): pass 1 exactly 1, pass 2 exactly 1"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ledger audit: OK (0 double charges)"),
+        "{stdout}"
+    );
+}

@@ -64,10 +64,10 @@ pub(crate) fn by_position(results: &[ResultRecord]) -> HashMap<Position, Vec<&Re
 }
 
 pub(crate) struct PaymentRow {
-    id: uuid::Uuid,
-    status: String,
-    transaction_id: Option<String>,
-    fingerprint: String,
+    pub(crate) id: uuid::Uuid,
+    pub(crate) status: String,
+    pub(crate) transaction_id: Option<String>,
+    pub(crate) fingerprint: String,
 }
 
 pub(crate) async fn payment_rows(pool: &PgPool) -> HashMap<String, PaymentRow> {

@@ -1,5 +1,6 @@
-//! The deployment of one crash test: a dev-kafka process, a gateway-sim process and
-//! the worker processes of one consumer group, sharing one database and Redis prefix.
+//! The deployment of one crash test: a Kafka process (dev-kafka or txn-broker), a
+//! gateway-sim process and the worker processes of one consumer group, sharing one
+//! database and Redis prefix.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -42,7 +43,27 @@ impl Deployment {
         gateway_flags: &[&str],
         extra_env: &[(&str, &str)],
     ) -> Self {
-        let (kafka, bootstrap) = procs::dev_kafka(partitions).await;
+        let kafka = procs::dev_kafka(partitions).await;
+        Self::start_on(
+            kafka,
+            partitions,
+            database_url,
+            redis_prefix,
+            gateway_flags,
+            extra_env,
+        )
+        .await
+    }
+
+    /// As `start`, on a Kafka the caller started: its process and bootstrap address.
+    pub(crate) async fn start_on(
+        (kafka, bootstrap): (Proc, String),
+        partitions: i32,
+        database_url: &str,
+        redis_prefix: &str,
+        gateway_flags: &[&str],
+        extra_env: &[(&str, &str)],
+    ) -> Self {
         let (gateway_proc, gateway_url) = procs::gateway_sim(gateway_flags).await;
         let settings = KafkaSettings::local(bootstrap.clone(), unique("group"));
         let mut worker_env: HashMap<String, String> = [

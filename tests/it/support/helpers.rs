@@ -491,6 +491,10 @@ pub async fn committed_offsets(settings: &KafkaSettings, partitions: i32) -> Has
             .elements()
             .iter()
             .map(|e| {
+                // An error (an offset a transaction still holds, say) is not "none".
+                if let Err(error) = e.error() {
+                    panic!("committed offset of partition {}: {error}", e.partition());
+                }
                 let offset = match e.offset() {
                     Offset::Offset(o) => o,
                     _ => -1,

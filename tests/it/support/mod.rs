@@ -1,6 +1,7 @@
 //! The harness every capability shares: services up, an isolated database and Redis
 //! prefix per test, the binary as a process, a deployment of worker processes and the
-//! books it must balance, test certificates, a scripted gateway.
+//! books it must balance, test certificates, a scripted gateway, a mock Kafka that
+//! carries out transactions.
 
 pub(crate) mod books;
 pub(crate) mod deployment;
@@ -8,3 +9,4 @@ pub(crate) mod helpers;
 pub(crate) mod pki;
 pub(crate) mod procs;
 pub(crate) mod scripted_gateway;
+pub(crate) mod txn_broker;

@@ -1,17 +1,18 @@
 //! `--results exactly-once`: results, dead letters and offsets leave the worker in
-//! Kafka transactions.
+//! Kafka transactions. The worker's side, on librdkafka's stock mock cluster in
+//! process.
 //!
-//! What librdkafka's mock cluster (2.12.1) can show, and what it cannot: it runs the
-//! transactional protocol (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn,
-//! TxnOffsetCommit, EndTxn, with error injection), but it writes no commit/abort
-//! markers, reports the high watermark as the last stable offset and no aborted
-//! transactions (so a `read_committed` reader sees aborted records too), stores no
-//! offset sent with a transaction, and ignores the group generation a
-//! TxnOffsetCommit carries. These tests therefore check the worker's side: a
-//! transaction that commits carries each command's answer once, and a transaction
-//! the group coordinator refuses (ILLEGAL_GENERATION, what a fenced zombie gets) is
-//! aborted and its commands are answered again, as duplicates carrying the
-//! original answer, without a second charge.
+//! The stock mock (2.12.1) runs the transactional protocol (InitProducerId,
+//! AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn, with error
+//! injection), but writes no commit/abort markers, reports no aborted transactions,
+//! stores no offset sent with a transaction, and ignores the group generation a
+//! TxnOffsetCommit carries. These tests check what the worker does: a transaction
+//! that commits carries each command's answer once, answers enter it in offset
+//! order, and a transaction the group coordinator refuses (ILLEGAL_GENERATION,
+//! injected) is aborted and its commands are answered again, as duplicates carrying
+//! the original answer, without a second charge. What a `read_committed` reader
+//! sees through crashes and a zombie is proven on `txn-broker`, the mock patched to
+//! carry transactions out (`chaos::exactly_once`, `worker::transaction_fencing`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -10,3 +10,4 @@ mod kafka_connectivity;
 mod operator_tools;
 mod poison;
 mod rebalance;
+mod transaction_fencing;

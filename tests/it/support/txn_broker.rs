@@ -1,0 +1,103 @@
+//! `txn-broker`: librdkafka's mock cluster patched to carry out Kafka transactions
+//! (`tests/txn_broker/`): commit and abort markers, the last stable offset,
+//! aborted transactions in `read_committed` fetches, offsets sent with a
+//! transaction kept pending until it commits, the group generation checked (a
+//! zombie is fenced), and transactions past their timeout aborted by the broker.
+//! The stock mock answers these requests without doing any of it.
+//!
+//! Built from the librdkafka sources rdkafka-sys vendors, once per patch, under the
+//! target directory; run as a process of its own like `dev-kafka`.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use payment_worker::configuration::KafkaSettings;
+
+use super::procs::Proc;
+
+fn source_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/txn_broker")
+}
+
+/// The librdkafka tree of the rdkafka-sys crate this build links.
+fn librdkafka_source() -> PathBuf {
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("running cargo metadata");
+    assert!(
+        output.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let manifest = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "rdkafka-sys")
+        .and_then(|p| p["manifest_path"].as_str())
+        .expect("rdkafka-sys among the packages");
+    Path::new(manifest).parent().unwrap().join("librdkafka")
+}
+
+/// The broker binary, built on first use (a minute or two) and kept under target/.
+/// `PW_TEST_TXN_BROKER` runs another build instead (`broker.c` linked with the stock
+/// mock, to watch the exactly-once tests fail without the patch).
+fn binary() -> PathBuf {
+    if let Ok(path) = std::env::var("PW_TEST_TXN_BROKER") {
+        return PathBuf::from(path);
+    }
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.as_ref() {
+        return path.clone();
+    }
+    let librdkafka = librdkafka_source();
+    let mut hasher = DefaultHasher::new();
+    librdkafka.hash(&mut hasher);
+    for file in ["build", "broker.c", "mock-transactions.patch"] {
+        std::fs::read(source_dir().join(file))
+            .unwrap()
+            .hash(&mut hasher);
+    }
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("txn-broker-{:016x}", hasher.finish()));
+    if !path.exists() {
+        eprintln!("building {} (once per patch)", path.display());
+        let status = Command::new(source_dir().join("build"))
+            .arg(&librdkafka)
+            .arg(&path)
+            .status()
+            .expect("running tests/txn_broker/build");
+        assert!(status.success(), "tests/txn_broker/build failed: {status}");
+    }
+    *built = Some(path.clone());
+    path
+}
+
+/// Starts a txn-broker of three brokers with the payment topics of `settings`
+/// (`partitions` each); returns it with its bootstrap address.
+pub(crate) async fn start(partitions: i32, settings: &KafkaSettings) -> (Proc, String) {
+    let binary = tokio::task::spawn_blocking(binary).await.unwrap();
+    let mut command = Command::new(binary);
+    command.args([
+        "3",
+        &partitions.to_string(),
+        &settings.commands_topic,
+        &settings.results_topic,
+        &settings.dlq_topic,
+    ]);
+    let mut proc = Proc::spawn("txn-broker", command);
+    let bootstrap = proc
+        .wait_for(Duration::from_secs(30), |l| {
+            l.strip_prefix("txn-broker bootstrap ").map(str::to_owned)
+        })
+        .await;
+    (proc, bootstrap)
+}

@@ -1,0 +1,76 @@
+/*
+ * txn-broker: librdkafka's mock cluster, patched to carry out Kafka
+ * transactions (mock-transactions.patch), in a process of its own for the
+ * exactly-once tests.
+ *
+ *   txn-broker BROKERS PARTITIONS TOPIC...
+ *
+ * Prints "txn-broker bootstrap HOST:PORT,..." once the topics exist, then
+ * runs until SIGTERM or SIGINT.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "rdkafka.h"
+#include "rdkafka_mock.h"
+
+int main(int argc, char **argv) {
+        char errstr[512];
+        rd_kafka_conf_t *conf;
+        rd_kafka_t *rk;
+        rd_kafka_mock_cluster_t *mcluster;
+        sigset_t stop;
+        int signal_number, partitions, i;
+
+        if (argc < 4) {
+                fprintf(stderr, "usage: %s BROKERS PARTITIONS TOPIC...\n",
+                        argv[0]);
+                return 2;
+        }
+        partitions = atoi(argv[2]);
+        if (partitions < 1) {
+                fprintf(stderr, "PARTITIONS must be a positive number\n");
+                return 2;
+        }
+
+        /* Block the stop signals before librdkafka starts its threads, so
+         * that only sigwait() below receives them. */
+        sigemptyset(&stop);
+        sigaddset(&stop, SIGTERM);
+        sigaddset(&stop, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &stop, NULL);
+
+        conf = rd_kafka_conf_new();
+        if (rd_kafka_conf_set(conf, "test.mock.num.brokers", argv[1], errstr,
+                              sizeof(errstr)) != RD_KAFKA_CONF_OK) {
+                fprintf(stderr, "BROKERS: %s\n", errstr);
+                return 2;
+        }
+        rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+        if (!rk) {
+                fprintf(stderr, "starting the mock cluster: %s\n", errstr);
+                return 1;
+        }
+        mcluster = rd_kafka_handle_mock_cluster(rk);
+        /* The stock 3 s before a group's first rebalance would dominate the
+         * tests' time. */
+        rd_kafka_mock_group_initial_rebalance_delay_ms(mcluster, 0);
+        for (i = 3; i < argc; i++) {
+                rd_kafka_resp_err_t err = rd_kafka_mock_topic_create(
+                    mcluster, argv[i], partitions, 1);
+                if (err) {
+                        fprintf(stderr, "creating topic %s: %s\n", argv[i],
+                                rd_kafka_err2str(err));
+                        return 1;
+                }
+        }
+
+        printf("txn-broker bootstrap %s\n",
+               rd_kafka_mock_cluster_bootstraps(mcluster));
+        fflush(stdout);
+
+        sigwait(&stop, &signal_number);
+        rd_kafka_destroy(rk);
+        return 0;
+}
