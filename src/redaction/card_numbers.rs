@@ -119,7 +119,80 @@ fn card_runs(value: &str, limit: usize) -> Vec<std::ops::Range<usize>> {
 /// the last four (separators kept): "4111 1111 1111 1111" → "**** **** **** 1111".
 /// Runs are found exactly as [`contains_card_number`] finds them.
 pub fn mask_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
-    let runs = card_runs(value, usize::MAX);
+    mask_runs(value, card_runs(value, usize::MAX))
+}
+
+/// The groupings cards print their numbers in: 4-4-4-4-3 (19 digits), 4-4-4-4
+/// (most), 4-6-5 (American Express), 4-6-4 (Diners Club).
+const PRINTED_GROUPINGS: [&[usize]; 4] = [&[4, 4, 4, 4, 3], &[4, 4, 4, 4], &[4, 6, 5], &[4, 6, 4]];
+
+/// `value` with the digits of every card number written as cards print them
+/// masked like [`mask_card_numbers`] does: one unbroken run of 13–19 digits, or the
+/// [`PRINTED_GROUPINGS`] separated by single dashes or spaces, passing Luhn.
+///
+/// For identifiers (idempotency keys) in log lines and spans, where the broad
+/// rule of [`mask_card_numbers`], any run of digit groups, would mask one
+/// "ord-20260115-00000008" in ten: an order, not a card, that operators grep for.
+pub fn mask_printed_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
+    mask_runs(value, printed_card_runs(value))
+}
+
+fn printed_card_runs(value: &str) -> Vec<std::ops::Range<usize>> {
+    let bytes = value.as_bytes();
+    let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at].is_ascii_digit() {
+            let start = at;
+            while at < bytes.len() && bytes[at].is_ascii_digit() {
+                at += 1;
+            }
+            groups.push(start..at);
+        } else {
+            at += 1;
+        }
+    }
+    let digits_of = |ranges: &[std::ops::Range<usize>]| -> Vec<u8> {
+        ranges
+            .iter()
+            .flat_map(|r| bytes[r.clone()].iter().map(|b| b - b'0'))
+            .collect()
+    };
+    let mut found = Vec::new();
+    let mut next = 0;
+    while next < groups.len() {
+        let single = &groups[next..=next];
+        if (13..=19).contains(&single[0].len()) && luhn_valid(&digits_of(single)) {
+            found.push(single[0].clone());
+            next += 1;
+            continue;
+        }
+        let printed = PRINTED_GROUPINGS.iter().find_map(|lengths| {
+            let window = groups.get(next..next + lengths.len())?;
+            let shaped = window
+                .iter()
+                .zip(lengths.iter())
+                .all(|(g, l)| g.len() == *l);
+            let joined = window.windows(2).all(|pair| {
+                pair[1].start == pair[0].end + 1 && matches!(bytes[pair[0].end], b'-' | b' ')
+            });
+            (shaped && joined && luhn_valid(&digits_of(window)))
+                .then(|| (window[0].start..window[window.len() - 1].end, window.len()))
+        });
+        match printed {
+            Some((range, count)) => {
+                found.push(range);
+                next += count;
+            }
+            None => next += 1,
+        }
+    }
+    found
+}
+
+/// `value` with the digits of each of `runs` (byte ranges, in order) masked, all
+/// but the last four of each.
+fn mask_runs(value: &str, runs: Vec<std::ops::Range<usize>>) -> std::borrow::Cow<'_, str> {
     if runs.is_empty() {
         return std::borrow::Cow::Borrowed(value);
     }
@@ -191,5 +264,26 @@ mod tests {
         assert!(!contains_card_number("411111111111"), "12 digits");
         assert!(!contains_card_number("pm_card_visa"));
         assert!(!contains_card_number("ord-2026-000123"));
+    }
+
+    #[test]
+    fn printed_card_numbers_are_masked_and_grouped_ids_are_not() {
+        for (value, masked) in [
+            ("4111111111111111", "************1111"),
+            ("ord-4111111111111111", "ord-************1111"),
+            ("4111-1111-1111-1111", "****-****-****-1111"),
+            ("pay-3782-822463-10005", "pay-****-******-*0005"),
+            ("4111-1111-1111-1111-7", "****-****-****-1111-7"),
+            ("ord-20260115-00000008", "ord-20260115-00000008"),
+            ("ord-2026-000123", "ord-2026-000123"),
+            ("1234567890123", "1234567890123"),
+        ] {
+            assert_eq!(mask_printed_card_numbers(value), masked, "{value}");
+        }
+        // The broad rule, for payloads, masks the grouped id too.
+        assert_eq!(
+            mask_card_numbers("ord-20260115-00000008"),
+            "ord-********-****0008"
+        );
     }
 }

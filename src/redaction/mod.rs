@@ -5,5 +5,5 @@
 mod card_numbers;
 mod urls;
 
-pub use card_numbers::{contains_card_number, mask_card_numbers};
+pub use card_numbers::{contains_card_number, mask_card_numbers, mask_printed_card_numbers};
 pub use urls::redact_url;

@@ -83,7 +83,7 @@ impl AsRef<str> for IdempotencyKey {
 /// gateway and the result records take the key as it is ([`IdempotencyKey::as_str`]).
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::redaction::mask_card_numbers(&self.0))
+        f.write_str(&crate::redaction::mask_printed_card_numbers(&self.0))
     }
 }
 
