@@ -362,16 +362,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             worker,
             processor,
         } => {
-            // Before anything that takes time: a SIGTERM while the worker starts
-            // stops it cleanly once it has.
-            let shutdown = startup::shutdown_signal()?;
+            // Before anything that takes time: a SIGTERM while the worker connects
+            // to its stores ends it at once (exit 0), one while its Kafka clients
+            // start stops it as soon as they have.
+            let mut shutdown = Box::pin(startup::shutdown_signal()?);
             // Before any connection: a refused Kafka setting is a configuration error.
             kafka.check_passthrough()?;
             let worker_id = worker.worker_id();
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             check_drain_deadline(&worker, &processor);
             let settings = processor;
-            let processor = Arc::new(startup::build_processor(&settings, &worker_id).await?);
+            let processor = tokio::select! {
+                built = startup::build_processor(&settings, &worker_id) => Arc::new(built?),
+                () = &mut shutdown => {
+                    tracing::info!("stopped while connecting to the stores");
+                    return Ok(());
+                }
+            };
             tracing::info!(
                 payments_at_once = processor.attempt_slots(),
                 admitted_per_partition = worker.max_in_flight,

@@ -24,14 +24,25 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
         .context("applying migrations failed")
 }
 
+/// How long a connection to Postgres may take at start-up, and from the pool.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Creates the database named in the URL if it does not exist yet.
 pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> {
     let options = settings.connect_options()?;
     let name = options.get_database().unwrap_or("postgres").to_owned();
-    let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
-        .await
-        .map_err(name_tls_failure)
-        .with_context(|| format!("cannot reach Postgres at {}", redact_url(&settings.url)))?;
+    let unreachable = || format!("cannot reach Postgres at {}", redact_url(&settings.url));
+    // A server that accepts and never answers (a black-holing firewall, a hung
+    // host) would hold the start-up forever: bounded like the pool's acquire.
+    let mut admin = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        PgConnection::connect_with(&options.clone().database("postgres")),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
+    .with_context(unreachable)?
+    .map_err(name_tls_failure)
+    .with_context(unreachable)?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
             .bind(&name)
@@ -64,7 +75,7 @@ pub async fn connect(settings: &DatabaseSettings) -> anyhow::Result<PgPool> {
 pub async fn connect_with_size(settings: &DatabaseSettings, size: u32) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
         .max_connections(size)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(CONNECT_TIMEOUT)
         // sqlx pings every connection as it goes back to the pool; pinging it again
         // on the way out, as sqlx does by default, would be one more round trip per
         // payment. Only a connection that sat unused for a while (long enough for a

@@ -128,6 +128,73 @@ async fn a_worker_stopped_while_it_starts_exits_cleanly() {
     worker.stop(std::time::Duration::from_secs(60)).await;
 }
 
+/// A worker whose database does not answer (a listener that accepts and stays
+/// silent) waits in its start-up; a SIGTERM then ends it at once with exit 0,
+/// instead of being held until the connection attempts give up with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_while_its_database_does_not_answer_exits_cleanly() {
+    let (silent, held) = silent_server().await;
+    let stack = Stack::new(2, SimulatorConfig::default()).await;
+    let mut env = stack.run_env();
+    env.insert(
+        "DATABASE_URL".into(),
+        format!("postgres://postgres@{silent}/silent"),
+    );
+    let mut worker = crate::support::procs::Proc::spawn(
+        "waiting-worker",
+        crate::support::procs::binary(&["run"], &env),
+    );
+    worker
+        .wait_for(std::time::Duration::from_secs(30), |l| {
+            l.contains("starting worker").then_some(())
+        })
+        .await;
+    worker.stop(std::time::Duration::from_secs(60)).await;
+    assert!(
+        worker
+            .find_last(|l| l.contains("stopped while connecting").then_some(()))
+            .is_some(),
+        "{}",
+        worker.tail(10)
+    );
+    held.abort();
+}
+
+/// A server that accepts connections and never answers (a hung host, a firewall
+/// that swallows packets after the handshake).
+async fn silent_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            sockets.push(socket);
+        }
+    });
+    (addr, held)
+}
+
+/// A Postgres that never answers fails the start-up with a clear error, instead
+/// of holding it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_never_answers_fails_the_start_up() {
+    let (silent, held) = silent_server().await;
+    let url = format!("postgres://postgres@{silent}/silent");
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        pw(&["migrate", "--database-url", &url], &[]),
+    )
+    .await
+    .expect("migrate still waiting for the silent server after 60 s");
+    assert_eq!(status_of(&output), 1, "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot reach Postgres") && stderr.contains("no answer within 10s"),
+        "{stderr}"
+    );
+    held.abort();
+}
+
 /// Runs the binary with only the given environment (none inherited), so no
 /// ambient variable can point it elsewhere.
 async fn pw(args: &[&str], env: &[(&str, &str)]) -> Output {
