@@ -99,7 +99,10 @@ pub fn read_ranges(
             format!("payment-worker-reader-{}", Uuid::new_v4().simple()),
         )
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // A start that retention removed meanwhile reads on from the earliest
+        // record (librdkafka's default would jump to the end and never get there).
+        .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer = config.create()?;
     let mut list = TopicPartitionList::new();
     let mut remaining = 0i64;

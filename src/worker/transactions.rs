@@ -99,18 +99,19 @@ pub struct Transactions {
     call_timeout: Duration,
 }
 
+/// librdkafka's `transaction.timeout.ms` when none is set.
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
+
 /// librdkafka refuses a transactional producer whose records may outlive their
-/// transaction: an operator's `transaction.timeout.ms` below the worker's message
-/// timeout lowers the message timeout to it.
+/// transaction: a message timeout (`message.timeout.ms`, or its alias
+/// `delivery.timeout.ms`) above the transaction timeout is lowered to it.
 fn fit_message_timeout(config: &mut ClientConfig) {
     let setting = |key| config.get(key).and_then(|v: &str| v.parse::<u64>().ok());
-    if let (Some(transaction), Some(message)) = (
-        setting("transaction.timeout.ms"),
-        setting("message.timeout.ms"),
-    ) {
-        if message > transaction {
-            config.set("message.timeout.ms", transaction.to_string());
-        }
+    let transaction = setting("transaction.timeout.ms").unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
+    let message = setting("delivery.timeout.ms").or_else(|| setting("message.timeout.ms"));
+    if message.is_some_and(|message| message > transaction) {
+        config.remove("delivery.timeout.ms");
+        config.set("message.timeout.ms", transaction.to_string());
     }
 }
 
@@ -412,6 +413,19 @@ mod tests {
             ("transaction.timeout.ms", "10000"),
         ]);
         assert_eq!(fitted.get("message.timeout.ms"), Some("10000"));
+    }
+
+    #[test]
+    fn the_default_transaction_timeout_and_the_alias_count_too() {
+        let fitted = config(&[("message.timeout.ms", "120000")]);
+        assert_eq!(fitted.get("message.timeout.ms"), Some("60000"));
+        let fitted = config(&[
+            ("message.timeout.ms", "30000"),
+            ("delivery.timeout.ms", "90000"),
+            ("transaction.timeout.ms", "45000"),
+        ]);
+        assert_eq!(fitted.get("message.timeout.ms"), Some("45000"));
+        assert_eq!(fitted.get("delivery.timeout.ms"), None);
     }
 
     #[test]

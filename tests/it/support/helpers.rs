@@ -484,8 +484,11 @@ pub async fn committed_offsets(settings: &KafkaSettings, partitions: i32) -> Has
         for p in 0..partitions {
             list.add_partition(&settings.commands_topic, p);
         }
+        // An offset an open transaction sent is not answered until the transaction
+        // ends (librdkafka retries meanwhile): a SIGKILLed member's lasts until the
+        // broker aborts it, up to the exactly-once tests' 10 s transaction timeout.
         let committed = consumer
-            .committed_offsets(list, Duration::from_secs(10))
+            .committed_offsets(list, Duration::from_secs(30))
             .unwrap();
         let out = committed
             .elements()
