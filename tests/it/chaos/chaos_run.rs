@@ -113,25 +113,13 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let mut pick = |rng: &mut StdRng| rounds.remove(rng.random_range(0..rounds.len()));
     let flush_rounds = [pick(&mut rng), pick(&mut rng)];
     let postgres_round = pick(&mut rng);
-    let results_topic = deployment.settings.results_topic.clone();
     let mut flushed = Vec::new();
     for (round, share) in records
         .chunks(records.len().div_ceil(size.kills))
         .enumerate()
     {
-        deployment
-            .wait_for_stable_group(Duration::from_secs(90))
-            .await;
-        let before: i64 = deployment
-            .high_watermarks(&results_topic)
-            .await
-            .values()
-            .sum();
-        let strike_at = before + (share.len() as f64 * rng.random_range(0.1..0.7)) as i64;
-        deployment.produce_paced(share, 50).await.unwrap();
-        deployment
-            .wait_for_results(strike_at, Duration::from_secs(180))
-            .await;
+        let fraction = rng.random_range(0.1..0.7);
+        let strike_at = deployment.publish_until(share, fraction).await;
         let mut events = Vec::new();
         if flush_rounds.contains(&round) {
             let keys = flush_prefix(&mut redis.conn, &redis.prefix).await;
@@ -204,12 +192,10 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
 
     // The replay charged nothing (not even a POST the gateway deduplicated) and
     // answered every command as a duplicate (or the same rejection).
-    let ledger = deployment.ledger().await;
-    assert_eq!(ledger, ledger_before, "the replay reached the gateway");
-    let commands = deployment.commands().await;
-    let expected = expectations(&commands);
+    let held = deployment.holdings(&pool).await;
+    assert_eq!(held.ledger, ledger_before, "the replay reached the gateway");
     for (position, answers) in by_position(&replayed) {
-        let outcome_ok = match &expected[&position] {
+        let outcome_ok = match &held.expected[&position] {
             Expected::Valid { .. } => answers.iter().all(|a| a.outcome == "duplicate"),
             Expected::Invalid { .. } => answers.iter().all(|a| a.outcome == "rejected"),
         };
@@ -220,19 +206,13 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     // a token still `processing` (expired lease or not) would be stuck for good.
     let mut results = first_pass;
     results.extend(replayed);
-    let dead_letters = deployment.dead_letters().await;
-    let rows = payment_rows(&pool).await;
     let tokens = token_statuses(&mut redis.conn, &redis.prefix).await;
-    Books {
-        records: &records,
-        expected: &expected,
-        results: &results,
-        dead_letters: &dead_letters,
-        ledger: &ledger,
-        rows: &rows,
-        tokens: &tokens,
-    }
-    .check();
+    held.check(&records, &results, &tokens);
+    let Holdings {
+        dead_letters,
+        ledger,
+        ..
+    } = held;
 
     // The operator's audit agrees.
     let mut audit_env = deployment.worker_env.clone();

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::support::books::*;
 use crate::support::deployment::*;
-use crate::support::helpers::{unique, TestDb, TestRedis};
+use crate::support::helpers::{read_topic, result_records, unique, TestDb, TestRedis};
 use crate::support::procs::{current_membership, Membership};
 use crate::support::txn_broker;
 
@@ -45,23 +45,7 @@ fn topics() -> KafkaSettings {
 
 /// Reads `topic` as a `read_uncommitted` reader: aborted and open transactions too.
 async fn read_uncommitted(deployment: &Deployment, topic: &str) -> Vec<ResultRecord> {
-    let mut settings = deployment.settings.clone();
-    settings
-        .extra
-        .push(("isolation.level".into(), "read_uncommitted".into()));
-    let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || {
-        operator::read_partitions(&settings, &topic, |_, low| low)
-            .unwrap()
-            .iter()
-            .map(|m| {
-                let payload = rdkafka::Message::payload(m).expect("result payload");
-                serde_json::from_slice(payload).expect("result json")
-            })
-            .collect()
-    })
-    .await
-    .unwrap()
+    result_records(&read_topic(&deployment.settings, topic, "read_uncommitted").await)
 }
 
 /// Every `duplicate` carries the original answer, as the payment row records it.
@@ -148,19 +132,8 @@ async fn run_with_kills_and_rebalances(mode: &str) -> Run {
     deployment.start_workers();
     let results_topic = deployment.settings.results_topic.clone();
     for (round, share) in records.chunks(records.len().div_ceil(KILLS)).enumerate() {
-        deployment
-            .wait_for_stable_group(Duration::from_secs(90))
-            .await;
-        let before: i64 = deployment
-            .high_watermarks(&results_topic)
-            .await
-            .values()
-            .sum();
-        let strike_at = before + (share.len() as f64 * rng.random_range(0.2..0.6)) as i64;
-        deployment.produce_paced(share, 50).await.unwrap();
-        deployment
-            .wait_for_results(strike_at, Duration::from_secs(180))
-            .await;
+        let fraction = rng.random_range(0.2..0.6);
+        let strike_at = deployment.publish_until(share, fraction).await;
         let victim = rng.random_range(0..WORKERS);
         deployment.kill(victim);
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..1500))).await;
@@ -187,35 +160,11 @@ async fn run_with_kills_and_rebalances(mode: &str) -> Run {
     deployment.stop_workers().await;
 
     let written = read_uncommitted(&deployment, &results_topic).await;
-    let commands = deployment.commands().await;
-    let expected = expectations(&commands);
-    let dead_letters = deployment.dead_letters().await;
-    let ledger = deployment.ledger().await;
-    let rows = payment_rows(&db.pool).await;
+    let held = deployment.holdings(&db.pool).await;
     let tokens = token_statuses(&mut redis.conn, &redis.prefix).await;
-    Books {
-        records: &records,
-        expected: &expected,
-        results: &visible,
-        dead_letters: &dead_letters,
-        ledger: &ledger,
-        rows: &rows,
-        tokens: &tokens,
-    }
-    .check();
-    check_originals(&visible, &rows);
-    let visible_dead_letters = dead_letters
-        .iter()
-        .map(|letter| {
-            (
-                header(letter, "x-source-partition")
-                    .unwrap()
-                    .parse()
-                    .unwrap(),
-                header(letter, "x-source-offset").unwrap().parse().unwrap(),
-            )
-        })
-        .collect();
+    held.check(&records, &visible, &tokens);
+    check_originals(&visible, &held.rows);
+    let visible_dead_letters = held.dead_letters.iter().map(source_position).collect();
     eprintln!(
         "{mode}: {} commands, {KILLS} SIGKILLs, 2 forced rebalances: {} results visible \
          ({} positions answered more than once), {} written, {} charges; {:?}",
@@ -226,7 +175,7 @@ async fn run_with_kills_and_rebalances(mode: &str) -> Run {
             .filter(|a| a.len() > 1)
             .count(),
         written.len(),
-        ledger.len(),
+        held.ledger.len(),
         started.elapsed()
     );
     flush_prefix(&mut redis.conn, &redis.prefix).await;

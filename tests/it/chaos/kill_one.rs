@@ -96,22 +96,10 @@ async fn a_worker_process_killed_mid_run_loses_nothing_and_charges_nothing_twice
         .await;
     deployment.stop_workers().await;
 
-    let commands = deployment.commands().await;
-    let expected = expectations(&commands);
-    let dead_letters = deployment.dead_letters().await;
-    let ledger = deployment.ledger().await;
-    let rows = payment_rows(&db.pool).await;
+    let held = deployment.holdings(&db.pool).await;
     let tokens = token_statuses(&mut redis.conn, &redis.prefix).await;
-    Books {
-        records: &records,
-        expected: &expected,
-        results: &results,
-        dead_letters: &dead_letters,
-        ledger: &ledger,
-        rows: &rows,
-        tokens: &tokens,
-    }
-    .check();
+    held.check(&records, &results, &tokens);
+    let ledger = held.ledger;
     let repeated = by_position(&results)
         .values()
         .filter(|l| l.len() > 1)

@@ -156,30 +156,6 @@ async fn postgres_token_statuses(pool: &PgPool) -> HashMap<String, String> {
         .collect()
 }
 
-async fn check_books(
-    deployment: &Deployment,
-    db: &TestDb,
-    records: &[WorkloadRecord],
-    results: &[ResultRecord],
-    tokens: &HashMap<String, String>,
-) {
-    let commands = deployment.commands().await;
-    let expected = expectations(&commands);
-    let dead_letters = deployment.dead_letters().await;
-    let ledger = deployment.ledger().await;
-    let rows = payment_rows(&db.pool).await;
-    Books {
-        records,
-        expected: &expected,
-        results,
-        dead_letters: &dead_letters,
-        ledger: &ledger,
-        rows: &rows,
-        tokens,
-    }
-    .check();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_pool_timeout() {
     let started = Instant::now();
@@ -236,7 +212,10 @@ async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_
     let tokens = postgres_token_statuses(&db.pool).await;
     let processing = tokens.values().filter(|s| *s == "processing").count();
     assert_eq!(processing, 0, "tokens left processing");
-    check_books(&deployment, &db, &records, &results, &tokens).await;
+    deployment
+        .holdings(&db.pool)
+        .await
+        .check(&records, &results, &tokens);
     let audit = run_audit(&deployment).await;
     assert!(
         audit.iter().any(|l| l.starts_with("result: CLEAN")),
@@ -328,7 +307,10 @@ async fn three_workers_on_a_redis_paused_twice_leave_no_token_stuck() {
         .take(5)
         .collect();
     assert!(stuck.is_empty(), "tokens stuck processing: {stuck:?}");
-    check_books(&deployment, &db, &records, &results, &tokens).await;
+    deployment
+        .holdings(&db.pool)
+        .await
+        .check(&records, &results, &tokens);
     let audit = run_audit(&deployment).await;
     assert!(
         audit

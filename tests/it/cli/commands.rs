@@ -8,7 +8,7 @@ use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::PaymentCommand;
 use payment_worker::token::IdempotencyKey;
 
-use crate::support::helpers::{Stack, TestDb, TestRedis, REDIS_URL};
+use crate::support::helpers::{silent_server, Stack, TestDb, TestRedis, REDIS_URL};
 
 fn run(db: &TestDb, redis: &TestRedis, args: &[&str]) -> (bool, String, String) {
     let output = std::process::Command::new(crate::support::procs::BINARY)
@@ -114,18 +114,25 @@ async fn a_worker_stopped_while_it_starts_exits_cleanly() {
     // Exactly-once start-up also initialises a transactional producer: about half
     // a second of broker round trips, a window the signal cannot miss.
     env.insert("RESULTS_MODE".into(), "exactly-once".into());
-    let mut worker = crate::support::procs::Proc::spawn(
-        "starting-worker",
-        crate::support::procs::binary(&["run"], &env),
-    );
-    // The first line is written before the stores are reached: the rest of the
-    // start-up is still ahead when the signal lands.
+    stop_while_starting("starting-worker", &env).await;
+}
+
+/// Starts `run` with `env` and SIGTERMs it on its first line, which is written
+/// before the stores are reached: the rest of the start-up is still ahead when the
+/// signal lands. Asserts a clean exit; returns the stopped process.
+async fn stop_while_starting(
+    name: &str,
+    env: &std::collections::HashMap<String, String>,
+) -> crate::support::procs::Proc {
+    let mut worker =
+        crate::support::procs::Proc::spawn(name, crate::support::procs::binary(&["run"], env));
     worker
         .wait_for(std::time::Duration::from_secs(30), |l| {
             l.contains("starting worker").then_some(())
         })
         .await;
     worker.stop(std::time::Duration::from_secs(60)).await;
+    worker
 }
 
 /// A worker whose database does not answer (a listener that accepts and stays
@@ -140,16 +147,7 @@ async fn a_worker_stopped_while_its_database_does_not_answer_exits_cleanly() {
         "DATABASE_URL".into(),
         format!("postgres://postgres@{silent}/silent"),
     );
-    let mut worker = crate::support::procs::Proc::spawn(
-        "waiting-worker",
-        crate::support::procs::binary(&["run"], &env),
-    );
-    worker
-        .wait_for(std::time::Duration::from_secs(30), |l| {
-            l.contains("starting worker").then_some(())
-        })
-        .await;
-    worker.stop(std::time::Duration::from_secs(60)).await;
+    let worker = stop_while_starting("waiting-worker", &env).await;
     assert!(
         worker
             .find_last(|l| l.contains("stopped while connecting").then_some(()))
@@ -158,20 +156,6 @@ async fn a_worker_stopped_while_its_database_does_not_answer_exits_cleanly() {
         worker.tail(10)
     );
     held.abort();
-}
-
-/// A server that accepts connections and never answers (a hung host, a firewall
-/// that swallows packets after the handshake).
-async fn silent_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let held = tokio::spawn(async move {
-        let mut sockets = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            sockets.push(socket);
-        }
-    });
-    (addr, held)
 }
 
 /// A Postgres that never answers fails the start-up with a clear error, instead

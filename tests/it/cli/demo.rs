@@ -2,18 +2,26 @@
 
 use crate::support::helpers::{ensure_services, unique, PG_ADDR};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_demo_charges_once_replays_without_charging_and_audits_clean() {
+/// `demo <args>` on a database of its own; its stdout and stderr once it succeeded.
+async fn demo(args: &[&str]) -> (String, String) {
     ensure_services();
     let database = format!("postgres://postgres@{PG_ADDR}/{}", unique("pw_demo"));
     let output = tokio::process::Command::new(crate::support::procs::BINARY)
-        .args(["demo", "--count", "400", "--database-url", &database])
+        .arg("demo")
+        .args(args)
+        .args(["--database-url", &database])
         .output()
         .await
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_charges_once_replays_without_charging_and_audits_clean() {
+    let (stdout, stderr) = demo(&["--count", "400"]).await;
     assert!(
         stdout.contains("ledger audit: OK (0 double charges)"),
         "{stdout}"
@@ -43,24 +51,7 @@ async fn the_demo_charges_once_replays_without_charging_and_audits_clean() {
 /// reader counted: one result per command in each pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exactly_once_demo_reports_one_result_per_command() {
-    ensure_services();
-    let database = format!("postgres://postgres@{PG_ADDR}/{}", unique("pw_demo"));
-    let output = tokio::process::Command::new(crate::support::procs::BINARY)
-        .args([
-            "demo",
-            "--count",
-            "200",
-            "--results",
-            "exactly-once",
-            "--database-url",
-            &database,
-        ])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    let (stdout, _) = demo(&["--count", "200", "--results", "exactly-once"]).await;
     assert!(stdout.contains("  results:  exactly-once"), "{stdout}");
     assert!(
         stdout.contains("results per command (read_committed): pass 1 exactly 1, pass 2 exactly 1"),

@@ -63,6 +63,17 @@ pub(crate) fn by_position(results: &[ResultRecord]) -> HashMap<Position, Vec<&Re
     out
 }
 
+/// The command position a dead letter names in its `x-source-*` headers.
+pub(crate) fn source_position(letter: &OwnedMessage) -> Position {
+    (
+        header(letter, "x-source-partition")
+            .unwrap()
+            .parse()
+            .unwrap(),
+        header(letter, "x-source-offset").unwrap().parse().unwrap(),
+    )
+}
+
 pub(crate) struct PaymentRow {
     pub(crate) id: uuid::Uuid,
     pub(crate) status: String,
@@ -147,19 +158,50 @@ pub(crate) async fn flush_prefix(redis: &mut redis::aio::ConnectionManager, pref
     keys.len()
 }
 
+/// What the systems hold once a run is over, read by `Deployment::holdings`.
+pub(crate) struct Holdings {
+    /// What each command position should lead to, from the commands topic.
+    pub(crate) expected: BTreeMap<Position, Expected>,
+    pub(crate) dead_letters: Vec<OwnedMessage>,
+    pub(crate) ledger: Vec<LedgerEntry>,
+    pub(crate) rows: HashMap<String, PaymentRow>,
+}
+
+impl Holdings {
+    /// The books of a run that published `records` and answered `results`, its
+    /// token store holding `tokens` (key → status).
+    pub(crate) fn check(
+        &self,
+        records: &[WorkloadRecord],
+        results: &[ResultRecord],
+        tokens: &HashMap<String, String>,
+    ) {
+        Books {
+            records,
+            expected: &self.expected,
+            results,
+            dead_letters: &self.dead_letters,
+            ledger: &self.ledger,
+            rows: &self.rows,
+            tokens,
+        }
+        .check();
+    }
+}
+
 /// The end state every run must reach (the invariants), from what the systems hold.
-pub(crate) struct Books<'a> {
-    pub(crate) records: &'a [WorkloadRecord],
-    pub(crate) expected: &'a BTreeMap<Position, Expected>,
-    pub(crate) results: &'a [ResultRecord],
-    pub(crate) dead_letters: &'a [OwnedMessage],
-    pub(crate) ledger: &'a [LedgerEntry],
-    pub(crate) rows: &'a HashMap<String, PaymentRow>,
-    pub(crate) tokens: &'a HashMap<String, String>,
+struct Books<'a> {
+    records: &'a [WorkloadRecord],
+    expected: &'a BTreeMap<Position, Expected>,
+    results: &'a [ResultRecord],
+    dead_letters: &'a [OwnedMessage],
+    ledger: &'a [LedgerEntry],
+    rows: &'a HashMap<String, PaymentRow>,
+    tokens: &'a HashMap<String, String>,
 }
 
 impl Books<'_> {
-    pub(crate) fn check(&self) {
+    fn check(&self) {
         // The topic holds exactly the generated workload.
         assert_eq!(
             self.expected.len(),
@@ -329,13 +371,7 @@ impl Books<'_> {
         // Every invalid record is in the DLQ, unchanged, with its reason.
         let mut lettered: HashSet<Position> = HashSet::new();
         for letter in self.dead_letters {
-            let position: Position = (
-                header(letter, "x-source-partition")
-                    .unwrap()
-                    .parse()
-                    .unwrap(),
-                header(letter, "x-source-offset").unwrap().parse().unwrap(),
-            );
+            let position = source_position(letter);
             let Some(Expected::Invalid { key, value }) = self.expected.get(&position) else {
                 panic!("dead letter for {position:?}, which is not an invalid command");
             };

@@ -13,6 +13,7 @@ use payment_worker::worker::{self, ResultRecord};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 
+use crate::support::books::{expectations, payment_rows, Holdings};
 use crate::support::helpers::{unique, REDIS_URL};
 use crate::support::procs::{self, current_membership, Membership, Proc};
 
@@ -347,9 +348,36 @@ impl Deployment {
     pub(crate) async fn ledger(&self) -> Vec<LedgerEntry> {
         self.gateway.ledger().await.expect("the gateway ledger")
     }
+
+    /// What the run left behind: the commands topic read into expectations, the dead
+    /// letters, the gateway ledger and the payment rows in `pool`.
+    pub(crate) async fn holdings(&self, pool: &sqlx::PgPool) -> Holdings {
+        let commands = self.commands().await;
+        Holdings {
+            expected: expectations(&commands),
+            dead_letters: self.dead_letters().await,
+            ledger: self.ledger().await,
+            rows: payment_rows(pool).await,
+        }
+    }
 }
 
 impl Deployment {
+    /// One round of a crash run: waits until the whole group works, publishes
+    /// `share`, and returns once `fraction` of the share's results are on the results
+    /// topic (counted by its end offsets), so a strike then interrupts commands in
+    /// flight. Returns that count of results.
+    pub(crate) async fn publish_until(&mut self, share: &[WorkloadRecord], fraction: f64) -> i64 {
+        self.wait_for_stable_group(Duration::from_secs(90)).await;
+        let topic = self.settings.results_topic.clone();
+        let before: i64 = self.high_watermarks(&topic).await.values().sum();
+        let strike_at = before + (share.len() as f64 * fraction) as i64;
+        self.produce_paced(share, 50).await.unwrap();
+        self.wait_for_results(strike_at, Duration::from_secs(180))
+            .await;
+        strike_at
+    }
+
     /// Waits until the results topic holds `count` records (repeats included).
     pub(crate) async fn wait_for_results(&mut self, count: i64, within: Duration) {
         let deadline = Instant::now() + within;

@@ -583,3 +583,47 @@ pub fn assert_duplicate_of(outcome: &payment_worker::payment::Outcome, payment_i
     );
     assert!(original.gateway_transaction_id.is_some(), "{original:?}");
 }
+
+/// A server that accepts connections and never answers (a hung host, a firewall
+/// that swallows packets after the handshake); abort the handle to close it.
+pub async fn silent_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            sockets.push(socket);
+        }
+    });
+    (addr, held)
+}
+
+/// Every record of `topic`, from the start of each partition to the end a reader of
+/// `isolation` (`read_committed`, `read_uncommitted`) sees.
+pub async fn read_topic(
+    settings: &KafkaSettings,
+    topic: &str,
+    isolation: &str,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    let mut settings = settings.clone();
+    settings
+        .extra
+        .push(("isolation.level".into(), isolation.into()));
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        operator::read_partitions(&settings, &topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The result records of `records`.
+pub fn result_records(records: &[rdkafka::message::OwnedMessage]) -> Vec<ResultRecord> {
+    records
+        .iter()
+        .map(|m| {
+            let payload = rdkafka::Message::payload(m).expect("result payload");
+            serde_json::from_slice(payload).expect("result json")
+        })
+        .collect()
+}

@@ -253,30 +253,31 @@ pub async fn run_to_end(
     (status, proc.lines())
 }
 
+/// Spawns a server that announces where it listens on a line starting with
+/// `announcement`; returns it with the rest of that line.
+pub async fn spawn_announced(name: &str, command: Command, announcement: &str) -> (Proc, String) {
+    let mut proc = Proc::spawn(name, command);
+    let rest = proc
+        .wait_for(Duration::from_secs(30), |l| {
+            l.strip_prefix(announcement).map(str::to_owned)
+        })
+        .await;
+    (proc, rest)
+}
+
 /// `payment-worker dev-kafka`: a mock cluster in its own process.
 pub async fn dev_kafka(partitions: i32) -> (Proc, String) {
     let partitions = partitions.to_string();
     let command = binary(&["dev-kafka", "--partitions", &partitions], &HashMap::new());
-    let mut proc = Proc::spawn("dev-kafka", command);
-    let bootstrap = proc
-        .wait_for(Duration::from_secs(30), |l| {
-            l.strip_prefix("dev-kafka bootstrap ").map(str::to_owned)
-        })
-        .await;
-    (proc, bootstrap)
+    spawn_announced("dev-kafka", command, "dev-kafka bootstrap ").await
 }
 
 /// `payment-worker gateway-sim --listen 127.0.0.1:0 <flags>`; returns its base URL.
 pub async fn gateway_sim(flags: &[&str]) -> (Proc, String) {
     let mut args = vec!["gateway-sim", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(flags);
-    let mut proc = Proc::spawn("gateway-sim", binary(&args, &HashMap::new()));
-    let addr = proc
-        .wait_for(Duration::from_secs(30), |l| {
-            l.strip_prefix("gateway-sim listening on ")
-                .map(str::to_owned)
-        })
-        .await;
+    let command = binary(&args, &HashMap::new());
+    let (proc, addr) = spawn_announced("gateway-sim", command, "gateway-sim listening on ").await;
     (proc, format!("http://{addr}"))
 }
 

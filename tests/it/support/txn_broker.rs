@@ -13,11 +13,10 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use payment_worker::configuration::KafkaSettings;
 
-use super::procs::Proc;
+use super::procs::{self, Proc};
 
 fn source_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/txn_broker")
@@ -93,11 +92,5 @@ pub(crate) async fn start(partitions: i32, settings: &KafkaSettings) -> (Proc, S
         &settings.results_topic,
         &settings.dlq_topic,
     ]);
-    let mut proc = Proc::spawn("txn-broker", command);
-    let bootstrap = proc
-        .wait_for(Duration::from_secs(30), |l| {
-            l.strip_prefix("txn-broker bootstrap ").map(str::to_owned)
-        })
-        .await;
-    (proc, bootstrap)
+    procs::spawn_announced("txn-broker", command, "txn-broker bootstrap ").await
 }

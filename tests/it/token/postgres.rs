@@ -12,7 +12,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::helpers::TestDb;
+use crate::support::helpers::{silent_server, TestDb};
 use crate::token::contract::{
     self as contract, key, policy, Backend, RawToken, RACERS, RACE_ROUNDS,
 };
@@ -322,14 +322,7 @@ async fn unreachable_postgres_is_unavailable_promptly() {
 /// with a pool that would wait far longer.
 #[tokio::test]
 async fn silent_postgres_is_unavailable_promptly() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let held = tokio::spawn(async move {
-        let mut sockets = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            sockets.push(socket);
-        }
-    });
+    let (addr, held) = silent_server().await;
     let pool = PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(60))
         .connect_lazy(&format!("postgres://postgres@{addr}/payments"))

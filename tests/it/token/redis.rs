@@ -12,7 +12,7 @@ use payment_worker::token::{
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 
-use crate::support::helpers::{TestRedis, REDIS_URL};
+use crate::support::helpers::{silent_server, TestRedis, REDIS_URL};
 use crate::token::contract::{self as contract, key, policy, Backend, RawToken, RACE_ROUNDS};
 
 struct RedisBackend {
@@ -367,14 +367,7 @@ async fn unreachable_redis_is_unavailable_promptly() {
 /// A server that accepts connections but never answers must not hang the caller.
 #[tokio::test]
 async fn silent_redis_is_unavailable_promptly() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let held = tokio::spawn(async move {
-        let mut sockets = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            sockets.push(socket);
-        }
-    });
+    let (addr, held) = silent_server().await;
     let url = format!("redis://{addr}");
     let started = Instant::now();
     assert_unavailable(

@@ -23,12 +23,10 @@ use payment_worker::devtools::{LocalKafka, SimulatorConfig};
 use payment_worker::operator::WorkloadSpec;
 use payment_worker::payment::SourcePosition;
 use payment_worker::worker::{self, ResultRecord, TransactionFailure, Transactions};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use rdkafka::{Offset, TopicPartitionList};
 
-use crate::support::helpers::{quick_worker_settings, unique, Stack};
+use crate::support::helpers::{quick_worker_settings, read_topic, result_records, unique, Stack};
 
 use super::poison::{producer, send_command, start_run};
 
@@ -41,60 +39,9 @@ pub(crate) fn exactly_once_settings() -> WorkerSettings {
     }
 }
 
-/// Every record of `topic` a `read_committed` reader gets, from the start of each
-/// partition up to its end (the last stable offset, for such a reader).
-pub(crate) async fn read_committed(
-    settings: &payment_worker::configuration::KafkaSettings,
-    topic: &str,
-    partitions: i32,
-) -> Vec<ResultRecord> {
-    let settings = settings.clone();
-    let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let mut config = worker::base_config(&settings);
-        config
-            .set("group.id", unique("reader"))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed");
-        let consumer: BaseConsumer = config.create().unwrap();
-        let mut ends = HashMap::new();
-        let mut list = TopicPartitionList::new();
-        for p in 0..partitions {
-            let (_, high) = consumer
-                .fetch_watermarks(&topic, p, Duration::from_secs(10))
-                .unwrap();
-            ends.insert(p, high);
-            list.add_partition_offset(&topic, p, Offset::Beginning)
-                .unwrap();
-        }
-        consumer.assign(&list).unwrap();
-        drop(list);
-        let mut out = Vec::new();
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        // Transaction markers take offsets too: read until every position passed the end.
-        loop {
-            if let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) {
-                out.push(serde_json::from_slice(message.payload().unwrap()).unwrap());
-            }
-            let position = consumer.position().unwrap();
-            let done = position.elements().iter().all(|e| match e.offset() {
-                Offset::Offset(o) => o >= ends[&e.partition()],
-                _ => ends[&e.partition()] == 0,
-            });
-            drop(position);
-            if done {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the results topic was not read to its end"
-            );
-        }
-        drop(consumer);
-        out
-    })
-    .await
-    .unwrap()
+/// Every result record a `read_committed` reader of the results topic gets.
+pub(crate) async fn read_committed(settings: &KafkaSettings) -> Vec<ResultRecord> {
+    result_records(&read_topic(settings, &settings.results_topic, "read_committed").await)
 }
 
 /// Every position answered; at most one first answer (`succeeded`/`declined`) per
@@ -170,7 +117,7 @@ async fn exactly_once_answers_every_command_once() {
         .await;
     worker.stop().await.unwrap();
 
-    let results = read_committed(&stack.settings, &stack.settings.results_topic, 3).await;
+    let results = read_committed(&stack.settings).await;
     let answers = check_answers(&results, records.len(), &rows(&stack).await);
     let repeated: Vec<_> = answers.iter().filter(|(_, a)| a.len() > 1).collect();
     assert!(repeated.is_empty(), "answered more than once: {repeated:?}");
@@ -215,7 +162,7 @@ async fn an_aborted_transaction_is_redone_as_duplicates_of_the_original_answers(
         .await;
     worker.stop().await.unwrap();
 
-    let results = read_committed(&stack.settings, &stack.settings.results_topic, 3).await;
+    let results = read_committed(&stack.settings).await;
     let answers = check_answers(&results, records.len(), &rows(&stack).await);
     let repeats = answers.values().filter(|a| a.len() > 1).count();
     assert!(
@@ -304,7 +251,7 @@ async fn answers_of_a_partition_enter_the_transaction_in_offset_order_around_a_h
         .wait_for_results(COMMANDS, Duration::from_secs(60))
         .await;
     worker.stop().await.unwrap();
-    let results = read_committed(&stack.settings, &stack.settings.results_topic, 1).await;
+    let results = read_committed(&stack.settings).await;
     // Entering in order is not producing in order: the records of answers that
     // entered one after the other may reach the topic in either order.
     let mut offsets: Vec<i64> = results.iter().map(|r| r.source.offset).collect();
@@ -384,7 +331,16 @@ async fn answer_then_commit(
     } else {
         drop(guard);
     }
-    let (transactions, group) = (Arc::clone(transactions), member.group_metadata());
+    commit(transactions, member.group_metadata()).await
+}
+
+/// Commits the open transaction with `group`'s metadata: what it carried (answers,
+/// partitions), or why it aborted (a fatal failure fails the test).
+pub(crate) async fn commit(
+    transactions: &Arc<Transactions>,
+    group: Option<ConsumerGroupMetadata>,
+) -> Result<(u64, usize), String> {
+    let transactions = Arc::clone(transactions);
     tokio::task::spawn_blocking(move || match transactions.commit(group) {
         Ok(committed) => Ok((committed.answers, committed.partitions)),
         Err((TransactionFailure::Aborted(reason), _gate)) => Err(reason),

@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 use payment_worker::operator;
 use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
 
-use crate::support::books::{
-    answered, by_position, expectations, flush_prefix, payment_rows, token_statuses, Books,
-};
+use crate::support::books::{answered, by_position, flush_prefix, token_statuses};
 use crate::support::deployment::{Deployment, PARTITIONS};
 use crate::support::helpers::{unique, TestDb, TestRedis};
 use crate::support::procs::{self, membership, Membership, Proc};
@@ -153,22 +151,11 @@ impl Run {
         };
         eprintln!("rebalance scenario {name}: {measured}");
 
-        let commands = self.deployment.commands().await;
-        let expected = expectations(&commands);
-        let dead_letters = self.deployment.dead_letters().await;
-        let ledger = self.deployment.ledger().await;
-        let rows = payment_rows(&self.db.pool).await;
         let tokens = token_statuses(&mut self.redis.conn, &self.redis.prefix).await;
-        Books {
-            records: &self.records,
-            expected: &expected,
-            results: &results,
-            dead_letters: &dead_letters,
-            ledger: &ledger,
-            rows: &rows,
-            tokens: &tokens,
-        }
-        .check();
+        self.deployment
+            .holdings(&self.db.pool)
+            .await
+            .check(&self.records, &results, &tokens);
 
         let mut audit_env = self.deployment.worker_env.clone();
         audit_env.retain(|k, _| {

@@ -12,17 +12,16 @@
 use std::time::{Duration, Instant};
 
 use payment_worker::configuration::KafkaSettings;
-use payment_worker::operator;
 use payment_worker::payment::SourcePosition;
-use payment_worker::worker::{self, TransactionFailure, Transactions};
+use payment_worker::worker::{self, Transactions};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureRecord;
 
-use crate::support::helpers::{committed_offsets, unique};
+use crate::support::helpers::{committed_offsets, read_topic, unique};
 use crate::support::txn_broker;
 
-use super::exactly_once::exactly_once_settings;
+use super::exactly_once::{commit, exactly_once_settings};
 
 fn member(settings: &KafkaSettings) -> BaseConsumer {
     let mut config = worker::consumer_config(settings);
@@ -50,16 +49,7 @@ fn poll_until_assigned(members: &[&BaseConsumer], each: usize) {
 }
 
 async fn read(settings: &KafkaSettings, isolation: &str) -> Vec<OwnedMessage> {
-    let mut settings = settings.clone();
-    settings
-        .extra
-        .push(("isolation.level".into(), isolation.into()));
-    let topic = settings.results_topic.clone();
-    tokio::task::spawn_blocking(move || {
-        operator::read_partitions(&settings, &topic, |_, low| low).unwrap()
-    })
-    .await
-    .unwrap()
+    read_topic(settings, &settings.results_topic, isolation).await
 }
 
 /// The high watermark and the last stable offset of results partition 0.
@@ -110,14 +100,9 @@ async fn answer_and_commit(
         .unwrap();
     transactions.settle(&settings.commands_topic, 0, offset + 1);
     guard.settled();
-    let transactions = std::sync::Arc::clone(transactions);
-    tokio::task::spawn_blocking(move || match transactions.commit(Some(group)) {
-        Ok(committed) => Ok(committed.answers),
-        Err((TransactionFailure::Aborted(reason), _gate)) => Err(reason),
-        Err((TransactionFailure::Fatal(reason), _gate)) => panic!("fatal: {reason}"),
-    })
-    .await
-    .unwrap()
+    commit(transactions, Some(group))
+        .await
+        .map(|(answers, _)| answers)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
