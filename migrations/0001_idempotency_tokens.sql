@@ -1,4 +1,4 @@
--- Tokens of the Postgres token store (SPEC §3), one row per idempotency key.
+-- Tokens of the Postgres token store, one row per idempotency key.
 -- Rows are never trusted by their mere presence: every statement checks status and
 -- expiry in its WHERE, so an expired row is the same as an absent one. A row is live
 -- while expires_at is ahead, or while a processing lease is (a lease may outlive the

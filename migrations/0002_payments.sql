@@ -1,5 +1,6 @@
 -- One row per idempotency key: the unique key is what serialises two workers that
--- both hold a reservation (possible after Redis loses its data), SPEC I6.
+-- both hold a reservation (possible after Redis loses its data): invariant I6,
+-- Postgres is the truth (docs/CONTRACT.md).
 -- The payment method is deliberately not stored: the fingerprint covers it.
 CREATE TABLE payments (
     id                     uuid        PRIMARY KEY,

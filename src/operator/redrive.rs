@@ -1,5 +1,7 @@
 //! `payment-worker dlq redrive`: puts dead letters back on the commands topic.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -33,14 +35,18 @@ pub struct RedriveArgs {
 }
 
 /// Puts dead letters back on the commands topic (original key, value and headers),
-/// remembering progress in the `<group>.dlq-redrive` group so none is sent twice.
+/// remembering progress in the `<group>.dlq-redrive` group: every 100 records, at
+/// the end, and before a failed send ends the run, so the next run starts with the
+/// record that failed. Only a run killed outright sends again what it sent since its
+/// last commit (up to 100 records); the worker answers those as duplicates of the
+/// first, charging nothing.
 /// A dead letter whose value is not the original (card numbers masked, or the value
 /// dropped for size) is never sent: the masked command could pass the rules the
 /// original broke and be charged as something nobody asked for.
 pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     let kafka = args.kafka.clone();
     let group = format!("{}.dlq-redrive", kafka.group_id);
-    let (records, next) = tokio::task::spawn_blocking({
+    let (records, mut progress) = tokio::task::spawn_blocking({
         let kafka = kafka.clone();
         let group = group.clone();
         move || -> anyhow::Result<_> {
@@ -55,7 +61,7 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
                 list.add_partition(&kafka.dlq_topic, p);
             }
             let committed = probe.committed_offsets(list, Duration::from_secs(10))?;
-            let starts: std::collections::HashMap<i32, i64> = committed
+            let starts: HashMap<i32, i64> = committed
                 .elements()
                 .iter()
                 .filter_map(|e| match e.offset() {
@@ -64,18 +70,22 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
                 })
                 .collect();
             drop(committed);
-            drop(probe);
             let records = read_partitions(&kafka, &kafka.dlq_topic, |p, low| {
                 starts.get(&p).copied().unwrap_or(low)
             })?;
-            Ok((records, starts))
+            let progress = Progress {
+                next: starts,
+                uncommitted: 0,
+                topic: kafka.dlq_topic.clone(),
+                committer: Arc::new(probe),
+            };
+            Ok((records, progress))
         }
     })
     .await??;
     let producer: FutureProducer = producer_config(&kafka).create()?;
     let mut sent = 0usize;
     let mut altered = 0usize;
-    let mut progress: std::collections::HashMap<i32, i64> = next;
     for record in &records {
         if args.max.is_some_and(|m| sent >= m) {
             break;
@@ -84,54 +94,44 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
             .headers()
             .and_then(|h| crate::kafka_headers::last_value(h, ERROR_KIND))
             .and_then(|v| String::from_utf8(v.to_vec()).ok());
-        progress.insert(record.partition(), record.offset() + 1);
-        if args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref()) {
-            continue;
-        }
-        if is_altered(record) {
+        let passed_over = args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref());
+        if !passed_over && is_altered(record) {
             altered += 1;
-            continue;
+        } else if !passed_over {
+            let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&kafka.commands_topic);
+            if let Some(key) = record.key() {
+                out = out.key(key);
+            }
+            if let Some(value) = record.payload() {
+                out = out.payload(value);
+            }
+            let headers: Option<OwnedHeaders> = without_dead_letter_headers(record);
+            if let Some(headers) = headers {
+                out = out.headers(headers);
+            }
+            let delivered = producer
+                .send(out, Timeout::After(Duration::from_secs(30)))
+                .await
+                .map_err(|(e, _)| e);
+            if let Err(error) = delivered {
+                // What was sent stays sent: record it, so that the next run starts
+                // with the record that failed and sends nothing twice.
+                progress.commit().await?;
+                return Err(anyhow::Error::new(error).context(format!(
+                    "producing a redriven record (partition {}, offset {}); the {sent} sent \
+                     before it are recorded, run the redrive again to go on",
+                    record.partition(),
+                    record.offset()
+                )));
+            }
+            sent += 1;
         }
-        let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&kafka.commands_topic);
-        if let Some(key) = record.key() {
-            out = out.key(key);
+        progress.passed(record.partition(), record.offset());
+        if progress.uncommitted >= COMMIT_EVERY {
+            progress.commit().await?;
         }
-        if let Some(value) = record.payload() {
-            out = out.payload(value);
-        }
-        let headers: Option<OwnedHeaders> = without_dead_letter_headers(record);
-        if let Some(headers) = headers {
-            out = out.headers(headers);
-        }
-        producer
-            .send(out, Timeout::After(Duration::from_secs(30)))
-            .await
-            .map_err(|(e, _)| e)
-            .context("producing a redriven record")?;
-        sent += 1;
     }
-    let topic = kafka.dlq_topic.clone();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        if progress.is_empty() {
-            return Ok(());
-        }
-        let mut config = base_config(&kafka);
-        config
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false");
-        let committer: BaseConsumer = config.create()?;
-        let mut list = TopicPartitionList::new();
-        for (p, o) in &progress {
-            list.add_partition_offset(&topic, *p, Offset::Offset(*o))?;
-        }
-        committer
-            .commit(&list, CommitMode::Sync)
-            .context("committing redrive progress")?;
-        drop(list);
-        drop(committer);
-        Ok(())
-    })
-    .await??;
+    progress.finish().await?;
     println!("redrove {sent} records");
     if altered > 0 {
         println!(
@@ -140,6 +140,54 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Records redriven (or passed over) between two progress commits: what a crash
+/// may send twice.
+const COMMIT_EVERY: usize = 100;
+
+/// Where the redrive stands in each dead-letter partition, and the consumer of the
+/// `.dlq-redrive` group that commits it.
+struct Progress {
+    next: HashMap<i32, i64>,
+    uncommitted: usize,
+    topic: String,
+    committer: Arc<BaseConsumer>,
+}
+
+impl Progress {
+    /// The record at `offset` is done with: redriven, or passed over for good.
+    fn passed(&mut self, partition: i32, offset: i64) {
+        self.next.insert(partition, offset + 1);
+        self.uncommitted += 1;
+    }
+
+    /// Commits where each partition stands (synchronously, off the runtime).
+    async fn commit(&mut self) -> anyhow::Result<()> {
+        let mut list = TopicPartitionList::new();
+        for (partition, next) in &self.next {
+            list.add_partition_offset(&self.topic, *partition, Offset::Offset(*next))?;
+        }
+        let committer = Arc::clone(&self.committer);
+        tokio::task::spawn_blocking(move || {
+            if list.count() == 0 {
+                return Ok(());
+            }
+            committer.commit(&list, CommitMode::Sync)
+        })
+        .await?
+        .context("committing redrive progress")?;
+        self.uncommitted = 0;
+        Ok(())
+    }
+
+    /// The last commit. The consumer is dropped off the runtime too: closing it blocks.
+    async fn finish(mut self) -> anyhow::Result<()> {
+        self.commit().await?;
+        let committer = self.committer;
+        tokio::task::spawn_blocking(move || drop(committer)).await?;
+        Ok(())
+    }
 }
 
 /// The dead letter carries a masked or dropped value instead of the original.

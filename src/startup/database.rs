@@ -16,12 +16,59 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// Under load connections are reused within milliseconds and never pinged.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
+/// Migrations whose comments were reworded after databases applied them, with the
+/// checksum (SHA-384, hex) of the text they applied. sqlx refuses to start when an
+/// applied migration's checksum changed, so without this every database migrated
+/// before the rewording would stop its workers. Only comments may change this way:
+/// `only_comments_changed` compares the released texts, kept in
+/// `tests/fixtures/migrations-as-released/`, with today's.
+const REWORDED: &[(i64, &str)] = &[
+    (
+        1,
+        "8625f5e8133251f1065726f9be02f2dc935624cbb6bfc623505e9fcbdbea2ff0069814f2985bbeaabe3a2fb8fc336c1f",
+    ),
+    (
+        2,
+        "1a63467db14b0989b70a37b910bb6dc903b254041578e42c77d72b3d0512578e4f30997ba724e90647bb50528677aa53",
+    ),
+];
+
 /// Applies `migrations/`. Safe to run concurrently from several processes.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    accept_reworded_migrations(pool)
+        .await
+        .context("recording reworded migrations failed")?;
     MIGRATOR
         .run(pool)
         .await
         .context("applying migrations failed")
+}
+
+/// Gives a migration applied with a text in `REWORDED` today's checksum. Any other
+/// checksum is left as it is, for sqlx to refuse. Idempotent, so processes migrating
+/// at the same time may all run it.
+async fn accept_reworded_migrations(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let applied: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !applied {
+        return Ok(());
+    }
+    for (version, released) in REWORDED {
+        let Some(migration) = MIGRATOR.iter().find(|m| m.version == *version) else {
+            continue;
+        };
+        sqlx::query(
+            "UPDATE _sqlx_migrations SET checksum = $1 \
+             WHERE version = $2 AND checksum = decode($3, 'hex')",
+        )
+        .bind(migration.checksum.as_ref())
+        .bind(version)
+        .bind(released)
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
 }
 
 /// How long a connection to Postgres may take at start-up, and from the pool.
@@ -181,4 +228,60 @@ async fn ensure_schema_present(pool: &PgPool) -> anyhow::Result<()> {
          before starting workers with `--migrate skip`"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha384};
+
+    use super::{MIGRATOR, REWORDED};
+
+    /// The text as databases applied it, from `tests/fixtures/migrations-as-released/`.
+    fn released(version: i64) -> &'static str {
+        match version {
+            1 => include_str!(
+                "../../tests/fixtures/migrations-as-released/0001_idempotency_tokens.sql"
+            ),
+            2 => include_str!("../../tests/fixtures/migrations-as-released/0002_payments.sql"),
+            other => panic!("no released text kept for migration {other}"),
+        }
+    }
+
+    /// The statements, without `--` comments and blank lines.
+    fn statements(sql: &str) -> Vec<&str> {
+        sql.lines()
+            .map(|line| {
+                line.split_once("--")
+                    .map_or(line, |(code, _)| code)
+                    .trim_end()
+            })
+            .filter(|line| !line.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn only_comments_changed() {
+        for (version, checksum) in REWORDED {
+            let before = released(*version);
+            assert_eq!(
+                hex::encode(Sha384::digest(before.as_bytes())),
+                *checksum,
+                "migration {version}: the kept text is not the one released"
+            );
+            let now = MIGRATOR
+                .iter()
+                .find(|m| m.version == *version)
+                .unwrap_or_else(|| panic!("migration {version} is gone"));
+            assert_ne!(
+                hex::encode(&now.checksum),
+                *checksum,
+                "migration {version}: unchanged"
+            );
+            assert_eq!(
+                statements(before),
+                statements(&now.sql),
+                "migration {version}: more than its comments changed"
+            );
+        }
+    }
 }

@@ -98,7 +98,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_validated_per_spec() {
+    fn keys_are_validated_by_length_and_charset() {
         let long_ok = "a".repeat(128);
         let too_long = "a".repeat(129);
         let cases: &[(&str, Result<(), InvalidKey>)] = &[

@@ -6,3 +6,4 @@ mod compose;
 mod k8s;
 mod least_privilege;
 mod postgres_tls;
+mod reworded_migrations;

@@ -127,6 +127,80 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
     assert!(known.is_ok(), "{known:?}");
 }
 
+/// A redrive whose sends start failing part-way records what it sent before it
+/// stops: the next run goes on with the record that failed, and no dead letter is
+/// put back twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redrive_that_fails_part_way_goes_on_where_it_stopped_and_sends_nothing_twice() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let producer = super::poison::producer(&stack);
+    let keys: Vec<String> = (0..10).map(|i| format!("redrive-part-{i}")).collect();
+    for key in &keys {
+        let value = serde_json::to_vec(&super::poison::command(key)).unwrap();
+        let letter = OwnedHeaders::new().insert(Header {
+            key: worker::ERROR_KIND,
+            value: Some("retries_exhausted"),
+        });
+        super::poison::send(
+            &producer,
+            &stack.settings.dlq_topic,
+            Some(key.as_bytes()),
+            Some(&value),
+            letter,
+        )
+        .await;
+    }
+    // Each send is acknowledged before the next starts: one produce request each.
+    // The fifth is refused for good.
+    let mut answers = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR; 4];
+    answers.push(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED);
+    stack
+        .kafka
+        .cluster()
+        .request_errors(RDKafkaApiKey::Produce, &answers);
+    let redrive = || operator::RedriveArgs {
+        kafka: stack.settings.clone(),
+        kind: None,
+        max: None,
+    };
+    let error = operator::redrive(redrive())
+        .await
+        .expect_err("the fifth send is refused");
+    let error = format!("{error:#}");
+    assert!(
+        error.contains("the 4 sent before it are recorded") && error.contains("offset 4"),
+        "{error}"
+    );
+    assert_eq!(
+        redriven_keys(&stack).await,
+        keys[..4],
+        "sent before the failure"
+    );
+
+    operator::redrive(redrive()).await.unwrap();
+    assert_eq!(
+        redriven_keys(&stack).await,
+        keys,
+        "the second run starts with the record that failed"
+    );
+}
+
+/// The keys on the commands topic, in order.
+async fn redriven_keys(stack: &Stack) -> Vec<String> {
+    let settings = stack.settings.clone();
+    let commands = tokio::task::spawn_blocking(move || {
+        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
+    })
+    .await
+    .unwrap();
+    commands
+        .iter()
+        .map(|c| String::from_utf8_lossy(c.key().unwrap_or_default()).into_owned())
+        .collect()
+}
+
 /// A replay run with a live static worker's environment (its `KAFKA_GROUP_INSTANCE_ID`
 /// too) finds the worker and refuses, and the worker goes on. (The replay joins as a
 /// dynamic member so that a real broker does not hand it the worker's place; the mock
