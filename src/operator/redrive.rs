@@ -116,13 +116,22 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
             if let Err(error) = delivered {
                 // What was sent stays sent: record it, so that the next run starts
                 // with the record that failed and sends nothing twice.
-                progress.commit().await?;
-                return Err(anyhow::Error::new(error).context(format!(
-                    "producing a redriven record (partition {}, offset {}); the {sent} sent \
-                     before it are recorded, run the redrive again to go on",
+                let position = format!(
+                    "producing a redriven record (partition {}, offset {})",
                     record.partition(),
                     record.offset()
-                )));
+                );
+                let context = match progress.commit().await {
+                    Ok(()) => format!(
+                        "{position}; the {sent} sent before it are recorded, run the redrive \
+                         again to go on"
+                    ),
+                    Err(commit) => format!(
+                        "{position}; recording the {sent} sent before it failed too \
+                         ({commit:#}), so the next run sends them again"
+                    ),
+                };
+                return Err(anyhow::Error::new(error).context(context));
             }
             sent += 1;
         }
