@@ -48,7 +48,6 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     let group = format!("{}.dlq-redrive", kafka.group_id);
     let (records, mut progress) = tokio::task::spawn_blocking({
         let kafka = kafka.clone();
-        let group = group.clone();
         move || -> anyhow::Result<_> {
             let mut config = base_config(&kafka);
             config

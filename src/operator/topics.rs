@@ -105,14 +105,12 @@ pub fn read_ranges(
         .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer = config.create()?;
     let mut list = TopicPartitionList::new();
-    let mut remaining = 0i64;
     let mut ends = std::collections::HashMap::new();
     for range in ranges.iter().filter(|r| r.to > r.from) {
         list.add_partition_offset(topic, range.partition, Offset::Offset(range.from))?;
-        remaining += range.to - range.from;
         ends.insert(range.partition, range.to);
     }
-    if remaining == 0 {
+    if ends.is_empty() {
         drop(list);
         drop(consumer);
         return Ok(Vec::new());
@@ -123,8 +121,8 @@ pub fn read_ranges(
     // A fetch retried after an error may deliver a record again: count positions.
     let mut seen = std::collections::HashSet::new();
     let deadline = Instant::now() + READ_DEADLINE;
-    // Done when every partition's position reached its end, not after `remaining`
-    // records: transaction markers and aborted records take offsets that a
+    // Done when every partition's position reached its end, not after as many
+    // records as the ranges span: transaction markers and aborted records take offsets that a
     // `read_committed` reader never gets as records.
     while !reached(&consumer, &ends)? {
         if Instant::now() >= deadline {

@@ -39,6 +39,16 @@ pub(crate) fn exactly_once_settings() -> WorkerSettings {
     }
 }
 
+/// The process's transactional producer, started off the runtime as `run` does.
+pub(crate) async fn start_transactions(settings: &KafkaSettings) -> std::sync::Arc<Transactions> {
+    let settings = settings.clone();
+    tokio::task::spawn_blocking(move || {
+        Transactions::start(&settings, &exactly_once_settings()).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 /// Every result record a `read_committed` reader of the results topic gets.
 pub(crate) async fn read_committed(settings: &KafkaSettings) -> Vec<ResultRecord> {
     result_records(&read_topic(settings, &settings.results_topic, "read_committed").await)
@@ -274,14 +284,7 @@ async fn a_commit_carries_no_answer_past_its_offsets_and_none_abandoned_unsettle
     let settings = KafkaSettings::local(kafka.bootstrap_servers(), unique("group"));
     kafka.create_payment_topics(&settings, 1).expect("topics");
     let topic = settings.commands_topic.clone();
-    let transactions = {
-        let settings = settings.clone();
-        tokio::task::spawn_blocking(move || {
-            Transactions::start(&settings, &exactly_once_settings()).unwrap()
-        })
-        .await
-        .unwrap()
-    };
+    let transactions = start_transactions(&settings).await;
     let member: BaseConsumer = {
         let mut config = worker::base_config(&settings);
         config.set("group.id", &settings.group_id);

@@ -9,7 +9,7 @@ use payment_worker::operator;
 use payment_worker::worker;
 use rdkafka::message::Message;
 
-use crate::support::helpers::{quick_worker_settings, stop_all, Stack};
+use crate::support::helpers::{quick_worker_settings, read_topic, stop_all, Stack};
 
 use super::poison::{header_value as header, start_run};
 
@@ -66,12 +66,12 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
         max: None,
     };
     operator::redrive(redrive()).await.unwrap();
-    let settings = stack.settings.clone();
-    let commands = tokio::task::spawn_blocking(move || {
-        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
-    })
-    .await
-    .unwrap();
+    let commands = read_topic(
+        &stack.settings,
+        &stack.settings.commands_topic,
+        "read_committed",
+    )
+    .await;
     assert_eq!(
         commands.len(),
         3,
@@ -93,12 +93,12 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
 
     // Progress is remembered: a second redrive sends nothing.
     operator::redrive(redrive()).await.unwrap();
-    let settings = stack.settings.clone();
-    let commands = tokio::task::spawn_blocking(move || {
-        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
-    })
-    .await
-    .unwrap();
+    let commands = read_topic(
+        &stack.settings,
+        &stack.settings.commands_topic,
+        "read_committed",
+    )
+    .await;
     assert_eq!(commands.len(), 3);
     assert!(
         !commands.iter().any(|c| c
@@ -189,12 +189,12 @@ async fn a_redrive_that_fails_part_way_goes_on_where_it_stopped_and_sends_nothin
 
 /// The keys on the commands topic, in order.
 async fn redriven_keys(stack: &Stack) -> Vec<String> {
-    let settings = stack.settings.clone();
-    let commands = tokio::task::spawn_blocking(move || {
-        operator::read_partitions(&settings, &settings.commands_topic, |_, low| low).unwrap()
-    })
-    .await
-    .unwrap();
+    let commands = read_topic(
+        &stack.settings,
+        &stack.settings.commands_topic,
+        "read_committed",
+    )
+    .await;
     commands
         .iter()
         .map(|c| String::from_utf8_lossy(c.key().unwrap_or_default()).into_owned())

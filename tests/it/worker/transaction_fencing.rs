@@ -21,7 +21,7 @@ use rdkafka::producer::FutureRecord;
 use crate::support::helpers::{committed_offsets, read_topic, unique};
 use crate::support::txn_broker;
 
-use super::exactly_once::{commit, exactly_once_settings};
+use super::exactly_once::{commit, start_transactions};
 
 fn member(settings: &KafkaSettings) -> BaseConsumer {
     let mut config = worker::consumer_config(settings);
@@ -110,14 +110,7 @@ async fn a_commit_with_a_stale_group_generation_is_refused_and_its_answer_never_
     let names = KafkaSettings::local(String::new(), String::new());
     let (_broker, bootstrap) = txn_broker::start(2, &names).await;
     let settings = KafkaSettings::local(bootstrap, unique("group"));
-    let transactions = {
-        let settings = settings.clone();
-        tokio::task::spawn_blocking(move || {
-            Transactions::start(&settings, &exactly_once_settings()).unwrap()
-        })
-        .await
-        .unwrap()
-    };
+    let transactions = start_transactions(&settings).await;
 
     // The zombie-to-be joins alone and keeps the metadata of that generation.
     let zombie = member(&settings);
