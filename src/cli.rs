@@ -300,6 +300,25 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
     exit_status::FAILURE
 }
 
+/// A store `process` cannot reach now is a reason to try again later (exit 75), as
+/// the same outage met a moment later, inside the attempt, is; a login refused or a
+/// URL that cannot be used is not, and keeps its own exit status.
+fn unreachable_is_temporary(error: anyhow::Error) -> anyhow::Error {
+    let unreachable = error.chain().any(|cause| {
+        cause
+            .downcast_ref::<sqlx::Error>()
+            .is_some_and(crate::retry::is_transient_sqlx)
+            || cause
+                .downcast_ref::<redis::RedisError>()
+                .is_some_and(|e| e.is_io_error() || e.is_connection_refusal() || e.is_timeout())
+    });
+    if unreachable {
+        CommandFailure::TryAgainLater(format!("{error:#}")).into()
+    } else {
+        error
+    }
+}
+
 /// The exit status `process` ends with for `attempt`: final outcomes succeed, an
 /// invalid command is a data error, a retry a temporary failure, and the worker's
 /// own failure (an `internal` rejection, a charge it could not book) a failure.
@@ -401,7 +420,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = match &command {
                 TokensCommand::Issue { store, .. } | TokensCommand::Show { store, .. } => store,
             };
-            let (_pool, store) = startup::open_stores(settings).await?;
+            // Showing a token never migrates; issuing one may prepare the database.
+            let (_pool, store) = match &command {
+                TokensCommand::Show { .. } => startup::open_existing_stores(settings).await?,
+                TokensCommand::Issue { .. } => startup::open_stores(settings).await?,
+            };
             let mut out = std::io::stdout().lock();
             match command {
                 TokensCommand::Issue {
@@ -452,7 +475,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                         &processor,
                         &WorkerSettings::default().worker_id(),
                     )
-                    .await?;
+                    .await
+                    .map_err(unreachable_is_temporary)?;
                     processor
                         .process(&command, &CommandContext::default())
                         .await

@@ -232,7 +232,8 @@ impl Default for TokenTableSettings {
 #[derive(Debug, Clone, clap::Args)]
 pub struct StoreSettings {
     /// `auto` creates and migrates the database at start (owner role); `skip`
-    /// leaves that to the `migrate` command, so a DML-only role is enough.
+    /// leaves that to the `migrate` command, so a DML-only role is enough. `audit`,
+    /// `replay --dry-run` and `tokens show` never migrate.
     #[arg(long = "migrate", env = "MIGRATE", value_enum, default_value = "auto")]
     pub migrate: MigrateMode,
     /// The payments database.

@@ -36,7 +36,7 @@ pub struct AuditArgs {
 
 /// Prints the report; fails (non-zero exit) when any invariant (docs/CONTRACT.md) is violated.
 pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
-    let (pool, tokens) = crate::startup::open_stores(&args.stores).await?;
+    let (pool, tokens) = crate::startup::open_existing_stores(&args.stores).await?;
     let gateway = HttpGateway::new(
         &args.gateway_url,
         Duration::from_secs(10),

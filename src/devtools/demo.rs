@@ -89,7 +89,7 @@ fn start_results_reader(
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed");
-    let consumer: BaseConsumer = config.create()?;
+    let consumer: BaseConsumer = worker::create_client(&config)?;
     consumer.subscribe(&[kafka.results_topic.as_str()])?;
     Ok(std::thread::spawn(move || {
         while !stop.load(Ordering::SeqCst) {
@@ -305,7 +305,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     let prefix = format!("demo-{run_id}");
     let records = operator::generate(&spec, &prefix);
-    let producer: FutureProducer = worker::producer_config(&kafka).create()?;
+    let producer: FutureProducer = worker::create_client(&worker::producer_config(&kafka))?;
     operator::publish_records(&producer, &kafka.commands_topic, args.partitions, &records).await?;
     let mut kinds: HashMap<operator::RecordKind, usize> = HashMap::new();
     for r in &records {

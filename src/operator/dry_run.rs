@@ -12,7 +12,7 @@ use super::topics::{partition_count, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
 use crate::payment::{Fingerprint, GatewayLookup};
 use crate::token::{TokenMode, TokenState, TokenStore};
-use crate::worker::{base_config, Inbound};
+use crate::worker::{base_config, create_client, Inbound};
 
 /// Every verdict, in the order the summary prints them.
 pub const VERDICTS: [&str; 7] = [
@@ -303,7 +303,7 @@ fn replay_ranges(
 ) -> anyhow::Result<Vec<PartitionRange>> {
     let topic = kafka.commands_topic.as_str();
     let partitions = partition_count(kafka, topic)?;
-    let consumer: BaseConsumer = base_config(kafka).create()?;
+    let consumer: BaseConsumer = create_client(&base_config(kafka))?;
     let mut ranges = Vec::with_capacity(partitions as usize);
     for partition in 0..partitions {
         let (low, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::topics::partition_count;
 use super::workload::{generate, RecordKind, WorkloadRecord, WorkloadSpec};
 use crate::configuration::KafkaSettings;
-use crate::worker::producer_config;
+use crate::worker::{create_client, producer_config};
 
 /// `payment-worker produce`: what to publish, and where.
 #[derive(Debug, clap::Args)]
@@ -111,7 +111,7 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
             records
         }
     };
-    let producer: FutureProducer = producer_config(&args.kafka).create()?;
+    let producer: FutureProducer = create_client(&producer_config(&args.kafka))?;
     let topic = args.kafka.commands_topic.clone();
     let partitions = {
         let kafka = args.kafka.clone();

@@ -11,12 +11,12 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::topics::{partition_count, read_partitions};
+use super::topics::{partition_count, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
 use crate::payment::RejectionKind;
 use crate::worker::{
-    base_config, producer_config, without_dead_letter_headers, ERROR_KIND, ORIGINAL_DROPPED,
-    PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+    base_config, create_client, producer_config, without_dead_letter_headers, ERROR_KIND,
+    ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
 };
 
 /// `payment-worker dlq redrive`: which dead letters, how many.
@@ -40,20 +40,22 @@ pub struct RedriveArgs {
 /// record that failed. Only a run killed outright sends again what it sent since its
 /// last commit (up to 100 records); the worker answers those as duplicates of the
 /// first, charging nothing.
+/// The topic is read [`WINDOW`] offsets per partition at a time, up to where it
+/// ended when the run began: memory stays bounded however large the backlog.
 /// A dead letter whose value is not the original (card numbers masked, or the value
 /// dropped for size) is never sent: the masked command could pass the rules the
 /// original broke and be charged as something nobody asked for.
 pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     let kafka = args.kafka.clone();
     let group = format!("{}.dlq-redrive", kafka.group_id);
-    let (records, mut progress) = tokio::task::spawn_blocking({
+    let (ends, mut progress) = tokio::task::spawn_blocking({
         let kafka = kafka.clone();
         move || -> anyhow::Result<_> {
             let mut config = base_config(&kafka);
             config
                 .set("group.id", &group)
                 .set("enable.auto.commit", "false");
-            let probe: BaseConsumer = config.create()?;
+            let probe: BaseConsumer = create_client(&config)?;
             let partitions = partition_count(&kafka, &kafka.dlq_topic)?;
             let mut list = TopicPartitionList::new();
             for p in 0..partitions {
@@ -69,74 +71,104 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
                 })
                 .collect();
             drop(committed);
-            let records = read_partitions(&kafka, &kafka.dlq_topic, |p, low| {
-                starts.get(&p).copied().unwrap_or(low)
-            })?;
+            // What the topic holds now is this run's work; letters that arrive
+            // while it runs are left for the next run.
+            let mut ends = Vec::with_capacity(partitions as usize);
+            let mut next = HashMap::with_capacity(partitions as usize);
+            for partition in 0..partitions {
+                let (low, high) =
+                    probe.fetch_watermarks(&kafka.dlq_topic, partition, Duration::from_secs(10))?;
+                let from = starts
+                    .get(&partition)
+                    .copied()
+                    .unwrap_or(low)
+                    .clamp(low, high);
+                next.insert(partition, from);
+                ends.push((partition, high));
+            }
             let progress = Progress {
-                next: starts,
+                next,
                 uncommitted: 0,
                 topic: kafka.dlq_topic.clone(),
                 committer: Arc::new(probe),
             };
-            Ok((records, progress))
+            Ok((ends, progress))
         }
     })
     .await??;
-    let producer: FutureProducer = producer_config(&kafka).create()?;
+    let producer: FutureProducer = create_client(&producer_config(&kafka))?;
     let mut sent = 0usize;
     let mut altered = 0usize;
-    for record in &records {
-        if args.max.is_some_and(|m| sent >= m) {
+    // A window at a time, so that memory and each read stay bounded however many
+    // dead letters an outage left, and `--max` bounds what is read as well.
+    'windows: loop {
+        let ranges = windows(&ends, &progress.next);
+        if ranges.is_empty() || args.max.is_some_and(|m| sent >= m) {
             break;
         }
-        let kind = record
-            .headers()
-            .and_then(|h| crate::kafka_headers::last_value(h, ERROR_KIND))
-            .and_then(|v| String::from_utf8(v.to_vec()).ok());
-        let passed_over = args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref());
-        if !passed_over && is_altered(record) {
-            altered += 1;
-        } else if !passed_over {
-            let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&kafka.commands_topic);
-            if let Some(key) = record.key() {
-                out = out.key(key);
+        let records = tokio::task::spawn_blocking({
+            let (kafka, ranges) = (kafka.clone(), ranges.clone());
+            move || read_ranges(&kafka, &kafka.dlq_topic, &ranges)
+        })
+        .await??;
+        for record in &records {
+            if args.max.is_some_and(|m| sent >= m) {
+                break 'windows;
             }
-            if let Some(value) = record.payload() {
-                out = out.payload(value);
+            let kind = record
+                .headers()
+                .and_then(|h| crate::kafka_headers::last_value(h, ERROR_KIND))
+                .and_then(|v| String::from_utf8(v.to_vec()).ok());
+            let passed_over = args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref());
+            if !passed_over && is_altered(record) {
+                altered += 1;
+            } else if !passed_over {
+                let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&kafka.commands_topic);
+                if let Some(key) = record.key() {
+                    out = out.key(key);
+                }
+                if let Some(value) = record.payload() {
+                    out = out.payload(value);
+                }
+                let headers: Option<OwnedHeaders> = without_dead_letter_headers(record);
+                if let Some(headers) = headers {
+                    out = out.headers(headers);
+                }
+                let delivered = producer
+                    .send(out, Timeout::After(Duration::from_secs(30)))
+                    .await
+                    .map_err(|(e, _)| e);
+                if let Err(error) = delivered {
+                    // What was sent stays sent: record it, so that the next run starts
+                    // with the record that failed and sends nothing twice.
+                    let position = format!(
+                        "producing a redriven record (partition {}, offset {})",
+                        record.partition(),
+                        record.offset()
+                    );
+                    let context = match progress.commit().await {
+                        Ok(()) => format!(
+                            "{position}; the {sent} sent before it are recorded, run the redrive \
+                             again to go on"
+                        ),
+                        Err(commit) => format!(
+                            "{position}; recording the {sent} sent before it failed too \
+                             ({commit:#}), so the next run sends them again"
+                        ),
+                    };
+                    return Err(anyhow::Error::new(error).context(context));
+                }
+                sent += 1;
             }
-            let headers: Option<OwnedHeaders> = without_dead_letter_headers(record);
-            if let Some(headers) = headers {
-                out = out.headers(headers);
+            progress.passed(record.partition(), record.offset());
+            if progress.uncommitted >= COMMIT_EVERY {
+                progress.commit().await?;
             }
-            let delivered = producer
-                .send(out, Timeout::After(Duration::from_secs(30)))
-                .await
-                .map_err(|(e, _)| e);
-            if let Err(error) = delivered {
-                // What was sent stays sent: record it, so that the next run starts
-                // with the record that failed and sends nothing twice.
-                let position = format!(
-                    "producing a redriven record (partition {}, offset {})",
-                    record.partition(),
-                    record.offset()
-                );
-                let context = match progress.commit().await {
-                    Ok(()) => format!(
-                        "{position}; the {sent} sent before it are recorded, run the redrive \
-                         again to go on"
-                    ),
-                    Err(commit) => format!(
-                        "{position}; recording the {sent} sent before it failed too \
-                         ({commit:#}), so the next run sends them again"
-                    ),
-                };
-                return Err(anyhow::Error::new(error).context(context));
-            }
-            sent += 1;
         }
-        progress.passed(record.partition(), record.offset());
-        if progress.uncommitted >= COMMIT_EVERY {
-            progress.commit().await?;
+        // Offsets of the window that hold no record to redrive (transaction markers,
+        // aborted records) are passed too.
+        for range in &ranges {
+            progress.reached(range.partition, range.to);
         }
     }
     progress.finish().await?;
@@ -154,6 +186,26 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
 /// may send twice.
 const COMMIT_EVERY: usize = 100;
 
+/// Offsets of each dead-letter partition read at a time: what a run holds in memory.
+const WINDOW: i64 = 1000;
+
+/// The next window of each partition that has not reached its end: at most
+/// [`WINDOW`] offsets from where the redrive stands.
+fn windows(ends: &[(i32, i64)], next: &HashMap<i32, i64>) -> Vec<PartitionRange> {
+    ends.iter()
+        .map(|&(partition, high)| {
+            let from = next.get(&partition).copied().unwrap_or(high);
+            PartitionRange {
+                partition,
+                from,
+                to: high.min(from.saturating_add(WINDOW)),
+                available: high - from,
+            }
+        })
+        .filter(|range| range.to > range.from)
+        .collect()
+}
+
 /// Where the redrive stands in each dead-letter partition, and the consumer of the
 /// `.dlq-redrive` group that commits it.
 struct Progress {
@@ -168,6 +220,12 @@ impl Progress {
     fn passed(&mut self, partition: i32, offset: i64) {
         self.next.insert(partition, offset + 1);
         self.uncommitted += 1;
+    }
+
+    /// Everything before `next` in `partition` is done with.
+    fn reached(&mut self, partition: i32, next: i64) {
+        let at = self.next.entry(partition).or_insert(next);
+        *at = (*at).max(next);
     }
 
     /// Commits where each partition stands (synchronously, off the runtime).
@@ -205,4 +263,34 @@ fn is_altered(record: &rdkafka::message::OwnedMessage) -> bool {
             .iter()
             .any(|name| crate::kafka_headers::last_value(headers, name).is_some())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_holds_at_most_a_thousand_offsets_and_ends_where_the_run_began() {
+        let ends = [(0, 2_500), (1, 40), (2, 7)];
+        let next = HashMap::from([(0, 0), (1, 40), (2, 3)]);
+        let ranges = windows(&ends, &next);
+        assert_eq!(
+            ranges
+                .iter()
+                .map(|r| (r.partition, r.from, r.to))
+                .collect::<Vec<_>>(),
+            vec![(0, 0, 1_000), (2, 3, 7)],
+            "partition 1 is done"
+        );
+        let next = HashMap::from([(0, 2_000), (1, 40), (2, 7)]);
+        assert_eq!(
+            windows(&ends, &next)
+                .iter()
+                .map(|r| (r.partition, r.from, r.to))
+                .collect::<Vec<_>>(),
+            vec![(0, 2_000, 2_500)]
+        );
+        let done = HashMap::from([(0, 2_500), (1, 40), (2, 7)]);
+        assert!(windows(&ends, &done).is_empty());
+    }
 }

@@ -10,7 +10,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::dry_run::{dry_run_report, DryRunScope};
 use super::topics::partition_count;
 use crate::configuration::{KafkaSettings, StoreSettings};
-use crate::worker::consumer_config;
+use crate::worker::{consumer_config, create_client};
 
 /// `payment-worker replay`: which group to rewind and to where, or what a dry run reports.
 #[derive(Debug, clap::Args)]
@@ -153,7 +153,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 }
 
 async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()> {
-    let (pool, store) = crate::startup::open_stores(&args.stores).await?;
+    let (pool, store) = crate::startup::open_existing_stores(&args.stores).await?;
     let scope = DryRunScope {
         to_offset: if args.to_beginning {
             None
@@ -194,7 +194,7 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     };
     let mut config = consumer_config(&dynamic);
     config.set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = config.create()?;
+    let consumer: BaseConsumer = create_client(&config)?;
     consumer.subscribe(&[topic])?;
     let deadline = Instant::now() + kafka.session_timeout * 3 + Duration::from_secs(5);
     loop {

@@ -10,11 +10,11 @@ use rdkafka::{Offset, TopicPartitionList};
 use uuid::Uuid;
 
 use crate::configuration::KafkaSettings;
-use crate::worker::base_config;
+use crate::worker::{base_config, create_client};
 
 /// How many partitions `topic` has; an error when it has none (or does not exist).
 pub fn partition_count(settings: &KafkaSettings, topic: &str) -> anyhow::Result<i32> {
-    let consumer: BaseConsumer = base_config(settings).create()?;
+    let consumer: BaseConsumer = create_client(&base_config(settings))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .with_context(|| format!("fetching metadata of {topic}"))?;
@@ -53,7 +53,7 @@ pub fn read_partitions(
     start: impl Fn(i32, i64) -> i64,
 ) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
     let partitions = partition_count(kafka, topic)?;
-    let probe: BaseConsumer = base_config(kafka).create()?;
+    let probe: BaseConsumer = create_client(&base_config(kafka))?;
     let mut ranges = Vec::with_capacity(partitions as usize);
     for partition in 0..partitions {
         let (low, high) = probe.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
@@ -103,7 +103,7 @@ pub fn read_ranges(
         // A start that retention removed meanwhile reads on from the earliest
         // record (librdkafka's default would jump to the end and never get there).
         .set("auto.offset.reset", "earliest");
-    let consumer: BaseConsumer = config.create()?;
+    let consumer: BaseConsumer = create_client(&config)?;
     let mut list = TopicPartitionList::new();
     let mut ends = std::collections::HashMap::new();
     for range in ranges.iter().filter(|r| r.to > r.from) {

@@ -11,7 +11,7 @@ pub use database::{
 };
 pub use signal::shutdown_signal;
 pub use stores::{
-    check_connection_budget, open_stores, purge_round, spawn_token_purge, token_store,
-    PURGE_BATCHES_PER_ROUND,
+    check_connection_budget, open_existing_stores, open_stores, purge_round, spawn_token_purge,
+    token_store, PURGE_BATCHES_PER_ROUND,
 };
 pub use wiring::{build_processor, gateway, handler};

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 
 use super::database::{connect_with_size, open_database};
 use crate::configuration::{
-    RedisSettings, StoreSettings, TokenSettings, TokenStoreKind, TokenTableSettings,
+    MigrateMode, RedisSettings, StoreSettings, TokenSettings, TokenStoreKind, TokenTableSettings,
 };
 use crate::redaction::redact_url;
 use crate::token::{PostgresTokenStore, RedisTokenStore, TokenStore};
@@ -71,6 +71,21 @@ pub async fn open_stores(
         }
     };
     Ok((pool, tokens))
+}
+
+/// [`open_stores`] as they are, for the commands that look at them (`audit`, a
+/// replay's dry run, `tokens show`): never creates or migrates the database,
+/// whatever `--migrate` says. A newer binary run from a laptop must not move production's schema ahead
+/// of its rollout, and a misspelt database name must not come back as a new, empty
+/// database reported as "nothing charged yet".
+pub async fn open_existing_stores(
+    settings: &StoreSettings,
+) -> anyhow::Result<(PgPool, Arc<dyn TokenStore>)> {
+    open_stores(&StoreSettings {
+        migrate: MigrateMode::Skip,
+        ..settings.clone()
+    })
+    .await
 }
 
 /// Start-up check: the server must accept every connection this process's pools

@@ -467,12 +467,14 @@ pub fn start(
         failure: Mutex::new(None),
     });
     kafka.check_passthrough()?;
-    let consumer: Member = super::kafka::consumer_config(kafka)
-        .create_with_context(MemberContext {
+    let consumer: Member = super::kafka::create_client_with_context(
+        &super::kafka::consumer_config(kafka),
+        MemberContext {
             partitions: Arc::clone(&partitions),
             assigned: Arc::clone(&assigned),
-        })
-        .context("creating the Kafka consumer")?;
+        },
+    )
+    .context("creating the Kafka consumer")?;
     consumer
         .subscribe(&[kafka.commands_topic.as_str()])
         .context("subscribing to the commands topic")?;

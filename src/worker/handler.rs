@@ -42,6 +42,49 @@ struct NotYet {
     reason: String,
 }
 
+/// What one attempt's result means to the retry loop: the answer and whether it is
+/// unbooked, or another try; and whether a charge may now exist that no row records,
+/// given what earlier attempts left (`earlier`).
+fn judge(attempt: Option<Attempt>, earlier: bool) -> (Result<(Outcome, bool), NotYet>, bool) {
+    match attempt {
+        Some(Attempt::Retry {
+            after,
+            reason,
+            charge,
+        }) => (
+            Err(NotYet { after, reason }),
+            charge.may_have_charged(earlier),
+        ),
+        // The token vanished while an earlier attempt's charge is unresolved: its
+        // deadline passed during a restore, or the key expired with a lease that
+        // outlived it. Then "the gateway holds no charge" only says the gateway has
+        // not shown it yet (a 409 means it is still working on it), so look again
+        // until it does (the missing-token path books it) or the budget runs out
+        // (dead-lettered with the charge unknown). Answering token_missing here
+        // would forget a charge that may be made a moment later.
+        Some(Attempt::Final(Outcome::Rejected {
+            kind: RejectionKind::TokenMissing,
+            reason,
+        })) if earlier => (
+            Err(NotYet {
+                after: Duration::ZERO,
+                reason: format!("{reason}, while an earlier attempt's charge is unresolved"),
+            }),
+            true,
+        ),
+        Some(Attempt::Final(outcome)) => (Ok((outcome, false)), earlier),
+        Some(Attempt::Unbooked(outcome)) => (Ok((outcome, true)), earlier),
+        // Still queued for a payment slot when the drain began: not started.
+        None => (
+            Err(NotYet {
+                after: Duration::ZERO,
+                reason: "draining before the attempt started".to_owned(),
+            }),
+            earlier,
+        ),
+    }
+}
+
 impl Handler {
     /// A handler over `processor` that publishes through `publisher` and retries
     /// within `retry`.
@@ -220,28 +263,14 @@ impl Handler {
         let attempt = || {
             attempts += 1;
             async {
-                match self
+                let attempt = self
                     .processor
                     .process_unless(command, &context, draining)
-                    .await
-                {
-                    Some(Attempt::Retry {
-                        after,
-                        reason,
-                        charge,
-                    }) => {
-                        let earlier = charge_unknown.load(Ordering::Relaxed);
-                        charge_unknown.store(charge.may_have_charged(earlier), Ordering::Relaxed);
-                        Err(NotYet { after, reason })
-                    }
-                    Some(Attempt::Final(outcome)) => Ok((outcome, false)),
-                    Some(Attempt::Unbooked(outcome)) => Ok((outcome, true)),
-                    // Still queued for a payment slot when the drain began: not started.
-                    None => Err(NotYet {
-                        after: Duration::ZERO,
-                        reason: "draining before the attempt started".to_owned(),
-                    }),
-                }
+                    .await;
+                let earlier = charge_unknown.load(Ordering::Relaxed);
+                let (answer, may_have_charged) = judge(attempt, earlier);
+                charge_unknown.store(may_have_charged, Ordering::Relaxed);
+                answer
             }
         };
         let result = attempt
@@ -345,5 +374,69 @@ impl Handler {
                 "could not record the unresolved charge for audit"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payment::ChargeEvidence;
+
+    fn token_missing() -> Option<Attempt> {
+        Some(Attempt::Final(Outcome::Rejected {
+            kind: RejectionKind::TokenMissing,
+            reason: "token_missing: never issued, expired, or already consumed".to_owned(),
+        }))
+    }
+
+    fn retry(charge: ChargeEvidence) -> Option<Attempt> {
+        Some(Attempt::Retry {
+            after: Duration::from_millis(7),
+            reason: "gateway: 503".to_owned(),
+            charge,
+        })
+    }
+
+    #[test]
+    fn a_missing_token_is_final_only_when_no_earlier_attempt_may_have_charged() {
+        let (answer, unknown) = judge(token_missing(), false);
+        assert!(matches!(
+            answer,
+            Ok((
+                Outcome::Rejected {
+                    kind: RejectionKind::TokenMissing,
+                    ..
+                },
+                false
+            ))
+        ));
+        assert!(!unknown);
+
+        let (answer, unknown) = judge(token_missing(), true);
+        let not_yet = answer.expect_err("looked at again, not answered");
+        assert!(not_yet.reason.contains("unresolved"), "{}", not_yet.reason);
+        assert!(unknown, "still unknown when the budget ends");
+    }
+
+    #[test]
+    fn what_attempts_learn_about_a_charge_is_folded_over_them() {
+        assert!(judge(retry(ChargeEvidence::MayHaveCharged), false).1);
+        assert!(judge(retry(ChargeEvidence::Unchanged), true).1);
+        assert!(!judge(retry(ChargeEvidence::NoCharge), true).1);
+        let (answer, unknown) = judge(retry(ChargeEvidence::Unchanged), false);
+        assert_eq!(answer.expect_err("a retry").after, Duration::from_millis(7));
+        assert!(!unknown);
+        // Final answers keep what was known; only an unbooked one is marked so.
+        let declined = Some(Attempt::Final(Outcome::Rejected {
+            kind: RejectionKind::Invalid,
+            reason: "gateway_rejected: HTTP 400".to_owned(),
+        }));
+        assert!(matches!(judge(declined, true), (Ok((_, false)), true)));
+        let unbooked = Some(Attempt::Unbooked(Outcome::Rejected {
+            kind: RejectionKind::Internal,
+            reason: "recording the charge failed".to_owned(),
+        }));
+        assert!(matches!(judge(unbooked, false), (Ok((_, true)), false)));
+        assert!(judge(None, true).0.is_err());
     }
 }

@@ -1,6 +1,8 @@
 //! librdkafka client settings.
 
-use rdkafka::config::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, FromClientConfig, FromClientConfigAndContext};
+use rdkafka::error::{KafkaError, KafkaResult};
 
 use crate::configuration::{GroupProtocol, KafkaSettings};
 
@@ -10,6 +12,46 @@ pub fn base_config(settings: &KafkaSettings) -> ClientConfig {
     config.set("bootstrap.servers", &settings.brokers);
     apply_passthrough(&mut config, settings);
     config
+}
+
+/// Creates a Kafka client from `config`. Every client of the product is made here, so
+/// that no refused setting prints its value: rdkafka's error quotes it, and the
+/// setting may be a `sasl.password` (or a misspelt one librdkafka does not know).
+pub fn create_client<T: FromClientConfig>(config: &ClientConfig) -> KafkaResult<T> {
+    config.create().map_err(without_setting_value)
+}
+
+/// [`create_client`] with a client context.
+pub fn create_client_with_context<C, T>(config: &ClientConfig, context: C) -> KafkaResult<T>
+where
+    C: ClientContext,
+    T: FromClientConfigAndContext<C>,
+{
+    config
+        .create_with_context(context)
+        .map_err(without_setting_value)
+}
+
+const REDACTED: &str = "<redacted>";
+
+/// A refused setting keeps its name and librdkafka's reason, never its value.
+fn without_setting_value(error: KafkaError) -> KafkaError {
+    match error {
+        KafkaError::ClientConfig(code, reason, key, value) => {
+            let reason = if value.is_empty() {
+                reason
+            } else {
+                let quoted = reason.replace(&format!("\"{value}\""), &format!("\"{REDACTED}\""));
+                if quoted.contains(value.as_str()) {
+                    "librdkafka refused the value".to_owned()
+                } else {
+                    quoted
+                }
+            };
+            KafkaError::ClientConfig(code, reason, key, REDACTED.to_owned())
+        }
+        other => other,
+    }
 }
 
 /// Passed-through settings go on after the worker's defaults, so an operator's
@@ -84,4 +126,41 @@ pub fn producer_config(settings: &KafkaSettings) -> ClientConfig {
     apply_passthrough(&mut config, settings);
     config.set("acks", "all").set("enable.idempotence", "true");
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::producer::FutureProducer;
+
+    fn refused(key: &str, value: &str) -> String {
+        let mut config = ClientConfig::new();
+        config.set(key, value);
+        match create_client::<BaseConsumer>(&config) {
+            Ok(_) => panic!("{key} was accepted"),
+            Err(error) => format!("{error} {error:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refused_setting_is_named_without_its_value() {
+        // Unknown to librdkafka (a Java client's setting), and a known one with a
+        // value it refuses: neither error shows the value.
+        let jaas = r#"PlainLoginModule required username="u" password="hunter2-secret";"#;
+        let unknown = refused("sasl.jaas.config", jaas);
+        assert!(unknown.contains("sasl.jaas.config"), "{unknown}");
+        assert!(!unknown.contains("hunter2-secret"), "{unknown}");
+        let invalid = refused("security.protocol", "hunter2-secret");
+        assert!(invalid.contains("security.protocol"), "{invalid}");
+        assert!(!invalid.contains("hunter2-secret"), "{invalid}");
+        assert!(invalid.contains(REDACTED), "{invalid}");
+    }
+
+    #[test]
+    fn a_client_with_accepted_settings_is_created() {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", "127.0.0.1:1");
+        assert!(create_client::<FutureProducer>(&config).is_ok());
+    }
 }

@@ -182,8 +182,7 @@ impl Publisher {
     /// An at-least-once publisher: each record is acknowledged on its own.
     pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
         settings.check_passthrough()?;
-        let producer = super::kafka::producer_config(settings)
-            .create()
+        let producer = super::kafka::create_client(&super::kafka::producer_config(settings))
             .context("creating the Kafka producer")?;
         Ok(Self {
             producer,

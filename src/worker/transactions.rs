@@ -106,13 +106,36 @@ const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
 /// transaction: a message timeout (`message.timeout.ms`, or its alias
 /// `delivery.timeout.ms`) above the transaction timeout is lowered to it.
 fn fit_message_timeout(config: &mut ClientConfig) {
+    let transaction = transaction_timeout_ms(config);
     let setting = |key| config.get(key).and_then(|v: &str| v.parse::<u64>().ok());
-    let transaction = setting("transaction.timeout.ms").unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
     let message = setting("delivery.timeout.ms").or_else(|| setting("message.timeout.ms"));
     if message.is_some_and(|message| message > transaction) {
         config.remove("delivery.timeout.ms");
         config.set("message.timeout.ms", transaction.to_string());
     }
+}
+
+/// How long the broker lets a transaction stay open before aborting it.
+fn transaction_timeout_ms(config: &ClientConfig) -> u64 {
+    config
+        .get("transaction.timeout.ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS)
+}
+
+/// A transaction is committed once its interval ends; one left open that long
+/// would be aborted by the broker first, every time, and nothing would ever be
+/// answered.
+fn check_interval(interval: Duration, config: &ClientConfig) -> anyhow::Result<()> {
+    let timeout = Duration::from_millis(transaction_timeout_ms(config));
+    anyhow::ensure!(
+        interval < timeout,
+        "TRANSACTION_INTERVAL ({}) must be shorter than the brokers' transaction timeout \
+         (transaction.timeout.ms, {}), or the broker aborts every transaction before it commits",
+        humantime::format_duration(interval),
+        humantime::format_duration(timeout)
+    );
+    Ok(())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -136,8 +159,8 @@ impl Transactions {
         let mut config = super::kafka::producer_config(kafka);
         config.set("transactional.id", &transactional_id);
         fit_message_timeout(&mut config);
-        let producer: FutureProducer = config
-            .create()
+        check_interval(worker.transaction_interval, &config)?;
+        let producer: FutureProducer = super::kafka::create_client(&config)
             .context("creating the transactional Kafka producer")?;
         let call_timeout = kafka.session_timeout.max(Duration::from_secs(10));
         producer
@@ -147,7 +170,22 @@ impl Transactions {
             .begin_transaction()
             .context("opening the first Kafka transaction")?;
         tracing::info!(%transactional_id, "exactly-once results: transactional producer ready");
-        Ok(Arc::new(Self {
+        Ok(Arc::new(Self::over(
+            producer,
+            worker.transaction_interval,
+            worker.transaction_max_records,
+            call_timeout,
+        )))
+    }
+
+    /// The bookkeeping around `producer`; `start` has opened its first transaction.
+    fn over(
+        producer: FutureProducer,
+        interval: Duration,
+        max_records: u64,
+        call_timeout: Duration,
+    ) -> Self {
+        Self {
             producer,
             gate: Arc::new(RwLock::new(())),
             settled: Mutex::default(),
@@ -156,10 +194,10 @@ impl Transactions {
             answered: Mutex::default(),
             broken: Arc::new(AtomicBool::new(false)),
             opened: Mutex::new(Instant::now()),
-            interval: worker.transaction_interval,
-            max_records: worker.transaction_max_records,
+            interval,
+            max_records,
             call_timeout,
-        }))
+        }
     }
 
     /// The transactional producer the publisher sends results and dead letters with.
@@ -341,17 +379,31 @@ impl Transactions {
         }
     }
 
+    /// Only a transaction rolled back and a new one open lets the worker answer
+    /// again, so failing either is fatal: a commit that timed out (the coordinator
+    /// slow past `call_timeout`) waits in librdkafka to be resumed, and until then it
+    /// refuses every abort as a conflict. Going on would rewind and redo the same
+    /// commands forever, answering none, while the member kept its partitions and
+    /// looked healthy. Ended, the worker leaves the group and its partitions move to
+    /// members that can answer; nothing was committed, so they redo it all.
     fn abort_and_reopen(&self, reason: String) -> TransactionFailure {
         tracing::warn!(%reason, "aborting the Kafka transaction; its commands are redone");
-        if let Err(failure) = self.retrying(|p| p.abort_transaction(self.call_timeout)) {
-            return failure;
-        }
-        match self.reopen() {
+        match self
+            .retrying(|p| p.abort_transaction(self.call_timeout))
+            .and_then(|()| self.reopen())
+        {
             Ok(()) => TransactionFailure::Aborted(reason),
-            Err(failure) => failure,
+            Err(TransactionFailure::Aborted(error) | TransactionFailure::Fatal(error)) => {
+                TransactionFailure::Fatal(format!(
+                    "{reason}; the transaction could not then be rolled back and a new one opened: {error}"
+                ))
+            }
         }
     }
 
+    /// Opens the next transaction. A producer that cannot open one cannot answer at
+    /// all (every answer would be produced outside a transaction and refused), so
+    /// any failure here is fatal.
     fn reopen(&self) -> Result<(), TransactionFailure> {
         self.answers.store(0, Ordering::SeqCst);
         lock(&self.answered).clear();
@@ -359,12 +411,7 @@ impl Transactions {
         *lock(&self.opened) = Instant::now();
         self.producer
             .begin_transaction()
-            .map_err(|error| match &error {
-                KafkaError::Transaction(e) if !e.is_fatal() => {
-                    TransactionFailure::Aborted(error.to_string())
-                }
-                _ => TransactionFailure::Fatal(error.to_string()),
-            })
+            .map_err(|error| TransactionFailure::Fatal(format!("opening a transaction: {error}")))
     }
 }
 
@@ -404,6 +451,64 @@ mod tests {
         }
         fit_message_timeout(&mut config);
         config
+    }
+
+    /// Transactions over a transactional producer librdkafka never initialised:
+    /// every transactional call fails at once, none of them as fatal.
+    fn uninitialised() -> Transactions {
+        let producer: FutureProducer = crate::worker::create_client(&config(&[
+            ("bootstrap.servers", "127.0.0.1:9"),
+            ("transactional.id", "never-initialised"),
+        ]))
+        .expect("a producer");
+        Transactions::over(
+            producer,
+            Duration::from_secs(1),
+            10,
+            Duration::from_millis(300),
+        )
+    }
+
+    #[test]
+    fn a_transaction_that_cannot_be_rolled_back_and_reopened_ends_the_worker() {
+        let transactions = uninitialised();
+        // An abort librdkafka refuses (as it refuses every abort while a timed-out
+        // commit waits to be resumed) must not read as "aborted, redo": nothing
+        // could then be answered again.
+        let (failure, closed) = transactions.abort("lost the assignment");
+        drop(closed);
+        match failure {
+            TransactionFailure::Fatal(reason) => {
+                assert!(reason.starts_with("lost the assignment; "), "{reason}")
+            }
+            other => panic!("expected Fatal, got {other:?}"),
+        }
+        // The same for a commit whose transaction is broken.
+        transactions.broken.store(true, Ordering::SeqCst);
+        transactions.answers.store(1, Ordering::SeqCst);
+        let committed = transactions.commit(None);
+        match committed {
+            Err((TransactionFailure::Fatal(_), _closed)) => {}
+            Err((other, _closed)) => panic!("expected Fatal, got {other:?}"),
+            Ok(_) => panic!("a broken transaction committed"),
+        }
+    }
+
+    #[test]
+    fn an_interval_the_broker_would_cut_short_is_refused() {
+        let default = config(&[]);
+        assert!(check_interval(Duration::from_secs(59), &default).is_ok());
+        let refused = check_interval(Duration::from_secs(60), &default)
+            .expect_err("the default timeout is 60 s")
+            .to_string();
+        assert!(
+            refused.contains("TRANSACTION_INTERVAL (1m)")
+                && refused.contains("transaction.timeout.ms, 1m"),
+            "{refused}"
+        );
+        let short = config(&[("transaction.timeout.ms", "5000")]);
+        assert!(check_interval(Duration::from_millis(100), &short).is_ok());
+        assert!(check_interval(Duration::from_secs(5), &short).is_err());
     }
 
     #[test]

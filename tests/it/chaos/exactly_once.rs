@@ -263,9 +263,10 @@ async fn a_zombie_past_its_session_is_fenced_and_nothing_it_produced_becomes_vis
         &[
             ("RESULTS_MODE", "exactly-once"),
             // The zombie's transaction stays open across the freeze: it is the
-            // group generation that fences it, not the broker's timeout.
+            // group generation that fences it, not the broker's timeout. (The
+            // interval must stay below that timeout, or the worker refuses to start.)
             ("KAFKA_CONFIG_TRANSACTION_TIMEOUT_MS", "120000"),
-            ("TRANSACTION_INTERVAL", "10m"),
+            ("TRANSACTION_INTERVAL", "110s"),
             ("TRANSACTION_MAX_RECORDS", "100000"),
         ],
     )

@@ -216,6 +216,106 @@ fn dead_url() -> String {
     format!("http://{addr}")
 }
 
+/// `process` says "try again later" (75) for a store it cannot reach at start, as it
+/// does for one that fails inside the attempt: a caller that retries on 75 must
+/// not take an outage for a permanent failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_exits_75_when_a_store_cannot_be_reached_at_start() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    let closed = dead_url();
+    let closed = closed.trim_start_matches("http://");
+    let order = command_json("cli-store-down-1", 300);
+    let postgres_down = format!("postgres://postgres@{closed}/payments");
+    let redis_down = format!("redis://{closed}");
+    for (what, database, redis_url) in [
+        ("Postgres", postgres_down.as_str(), REDIS_URL),
+        ("Redis", db.url.as_str(), redis_down.as_str()),
+    ] {
+        let env = [
+            ("DATABASE_URL", database),
+            ("REDIS_URL", redis_url),
+            ("REDIS_KEY_PREFIX", redis.prefix.as_str()),
+            ("GATEWAY_URL", "http://127.0.0.1:9"),
+        ];
+        let output = pw(&["process", &order], &env).await;
+        assert_eq!(status_of(&output), 75, "{what} down: {output:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("try again later"),
+            "{what} down: {output:?}"
+        );
+    }
+    // A refused login is not an outage: 1, as before.
+    let refused = format!(
+        "postgres://no_such_role_{}@127.0.0.1:5432/payments",
+        redis.prefix.replace('-', "_")
+    );
+    let env = [
+        ("DATABASE_URL", refused.as_str()),
+        ("REDIS_URL", REDIS_URL),
+        ("GATEWAY_URL", "http://127.0.0.1:9"),
+    ];
+    let output = pw(&["process", &order], &env).await;
+    assert_eq!(status_of(&output), 1, "{output:?}");
+}
+
+/// The commands that look at the stores (`audit`, `tokens show`) never create or
+/// migrate the database, whatever `--migrate` says: a misspelt database name is an
+/// error, not a new empty database reported as clean books.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_look_never_create_or_migrate_the_database() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    let missing = format!("{}_misspelt", db.name);
+    let missing_url = db.url.replace(&db.name, &missing);
+    let exists = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)",
+        )
+        .bind(&missing)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let env = [
+        ("DATABASE_URL", missing_url.as_str()),
+        ("REDIS_URL", REDIS_URL),
+        ("REDIS_KEY_PREFIX", redis.prefix.as_str()),
+        ("GATEWAY_URL", "http://127.0.0.1:9"),
+        ("MIGRATE", "auto"),
+    ];
+    for args in [&["audit"][..], &["tokens", "show", "cli-look-1"]] {
+        let output = pw(args, &env).await;
+        assert_ne!(status_of(&output), 0, "{args:?}: {output:?}");
+        assert!(!exists().await, "{args:?} created the database");
+    }
+    // A database that exists without the schema: refused with the way out, and
+    // left without tables.
+    sqlx::query(&format!("CREATE DATABASE {missing}"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let output = pw(&["audit"], &env).await;
+    assert_ne!(status_of(&output), 0, "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("payment-worker migrate"),
+        "{output:?}"
+    );
+    let bare = sqlx::PgPool::connect(&missing_url).await.unwrap();
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+    )
+    .fetch_one(&bare)
+    .await
+    .unwrap();
+    bare.close().await;
+    sqlx::query(&format!("DROP DATABASE {missing} WITH (FORCE)"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, 0, "audit migrated the database");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_exits_with_its_documented_status() {
     let stack = Stack::new(1, SimulatorConfig::default()).await;

@@ -19,7 +19,8 @@ use payment_worker::payment::{
 };
 use payment_worker::retry::RetryPolicy;
 use payment_worker::token::{
-    IdempotencyKey, RedisTokenStore, Reservation, TokenPolicy, TokenState, TokenStore, TokenView,
+    IdempotencyKey, RedisTokenStore, Reservation, TokenMode, TokenPolicy, TokenState, TokenStore,
+    TokenView,
 };
 use payment_worker::worker::{self, Handler, Publisher};
 use rdkafka::message::{Headers, Message, OwnedMessage};
@@ -587,6 +588,114 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     .unwrap();
     assert_eq!(report.unresolved_charges.count, 0, "{report:?}");
     assert!(report.is_clean(), "{}", report.to_table());
+}
+
+/// Issued mode. The gateway charges behind an unreadable answer and, for a while,
+/// its look-ups do not show the charge (it has not booked it yet). Meanwhile the
+/// token's own deadline passes, so once the lease ends the next reservation finds
+/// no token. "token_missing" would then forget a charge the gateway is about to
+/// show: the command is looked at again until the missing-token path finds the
+/// charge and books it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_whose_deadline_passes_while_its_charge_is_unresolved_is_booked_not_answered_missing(
+) {
+    let lease = Duration::from_secs(2);
+    let policy = TokenPolicy {
+        mode: TokenMode::Issued,
+        lease,
+        ..TokenPolicy::default()
+    };
+    let mut stack = Stack::with_policy(1, SimulatorConfig::default(), policy).await;
+    let front = ScriptedGateway::start(&stack.simulator).await;
+    stack.gateway = Arc::new(
+        HttpGateway::new(&front.url(), Duration::from_secs(5), Duration::from_secs(1)).unwrap(),
+    );
+    let key = "xm-late-charge";
+    front.script(key, &[PostAnswer::ChargeThenGarbledBody]);
+    front.lookups_hidden(key, true);
+    stack
+        .tokens
+        .issue(&ikey(key), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let handler = Arc::new(Handler::new(
+        stack.processor("late-charge"),
+        Publisher::new(&stack.settings).unwrap(),
+        RetryPolicy {
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(200),
+            budget: Duration::from_secs(60),
+        },
+    ));
+    let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
+    stack.produce(&[record(key, 3100)]).await;
+
+    let lookups_reach = |n: usize| {
+        let front = &front;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while front.lookups_seen(key) < n {
+                assert!(Instant::now() < deadline, "{n} look-ups never came");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    // The first attempt's look-up found nothing: it left the token to its lease.
+    // Its deadline passes now, well inside that lease.
+    lookups_reach(1).await;
+    assert_eq!(front.posts_seen(key), 1);
+    let raw = RedisTokenStore::new(stack.redis.conn.clone(), stack.redis.prefix.clone(), policy);
+    let mut conn = stack.redis.conn.clone();
+    let _: () = redis::cmd("HSET")
+        .arg(raw.token_key(&ikey(key)))
+        .arg("expires_at_ms")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // After the lease, the token is missing and the gateway still shows nothing.
+    lookups_reach(2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    front.lookups_hidden(key, false);
+
+    let results = stack.wait_for_results(1, Duration::from_secs(60)).await;
+    stack.wait_for_commits(Duration::from_secs(30)).await;
+    stop_all(vec![running]).await;
+
+    let charged: Vec<LedgerEntry> = stack
+        .ledger()
+        .into_iter()
+        .filter(|e| e.idempotency_key == key)
+        .collect();
+    assert_eq!(charged.len(), 1, "{charged:?}");
+    assert_eq!(results[0].outcome, "succeeded", "{results:?}");
+    assert_eq!(
+        results[0].gateway_transaction_id.as_deref(),
+        Some(charged[0].transaction_id.as_str())
+    );
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT status, gateway_transaction_id FROM payments WHERE idempotency_key = $1",
+    )
+    .bind(key)
+    .fetch_all(&stack.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![(
+            "succeeded".to_owned(),
+            Some(charged[0].transaction_id.clone())
+        )]
+    );
+    assert!(
+        stack.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+    assert_eq!(
+        front.posts_seen(key),
+        1,
+        "booked from the look-up, never POSTed again"
+    );
 }
 
 /// The gateway charges, then answers with a transaction id another payment already

@@ -39,6 +39,11 @@ struct Script {
     posts: HashMap<String, VecDeque<PostAnswer>>,
     /// Keys whose look-ups are answered 503.
     lookups_down: HashSet<String>,
+    /// Keys whose look-ups are answered 404 whatever the ledger holds (a gateway that
+    /// has not booked the charge yet).
+    lookups_hidden: HashSet<String>,
+    /// Look-ups received per key, whatever the answer.
+    lookups_seen: HashMap<String, usize>,
     /// POSTs received per key, whatever the answer.
     posts_seen: HashMap<String, usize>,
 }
@@ -102,6 +107,20 @@ impl ScriptedGateway {
         } else {
             script.lookups_down.remove(key);
         }
+    }
+
+    pub fn lookups_hidden(&self, key: &str, hidden: bool) {
+        let mut script = self.front.script.lock().unwrap();
+        if hidden {
+            script.lookups_hidden.insert(key.to_owned());
+        } else {
+            script.lookups_hidden.remove(key);
+        }
+    }
+
+    pub fn lookups_seen(&self, key: &str) -> usize {
+        let script = self.front.script.lock().unwrap();
+        script.lookups_seen.get(key).copied().unwrap_or(0)
     }
 
     pub fn posts_seen(&self, key: &str) -> usize {
@@ -191,8 +210,15 @@ async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes
 }
 
 async fn lookup(State(front): State<Arc<Front>>, Path(key): Path<String>) -> Response {
-    if front.script.lock().unwrap().lookups_down.contains(&key) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "scripted outage").into_response();
+    {
+        let mut script = front.script.lock().unwrap();
+        *script.lookups_seen.entry(key.clone()).or_default() += 1;
+        if script.lookups_down.contains(&key) {
+            return (StatusCode::SERVICE_UNAVAILABLE, "scripted outage").into_response();
+        }
+        if script.lookups_hidden.contains(&key) {
+            return (StatusCode::NOT_FOUND, r#"{"error":"not found"}"#).into_response();
+        }
     }
     relay_get(&front, &format!("{}/charges/{key}", front.ledger_url)).await
 }

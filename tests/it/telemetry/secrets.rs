@@ -381,6 +381,53 @@ fn text_of(output: &std::process::Output) -> String {
     )
 }
 
+/// A Kafka setting librdkafka refuses (one it does not know, as a Java client's
+/// `sasl.jaas.config`, or a value it cannot take) stops the command with the
+/// setting's name, never its value: the value may be a password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kafka_setting_librdkafka_refuses_is_named_without_its_value() {
+    let secret = format!("kfpw{}", uuid::Uuid::new_v4().simple());
+    let db = crate::support::helpers::TestDb::new().await;
+    let jaas = format!(
+        r#"org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="{secret}";"#
+    );
+    let cases: [(&str, &str, &[&str]); 3] = [
+        ("sasl.jaas.config", &jaas, &["produce", "--count", "1"]),
+        ("security.protocol", &secret, &["produce", "--count", "1"]),
+        ("sasl.jaas.config", &jaas, &["run"]),
+    ];
+    for (setting, value, args) in cases {
+        let variable = format!(
+            "KAFKA_CONFIG_{}",
+            setting.to_ascii_uppercase().replace('.', "_")
+        );
+        let output = tokio::process::Command::new(crate::support::procs::BINARY)
+            .env_clear()
+            .env("RUST_LOG", "debug")
+            .env("KAFKA_BROKERS", "127.0.0.1:9")
+            .env("DATABASE_URL", &db.url)
+            .env("REDIS_URL", REDIS_URL)
+            .env("REDIS_KEY_PREFIX", unique("kafka-refused"))
+            .env("GATEWAY_URL", "http://127.0.0.1:9")
+            .env(&variable, value)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        let text = text_of(&output);
+        assert!(!output.status.success(), "{args:?} {setting}: {text}");
+        assert!(
+            text.contains(setting),
+            "{args:?}: the setting is named: {text}"
+        );
+        assert!(
+            !text.contains(&secret),
+            "{args:?}: the value of {setting} was printed: {text}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_of_the_binary_logs_and_exports_no_secret_card_number_or_payment_method() {
     let stack = Stack::new(1, SimulatorConfig::default()).await;

@@ -132,26 +132,10 @@ async fn dead_letters_are_redriven_once_with_their_original_key_value_and_header
 /// put back twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redrive_that_fails_part_way_goes_on_where_it_stopped_and_sends_nothing_twice() {
-    use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     let stack = Stack::new(1, SimulatorConfig::default()).await;
-    let producer = super::poison::producer(&stack);
     let keys: Vec<String> = (0..10).map(|i| format!("redrive-part-{i}")).collect();
-    for key in &keys {
-        let value = serde_json::to_vec(&super::poison::command(key)).unwrap();
-        let letter = OwnedHeaders::new().insert(Header {
-            key: worker::ERROR_KIND,
-            value: Some("retries_exhausted"),
-        });
-        super::poison::send(
-            &producer,
-            &stack.settings.dlq_topic,
-            Some(key.as_bytes()),
-            Some(&value),
-            letter,
-        )
-        .await;
-    }
+    dead_letter_retries_exhausted(&stack, &keys).await;
     // Each send is acknowledged before the next starts: one produce request each.
     // The fifth is refused for good.
     let mut answers = vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR; 4];
@@ -185,6 +169,56 @@ async fn a_redrive_that_fails_part_way_goes_on_where_it_stopped_and_sends_nothin
         keys,
         "the second run starts with the record that failed"
     );
+}
+
+/// A backlog larger than what a redrive reads at once (1,000 per partition) goes
+/// back whole, in order, once; `--max` stops a run mid-window and the next run
+/// goes on from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_larger_than_a_window_is_redriven_whole_in_steps_of_max() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let keys: Vec<String> = (0..2_100).map(|i| format!("redrive-big-{i:05}")).collect();
+    dead_letter_retries_exhausted(&stack, &keys).await;
+    let redrive = |max| operator::RedriveArgs {
+        kafka: stack.settings.clone(),
+        kind: None,
+        max,
+    };
+    operator::redrive(redrive(Some(1_500))).await.unwrap();
+    assert_eq!(
+        redriven_keys(&stack).await,
+        keys[..1_500],
+        "the first 1,500"
+    );
+    operator::redrive(redrive(None)).await.unwrap();
+    assert_eq!(redriven_keys(&stack).await, keys, "then the rest, once");
+    operator::redrive(redrive(None)).await.unwrap();
+    assert_eq!(
+        redriven_keys(&stack).await.len(),
+        keys.len(),
+        "nothing left"
+    );
+}
+
+/// A `retries_exhausted` dead letter of a valid command for each key, in order.
+async fn dead_letter_retries_exhausted(stack: &Stack, keys: &[String]) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let producer = super::poison::producer(stack);
+    for key in keys {
+        let value = serde_json::to_vec(&super::poison::command(key)).unwrap();
+        let letter = OwnedHeaders::new().insert(Header {
+            key: worker::ERROR_KIND,
+            value: Some("retries_exhausted"),
+        });
+        super::poison::send(
+            &producer,
+            &stack.settings.dlq_topic,
+            Some(key.as_bytes()),
+            Some(&value),
+            letter,
+        )
+        .await;
+    }
 }
 
 /// The keys on the commands topic, in order.
