@@ -37,10 +37,12 @@ pub mod exit_status {
     pub const DATA_ERROR: u8 = 65;
     /// sysexits.h `EX_TEMPFAIL`: nothing final happened; try again later.
     pub const TEMPORARY_FAILURE: u8 = 75;
+    /// A SIGINT (Ctrl-C) while stopping: stopped at once.
+    pub const INTERRUPTED: u8 = crate::startup::SECOND_SIGNAL_EXIT_STATUS;
 }
 
 /// Every exit status and what it means, for `--help` and the manual.
-const EXIT_STATUSES: [(u8, &str); 7] = [
+const EXIT_STATUSES: [(u8, &str); 8] = [
     (
         exit_status::SUCCESS,
         "success; for `process`, a final outcome (succeeded, declined, duplicate, or rejected as key_reused/token_missing)",
@@ -65,6 +67,10 @@ const EXIT_STATUSES: [(u8, &str); 7] = [
     (
         exit_status::TEMPORARY_FAILURE,
         "`process`: no final outcome yet (gateway or store unavailable); try again later",
+    ),
+    (
+        exit_status::INTERRUPTED,
+        "a SIGINT (Ctrl-C) while stopping: stopped at once, the drain and the final commit cut short (uncommitted records are delivered again)",
     ),
 ];
 

@@ -103,7 +103,13 @@ pub fn append_raw(headers: OwnedHeaders, name: &[u8], value: Option<&[u8]>) -> O
 pub fn copy_without(headers: &OwnedHeaders, names: &[&str]) -> OwnedHeaders {
     raw(headers)
         .into_iter()
-        .filter(|h| !names.iter().any(|n| h.name == n.as_bytes()))
+        // Header names are matched without regard to letter case, as `last_value`
+        // reads them.
+        .filter(|h| {
+            !names
+                .iter()
+                .any(|n| h.name.eq_ignore_ascii_case(n.as_bytes()))
+        })
         .fold(OwnedHeaders::new_with_capacity(8), |copy, h| {
             append_raw(copy, h.name, h.value)
         })
@@ -134,6 +140,22 @@ mod tests {
         let copy = copy_without(&headers, &["x-error-kind"]);
         let names: Vec<&[u8]> = raw(&copy).iter().map(|h| h.name).collect();
         assert_eq!(names, [&b"\xff\xfename"[..], b"empty", b"null"]);
+    }
+
+    #[test]
+    fn names_are_filtered_whatever_their_letter_case() {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "X-Payload-Dropped",
+                value: Some("sent by a client"),
+            })
+            .insert(Header {
+                key: "x-kept",
+                value: Some("v"),
+            });
+        let copy = copy_without(&headers, &["x-payload-dropped"]);
+        assert_eq!(last_value(&copy, "x-payload-dropped"), None);
+        assert_eq!(last_value(&copy, "x-kept"), Some(&b"v"[..]));
     }
 
     #[test]

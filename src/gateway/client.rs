@@ -269,8 +269,13 @@ fn note_failure(
 
 /// The whole error chain: reqwest's Display stops at the top level and hides the
 /// cause an operator needs ("connection refused", "dns error", …).
+/// The URL in it is cut to the gateway's origin: a look-up's path ends with the
+/// idempotency key, which may hold a card number, and these texts reach log lines.
 fn describe(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
+    if let Some(url) = error.url() {
+        text = text.replace(url.as_str(), &url.origin().ascii_serialization());
+    }
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         text.push_str(": ");
@@ -460,6 +465,23 @@ mod tests {
         assert!(HttpGateway::new("not a url", t, t).is_err());
         assert!(HttpGateway::new("http://u:p@gw.example", t, t).is_err());
         assert!(HttpGateway::new("http://gw.example", Duration::ZERO, t).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_failed_look_up_names_the_gateway_but_not_the_key() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let t = Duration::from_secs(1);
+        let gateway = HttpGateway::new(&format!("http://{addr}"), t, t).unwrap();
+        let card = IdempotencyKey::try_from("4111111111111111").unwrap();
+        match gateway.lookup(&card).await {
+            Err(GatewayError::Unavailable(text)) => {
+                assert!(text.contains(&addr.to_string()), "{text}");
+                assert!(!text.contains("4111111111111111"), "{text}");
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
     }
 
     #[test]

@@ -233,12 +233,14 @@ impl PostgresTokenStore {
     async fn timed<T>(
         &self,
         what: &'static str,
-        subject: &str,
+        // A key goes in as itself, never `as_str()`: its Display masks a card number
+        // it holds, and these texts reach log lines.
+        subject: impl std::fmt::Display,
         op: impl std::future::Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, TokenError> {
         match tokio::time::timeout(self.op_timeout, op).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(classify(e, what, subject)),
+            Ok(Err(e)) => Err(classify(e, what, &subject)),
             Err(_) => Err(TokenError::Unavailable(anyhow!(
                 "{what} {subject}: no answer from Postgres within {:?}",
                 self.op_timeout
@@ -250,7 +252,7 @@ impl PostgresTokenStore {
         let row = self
             .timed(
                 "read",
-                key.as_str(),
+                key,
                 sqlx::query_as::<_, TokenRow>(READ)
                     .bind(key.as_str())
                     .fetch_optional(&self.pool),
@@ -275,7 +277,7 @@ impl PostgresTokenStore {
         let applied = self
             .timed(
                 "confirm",
-                key.as_str(),
+                key,
                 sqlx::query_scalar::<_, i64>(CONFIRM)
                     .bind(key.as_str())
                     .bind(&claim.owner)
@@ -309,7 +311,7 @@ fn fence_of(key: &IdempotencyKey, fence: i64) -> Result<u64, TokenError> {
 
 /// Connection trouble, timeouts and transient server states are worth retrying; values
 /// this code cannot decode, or that violate the table's constraints, are not.
-fn classify(err: sqlx::Error, what: &'static str, subject: &str) -> TokenError {
+fn classify(err: sqlx::Error, what: &'static str, subject: &dyn std::fmt::Display) -> TokenError {
     let data_problem = match &err {
         sqlx::Error::Database(db) => db
             .code()
@@ -370,7 +372,7 @@ impl TokenStore for PostgresTokenStore {
         let created = self
             .timed(
                 "issue",
-                key.as_str(),
+                key,
                 sqlx::query_scalar::<_, i64>(ISSUE)
                     .bind(key.as_str())
                     .bind(millis(ttl))
@@ -387,7 +389,7 @@ impl TokenStore for PostgresTokenStore {
         let consumed = self
             .timed(
                 "consume",
-                key.as_str(),
+                key,
                 sqlx::query_scalar::<_, i64>(CONSUME)
                     .bind(key.as_str())
                     .fetch_optional(&self.pool),
@@ -407,7 +409,7 @@ impl TokenStore for PostgresTokenStore {
             let acquired = self
                 .timed(
                     "lock",
-                    key.as_str(),
+                    key,
                     sqlx::query_scalar::<_, String>(statement)
                         .bind(key.as_str())
                         .bind(owner)
@@ -426,7 +428,7 @@ impl TokenStore for PostgresTokenStore {
         let released = self
             .timed(
                 "release",
-                key.as_str(),
+                key,
                 sqlx::query_scalar::<_, String>(RELEASE)
                     .bind(key.as_str())
                     .bind(owner)
@@ -456,7 +458,7 @@ impl TokenStore for PostgresTokenStore {
                     query
                 };
                 let reserved = self
-                    .timed("reserve", key.as_str(), query.fetch_optional(&self.pool))
+                    .timed("reserve", key, query.fetch_optional(&self.pool))
                     .await?;
                 if let Some(fence) = reserved {
                     return Ok(Reservation::Reserved {
@@ -520,7 +522,7 @@ impl TokenStore for PostgresTokenStore {
         let restored = self
             .timed(
                 "restore",
-                key.as_str(),
+                key,
                 sqlx::query_scalar::<_, bool>(RESTORE)
                     .bind(key.as_str())
                     .bind(&claim.owner)
@@ -532,7 +534,7 @@ impl TokenStore for PostgresTokenStore {
             let cleanup = self
                 .timed(
                     "restore",
-                    key.as_str(),
+                    key,
                     sqlx::query(DELETE_DEAD_PENDING)
                         .bind(key.as_str())
                         .execute(&self.pool),
@@ -553,7 +555,7 @@ impl TokenStore for PostgresTokenStore {
         let applied = self
             .timed(
                 "extend",
-                key.as_str(),
+                key,
                 sqlx::query_scalar::<_, i64>(EXTEND)
                     .bind(key.as_str())
                     .bind(&claim.owner)
@@ -672,8 +674,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_store_error_masks_a_card_number_in_its_key() {
+        let card = IdempotencyKey::try_from("4111111111111111").expect("a valid key");
+        for error in [
+            sqlx::Error::ColumnNotFound("status".into()),
+            sqlx::Error::PoolTimedOut,
+        ] {
+            let text = format!(
+                "{:#}",
+                anyhow::Error::new(classify(error, "confirm", &card))
+            );
+            assert!(text.contains("confirm"), "{text}");
+            assert!(!text.contains("4111111111111111"), "{text}");
+        }
+    }
+
     fn retried(error: sqlx::Error) -> bool {
-        classify(error, "reserve", "k").is_retryable()
+        let key = IdempotencyKey::try_from("k").expect("a valid key");
+        classify(error, "reserve", &key).is_retryable()
     }
 
     /// What the processor retries: a retry cannot fix bad data (SQLSTATE classes 22

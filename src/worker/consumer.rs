@@ -630,7 +630,17 @@ fn poll_loop(
         // fits the grace period the deployments give it.
         super::rebalance::leave_group(&consumer, partitions.session_timeout / 2);
     }
-    Ok(())
+    // A fatal error met on the way out (exactly-once: the final commit, or one in
+    // the last revoke, found the producer fenced) is the exit status too, not 0.
+    match partitions
+        .failure
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        Some(failure) => Err(failure),
+        None => Ok(()),
+    }
 }
 
 /// `run`: consume until `shutdown` resolves, then drain, commit and leave. Serves

@@ -133,12 +133,21 @@ impl Handler {
                 let (outcome, attempts, charge_unknown) = self
                     .process_with_retries(&command, &source, draining)
                     .await?;
+                // The rules look at the fields they know; a card number in a field
+                // they do not (a client's own metadata) must not reach the
+                // dead-letter topic either.
+                let redacted = match outcome {
+                    Outcome::Rejected { .. } => {
+                        dead_letter_redaction(message.payload().unwrap_or_default())
+                    }
+                    _ => None,
+                };
                 Verdict {
                     outcome,
                     key,
                     attempts,
                     charge_unknown,
-                    redacted: None,
+                    redacted,
                 }
             }
             Err(undecodable) => Verdict {

@@ -43,9 +43,19 @@ pub const ATTEMPTS: &str = "x-attempts";
 pub const CHARGE_UNKNOWN: &str = "x-charge-unknown";
 /// On a dead letter whose value was masked: what was masked (`card_number`).
 pub const PAYLOAD_REDACTED: &str = "x-payload-redacted";
+/// Header on a dead letter whose value could not be kept.
+pub const PAYLOAD_DROPPED: &str = "x-payload-dropped";
+/// The dropped value's size in bytes.
+pub const ORIGINAL_SIZE: &str = "x-original-size";
+/// On a dead letter still too large without its value: what else of the original
+/// record was left out (`key,headers`).
+pub const ORIGINAL_DROPPED: &str = "x-original-dropped";
 
-/// The headers this worker writes on a dead letter; a redrive strips them again.
-const DEAD_LETTER_HEADERS: [&str; 8] = [
+/// The headers this worker writes on a dead letter; a redrive strips them again,
+/// and a dead letter never carries a client's own copy of one (in any letter
+/// case): a `x-payload-dropped` sent with a command would make `dlq redrive` pass
+/// its dead letter over as altered.
+const DEAD_LETTER_HEADERS: [&str; 11] = [
     ERROR_KIND,
     ERROR_REASON,
     SOURCE_TOPIC,
@@ -54,6 +64,9 @@ const DEAD_LETTER_HEADERS: [&str; 8] = [
     ATTEMPTS,
     CHARGE_UNKNOWN,
     PAYLOAD_REDACTED,
+    PAYLOAD_DROPPED,
+    ORIGINAL_SIZE,
+    ORIGINAL_DROPPED,
 ];
 
 /// A record's headers, names kept as raw bytes, without the dead-letter headers
@@ -64,4 +77,44 @@ pub fn without_dead_letter_headers(message: &OwnedMessage) -> Option<OwnedHeader
         original,
         &DEAD_LETTER_HEADERS,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::{Header, Headers, Timestamp};
+
+    use super::*;
+
+    #[test]
+    fn a_clients_copy_of_a_dead_letter_header_is_stripped_in_any_letter_case() {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "X-Payload-Dropped",
+                value: Some("card_number"),
+            })
+            .insert(Header {
+                key: ORIGINAL_DROPPED,
+                value: Some("key,headers"),
+            })
+            .insert(Header {
+                key: "X-Error-Kind",
+                value: Some("invalid"),
+            })
+            .insert(Header {
+                key: "traceparent",
+                value: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            });
+        let message = OwnedMessage::new(
+            Some(b"{}".to_vec()),
+            Some(b"k".to_vec()),
+            "payments.commands".into(),
+            Timestamp::now(),
+            0,
+            0,
+            Some(headers),
+        );
+        let kept = without_dead_letter_headers(&message).expect("headers");
+        let names: Vec<&str> = kept.iter().map(|h| h.key).collect();
+        assert_eq!(names, vec!["traceparent"]);
+    }
 }

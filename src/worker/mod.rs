@@ -24,13 +24,11 @@ pub use kafka::{
 };
 pub use messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
-    PAYLOAD_REDACTED,
+    ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
 };
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;
-pub use publisher::{
-    dead_letter_headers, DeadLetter, Publisher, ORIGINAL_DROPPED, PAYLOAD_DROPPED,
-};
+pub use publisher::{dead_letter_headers, DeadLetter, Publisher};
 pub use rebalance::drain_bound;
 pub use spans::command_span;
 pub use supervision::WorkerFailure;

@@ -2,7 +2,7 @@
 //! dead letter with its headers), produces them, and waits until the broker
 //! acknowledged them. The only place outbound records are made.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,20 +16,13 @@ use tracing::Instrument;
 
 use super::messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
-    PAYLOAD_REDACTED, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
+    ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED, SOURCE_OFFSET,
+    SOURCE_PARTITION, SOURCE_TOPIC,
 };
 use super::spans::produce_span;
 use super::transactions::{AnswerGuard, Transactions};
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
 use crate::payment::{Outcome, RedactedPayload, RejectionKind, SourcePosition};
-
-/// Header on a dead letter whose value could not be kept.
-pub const PAYLOAD_DROPPED: &str = "x-payload-dropped";
-/// The dropped value's size in bytes.
-pub const ORIGINAL_SIZE: &str = "x-original-size";
-/// On a dead letter still too large without its value: what else of the original
-/// record was left out (`key,headers`).
-pub const ORIGINAL_DROPPED: &str = "x-original-dropped";
 
 fn is_too_large(error: &KafkaError) -> bool {
     matches!(
@@ -165,6 +158,9 @@ pub struct Publisher {
     dlq_topic: String,
     /// Set in `exactly-once` mode: every record goes into the open transaction.
     transactions: Option<Arc<Transactions>>,
+    /// Why the brokers refuse this producer's records for good (no write permission
+    /// on a topic), once one was refused so.
+    refused_for_good: Arc<OnceLock<String>>,
 }
 
 impl Publisher {
@@ -172,11 +168,23 @@ impl Publisher {
     /// without limit (an answer must be acknowledged before its offset moves), so
     /// only the poll loop, by asking this, can end a worker whose answers can no
     /// longer leave it.
+    /// A record the brokers refuse for good (an authorisation error) counts the same:
+    /// librdkafka does not call it fatal, but retrying cannot fix it either.
     pub(super) fn fatal_error(&self) -> Option<String> {
         self.producer
             .client()
             .fatal_error()
             .map(|(code, reason)| format!("results producer: {code:?}: {reason}"))
+            .or_else(|| self.refused_for_good.get().cloned())
+    }
+
+    /// Remembers an error no retry can fix, for [`Publisher::fatal_error`].
+    fn note_refusal(&self, topic: &str, error: &KafkaError) {
+        if super::supervision::is_fatal_broker_error(error) {
+            let _ = self
+                .refused_for_good
+                .set(format!("results producer: {topic}: {error}"));
+        }
     }
 
     /// An at-least-once publisher: each record is acknowledged on its own.
@@ -189,6 +197,7 @@ impl Publisher {
             results_topic: settings.results_topic.clone(),
             dlq_topic: settings.dlq_topic.clone(),
             transactions: None,
+            refused_for_good: Arc::default(),
         })
     }
 
@@ -205,6 +214,7 @@ impl Publisher {
                     results_topic: settings.results_topic.clone(),
                     dlq_topic: settings.dlq_topic.clone(),
                     transactions: Some(transactions),
+                    refused_for_good: Arc::default(),
                 })
             }
         }
@@ -264,6 +274,7 @@ impl Publisher {
             return match attempt().await {
                 Err(error) if !is_too_large(&error) => {
                     tracing::warn!(%error, topic, "produce failed; the transaction will abort");
+                    self.note_refusal(topic, &error);
                     transactions.mark_broken();
                     Ok(())
                 }
@@ -280,6 +291,9 @@ impl Publisher {
             )
             .when(|error| !is_too_large(error))
             .notify(|error, after| {
+                // Retried all the same: the poll loop ends the worker on a refusal
+                // for good, and until then the answer must not be given up.
+                self.note_refusal(topic, error);
                 tracing::warn!(%error, topic, ?after, "produce failed; retrying");
             })
             .await

@@ -22,9 +22,13 @@ pub fn redact_payload(payload: &[u8]) -> RedactedPayload {
         return RedactedPayload::Dropped;
     };
     let masked = mask_card_numbers(text).into_owned();
-    let still_there = serde_json::from_str::<Value>(&masked)
-        .map(|value| json_strings_hold_card(&value))
-        .unwrap_or(false);
+    let still_there = match serde_json::from_str::<Value>(&masked) {
+        Ok(value) => json_strings_hold_card(&value),
+        // Not JSON (any more: masking a card written as a bare number breaks the
+        // text), so its strings cannot be decoded and checked. Only a `\u` escape
+        // can hide a digit from the masking: a value with one is not kept.
+        Err(_) => text.contains("\\u"),
+    };
     if still_there {
         RedactedPayload::Dropped
     } else {
@@ -74,6 +78,18 @@ mod tests {
         );
         let escaped = br#"{"payment_method":"\u0034111111111111111"}"#;
         assert_eq!(redact_payload(escaped), RedactedPayload::Dropped);
+        // Masking the bare number breaks the JSON; the escaped card is still found.
+        let both = br#"{"payment_method":"\u0034111111111111111","x":4242424242424242}"#;
+        assert_eq!(redact_payload(both), RedactedPayload::Dropped);
+        let bare = br#"{"payment_method":"pm_card_visa","x":4242424242424242}"#;
+        assert_eq!(
+            redact_payload(bare),
+            RedactedPayload::Masked(
+                br#"{"payment_method":"pm_card_visa","x":************4242}"#.to_vec()
+            )
+        );
+        let cut = br#"{"payment_method":"\u0034111111111111111"#;
+        assert_eq!(redact_payload(cut), RedactedPayload::Dropped);
         assert_eq!(
             redact_payload(b"\xff4111111111111111"),
             RedactedPayload::Dropped

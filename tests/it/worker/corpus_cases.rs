@@ -467,5 +467,16 @@ pub(crate) fn corpus() -> Vec<Case> {
         Some(with_raw("reused", "amount_minor", Some("200"))),
         dead("key_reused", "idempotency_key_reused"),
     );
+    // Accepted (no rule reads a field it does not know), then refused: the card
+    // number in the unknown field is masked on the dead letter all the same.
+    let mut reused = command("reused");
+    reused.insert("amount_minor".into(), json!(300));
+    reused.insert("note".into(), json!("card 4111 1111 1111 1111 on file"));
+    c.raw(
+        "key reused, a card number in a field no rule reads",
+        Some(b"reused".as_slice()),
+        Some(serde_json::to_vec(&reused).unwrap()),
+        dead("key_reused", "idempotency_key_reused"),
+    );
     c.cases
 }

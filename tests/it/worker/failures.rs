@@ -259,6 +259,20 @@ async fn a_broker_that_refuses_the_group_ends_the_worker_with_a_fatal_error() {
     assert!(reason.contains("uthorization"), "{reason}");
 }
 
+/// Publishes `count` valid commands, generated from `seed`, keyed `prefix…`.
+async fn produce_valid(stack: &Stack, count: usize, seed: u64, prefix: &str) {
+    let spec = payment_worker::operator::WorkloadSpec {
+        count,
+        duplicate_ratio: 0.0,
+        invalid_ratio: 0.0,
+        decline_ratio: 0.0,
+        seed,
+    };
+    stack
+        .produce(&payment_worker::operator::generate(&spec, prefix))
+        .await;
+}
+
 /// Runs a worker on `stack` until it ends on its own; asserts it ended with a fatal
 /// broker error (exit status 4) and returns that error's text.
 async fn fatal_broker_failure_of_a_worker(stack: &Stack, name: &str) -> String {
@@ -283,6 +297,90 @@ async fn fatal_broker_failure_of_a_worker(stack: &Stack, name: &str) -> String {
         Some(worker::WorkerFailure::FatalBroker(reason)) => reason.clone(),
         _ => panic!("not a fatal broker error: {error:#}"),
     }
+}
+
+/// The brokers refuse the worker's records for good (no write permission on the
+/// results and dead-letter topics): every answer would be retried forever while the
+/// worker looked healthy. The worker ends instead, with the fatal-broker exit code,
+/// and commits nothing it did not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_topic_the_worker_may_not_write_ends_it_with_a_fatal_error() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    produce_valid(&stack, 3, 9, "nowrite").await;
+    // From here on only the worker produces.
+    stack.kafka.cluster().request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 1000],
+    );
+    let reason = fatal_broker_failure_of_a_worker(&stack, "nowrite").await;
+    assert!(
+        reason.starts_with("results producer") && reason.contains("uthoriz"),
+        "{reason}"
+    );
+    assert!(
+        stack.committed().await.values().all(|&offset| offset <= 0),
+        "nothing unanswered is committed: {:?}",
+        stack.committed().await
+    );
+}
+
+/// A Ctrl-C (SIGINT) while the worker drains stops it at once (exit 130) instead of
+/// being ignored until the drain and the final commit are done; the command it cut
+/// short is left to its lease, as after any crash. A repeated SIGTERM, as
+/// orchestrators and scripts send, only asks for the same clean stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ctrl_c_ends_a_draining_worker_at_once_and_a_repeated_sigterm_does_not() {
+    use nix::sys::signal::Signal;
+    use payment_worker::token::{IdempotencyKey, TokenState};
+    let stack = Stack::new(
+        1,
+        SimulatorConfig {
+            latency_ms: 30_000,
+            ..SimulatorConfig::default()
+        },
+    )
+    .await;
+    let mut run = start_run(
+        &stack,
+        "twice",
+        &[("GATEWAY_TIMEOUT", "60s"), ("DRAIN_DEADLINE", "5s")],
+    )
+    .await;
+    let key = "stopped-twice";
+    send_command(&producer(&stack), &stack, key).await;
+    // The charge is at the gateway, which takes 30 s to answer.
+    let held = IdempotencyKey::try_from(key).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stack
+        .tokens
+        .show(&held)
+        .await
+        .unwrap()
+        .is_none_or(|view| view.state != TokenState::Processing)
+    {
+        assert!(Instant::now() < deadline, "the command never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    run.signal(Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    run.signal(Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        run.exit_status().is_none(),
+        "a repeated SIGTERM cut the drain short"
+    );
+    let interrupted = Instant::now();
+    run.signal(Signal::SIGINT);
+    let status = run.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(2),
+        "stopped {:?} after the Ctrl-C, not at once",
+        interrupted.elapsed()
+    );
+    assert!(stack.results().await.is_empty(), "nothing was answered");
 }
 
 /// A drain cuts a retry loop short without an answer: the command is left to the
@@ -353,17 +451,7 @@ async fn a_drain_leaves_a_retrying_command_unanswered_for_the_next_owner() {
 async fn a_results_producer_refused_for_good_ends_the_worker_with_a_fatal_error() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     let stack = Stack::new(1, SimulatorConfig::default()).await;
-    let records = payment_worker::operator::generate(
-        &payment_worker::operator::WorkloadSpec {
-            count: 5,
-            duplicate_ratio: 0.0,
-            invalid_ratio: 0.0,
-            decline_ratio: 0.0,
-            seed: 5,
-        },
-        "pfatal",
-    );
-    stack.produce(&records).await;
+    produce_valid(&stack, 5, 5, "pfatal").await;
     // The next InitProducerId is the worker's results producer's.
     stack.kafka.cluster().request_errors(
         RDKafkaApiKey::InitProducerId,
