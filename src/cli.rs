@@ -38,7 +38,7 @@ pub mod exit_status {
     /// sysexits.h `EX_TEMPFAIL`: nothing final happened; try again later.
     pub const TEMPORARY_FAILURE: u8 = 75;
     /// A SIGINT (Ctrl-C) while stopping: stopped at once.
-    pub const INTERRUPTED: u8 = crate::startup::SECOND_SIGNAL_EXIT_STATUS;
+    pub const INTERRUPTED: u8 = crate::startup::INTERRUPTED_EXIT_STATUS;
 }
 
 /// Every exit status and what it means, for `--help` and the manual.

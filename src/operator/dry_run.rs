@@ -5,14 +5,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 
-use super::topics::{partition_count, read_ranges, PartitionRange};
+use super::topics::{partition_ranges, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
 use crate::payment::{Fingerprint, GatewayLookup};
 use crate::token::{TokenMode, TokenState, TokenStore};
-use crate::worker::{base_config, create_client, Inbound};
+use crate::worker::Inbound;
 
 /// Every verdict, in the order the summary prints them.
 pub const VERDICTS: [&str; 7] = [
@@ -301,21 +300,9 @@ fn replay_ranges(
     kafka: &KafkaSettings,
     scope: &DryRunScope,
 ) -> anyhow::Result<Vec<PartitionRange>> {
-    let topic = kafka.commands_topic.as_str();
-    let partitions = partition_count(kafka, topic)?;
-    let consumer: BaseConsumer = create_client(&base_config(kafka))?;
-    let mut ranges = Vec::with_capacity(partitions as usize);
-    for partition in 0..partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
-        let from = scope.to_offset.map_or(low, |o| o.clamp(low, high));
-        ranges.push(PartitionRange {
-            partition,
-            from,
-            to: high,
-            available: high - from,
-        });
-    }
-    drop(consumer);
+    let mut ranges = partition_ranges(kafka, &kafka.commands_topic, |_, low| {
+        scope.to_offset.unwrap_or(low)
+    })?;
     if let Some(limit) = scope.limit {
         share_limit(&mut ranges, limit);
     }

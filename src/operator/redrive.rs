@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::topics::{partition_count, read_ranges, PartitionRange};
+use super::topics::{partition_count, partition_ranges, read_ranges, PartitionRange};
 use crate::configuration::KafkaSettings;
 use crate::payment::RejectionKind;
 use crate::worker::{
@@ -73,21 +73,12 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
             drop(committed);
             // What the topic holds now is this run's work; letters that arrive
             // while it runs are left for the next run.
-            let mut ends = Vec::with_capacity(partitions as usize);
-            let mut next = HashMap::with_capacity(partitions as usize);
-            for partition in 0..partitions {
-                let (low, high) =
-                    probe.fetch_watermarks(&kafka.dlq_topic, partition, Duration::from_secs(10))?;
-                let from = starts
-                    .get(&partition)
-                    .copied()
-                    .unwrap_or(low)
-                    .clamp(low, high);
-                next.insert(partition, from);
-                ends.push((partition, high));
-            }
+            let run = partition_ranges(&kafka, &kafka.dlq_topic, |p, low| {
+                starts.get(&p).copied().unwrap_or(low)
+            })?;
+            let ends: Vec<(i32, i64)> = run.iter().map(|r| (r.partition, r.to)).collect();
             let progress = Progress {
-                next,
+                next: run.iter().map(|r| (r.partition, r.from)).collect(),
                 uncommitted: 0,
                 topic: kafka.dlq_topic.clone(),
                 committer: Arc::new(probe),

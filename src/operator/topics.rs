@@ -45,13 +45,13 @@ pub struct PartitionRange {
     pub available: i64,
 }
 
-/// Reads every partition of `topic` from `start(partition, low watermark)` up to
-/// the high watermark, without a consumer group.
-pub fn read_partitions(
+/// Every partition of `topic`, from `start(partition, low watermark)` (kept within
+/// the watermarks) up to its high watermark as it is now.
+pub fn partition_ranges(
     kafka: &KafkaSettings,
     topic: &str,
     start: impl Fn(i32, i64) -> i64,
-) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
+) -> anyhow::Result<Vec<PartitionRange>> {
     let partitions = partition_count(kafka, topic)?;
     let probe: BaseConsumer = create_client(&base_config(kafka))?;
     let mut ranges = Vec::with_capacity(partitions as usize);
@@ -65,8 +65,17 @@ pub fn read_partitions(
             available: high - from,
         });
     }
-    drop(probe);
-    read_ranges(kafka, topic, &ranges)
+    Ok(ranges)
+}
+
+/// Reads every partition of `topic` from `start(partition, low watermark)` up to
+/// the high watermark, without a consumer group.
+pub fn read_partitions(
+    kafka: &KafkaSettings,
+    topic: &str,
+    start: impl Fn(i32, i64) -> i64,
+) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
+    read_ranges(kafka, topic, &partition_ranges(kafka, topic, start)?)
 }
 
 /// How long a read of ranges may take before it fails.
@@ -122,8 +131,8 @@ pub fn read_ranges(
     let mut seen = std::collections::HashSet::new();
     let deadline = Instant::now() + READ_DEADLINE;
     // Done when every partition's position reached its end, not after as many
-    // records as the ranges span: transaction markers and aborted records take offsets that a
-    // `read_committed` reader never gets as records.
+    // records as the ranges span: transaction markers and aborted records take
+    // offsets that a `read_committed` reader never gets as records.
     while !reached(&consumer, &ends)? {
         if Instant::now() >= deadline {
             anyhow::bail!(

@@ -9,7 +9,7 @@ mod wiring;
 pub use database::{
     connect, connect_and_migrate, connect_with_size, ensure_database, migrate, open_database,
 };
-pub use signal::{shutdown_signal, SECOND_SIGNAL_EXIT_STATUS};
+pub use signal::{shutdown_signal, INTERRUPTED_EXIT_STATUS};
 pub use stores::{
     check_connection_budget, open_existing_stores, open_stores, purge_round, spawn_token_purge,
     token_store, PURGE_BATCHES_PER_ROUND,

@@ -6,7 +6,7 @@ use anyhow::Context;
 
 /// The exit status after a SIGINT while stopping (listed with the others in
 /// `cli::exit_status`): 128 + SIGINT, as shells report an interrupted command.
-pub const SECOND_SIGNAL_EXIT_STATUS: u8 = 130;
+pub const INTERRUPTED_EXIT_STATUS: u8 = 130;
 
 /// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves
 /// on either. Call it first thing: until the handlers exist, a SIGTERM (an
@@ -32,7 +32,7 @@ pub fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'st
         tokio::spawn(async move {
             let _ = interrupt.recv().await;
             eprintln!("interrupted while stopping: stopping at once");
-            std::process::exit(i32::from(SECOND_SIGNAL_EXIT_STATUS));
+            std::process::exit(i32::from(INTERRUPTED_EXIT_STATUS));
         });
         drop(terminate);
     })

@@ -75,9 +75,9 @@ pub async fn open_stores(
 
 /// [`open_stores`] as they are, for the commands that look at them (`audit`, a
 /// replay's dry run, `tokens show`): never creates or migrates the database,
-/// whatever `--migrate` says. A newer binary run from a laptop must not move production's schema ahead
-/// of its rollout, and a misspelt database name must not come back as a new, empty
-/// database reported as "nothing charged yet".
+/// whatever `--migrate` says. A newer binary run from a laptop must not move
+/// production's schema ahead of its rollout, and a misspelt database name must not
+/// come back as a new, empty database reported as "nothing charged yet".
 pub async fn open_existing_stores(
     settings: &StoreSettings,
 ) -> anyhow::Result<(PgPool, Arc<dyn TokenStore>)> {

@@ -15,8 +15,8 @@ use super::inbound::{record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
 use crate::fault::FaultPoint;
 use crate::payment::{
-    dead_letter_redaction, record_unresolved_charge, Attempt, CommandContext, Outcome,
-    PaymentCommand, Processor, RejectionKind, SourcePosition,
+    record_unresolved_charge, Attempt, CommandContext, Outcome, PaymentCommand, Processor,
+    RejectionKind, SourcePosition,
 };
 use crate::retry::RetryPolicy;
 
@@ -133,21 +133,11 @@ impl Handler {
                 let (outcome, attempts, charge_unknown) = self
                     .process_with_retries(&command, &source, draining)
                     .await?;
-                // The rules look at the fields they know; a card number in a field
-                // they do not (a client's own metadata) must not reach the
-                // dead-letter topic either.
-                let redacted = match outcome {
-                    Outcome::Rejected { .. } => {
-                        dead_letter_redaction(message.payload().unwrap_or_default())
-                    }
-                    _ => None,
-                };
                 Verdict {
                     outcome,
                     key,
                     attempts,
                     charge_unknown,
-                    redacted,
                 }
             }
             Err(undecodable) => Verdict {
@@ -158,9 +148,6 @@ impl Handler {
                 key,
                 attempts: 1,
                 charge_unknown: false,
-                // Parsing stops at the first broken rule, so a card number may sit
-                // in a field no rule reached: every refused payload is looked at.
-                redacted: dead_letter_redaction(message.payload().unwrap_or_default()),
             },
         };
         let answer = self.answer(message, source, verdict, started, turn).await;
@@ -186,15 +173,12 @@ impl Handler {
             kind: RejectionKind::Internal,
             reason: format!("panicked: handling this record panicked {panics} times"),
         };
-        // Whatever made it panic, a card number in it must not reach the topic.
-        let redacted = dead_letter_redaction(message.payload().unwrap_or_default());
         let verdict = Verdict {
             outcome,
             key: record_key(message),
             attempts: panics,
             // A panic is left to the lease, whose next owner looks the charge up.
             charge_unknown: false,
-            redacted,
         };
         // Not decoded again: whatever made it panic may be in the value.
         self.answer(message, source_of(message), verdict, Instant::now(), turn)

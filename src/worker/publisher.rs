@@ -22,7 +22,9 @@ use super::messages::{
 use super::spans::produce_span;
 use super::transactions::{AnswerGuard, Transactions};
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
-use crate::payment::{Outcome, RedactedPayload, RejectionKind, SourcePosition};
+use crate::payment::{
+    dead_letter_redaction, Outcome, RedactedPayload, RejectionKind, SourcePosition,
+};
 
 fn is_too_large(error: &KafkaError) -> bool {
     matches!(
@@ -42,8 +44,6 @@ pub(super) struct Verdict {
     pub attempts: u32,
     /// An earlier attempt may have charged and no look-up resolved it.
     pub charge_unknown: bool,
-    /// The value to dead-letter instead of the original (card numbers masked).
-    pub redacted: Option<RedactedPayload>,
 }
 
 /// Why a record is dead-lettered, and what of it may be kept.
@@ -313,15 +313,18 @@ impl Publisher {
             outcome,
             attempts,
             charge_unknown,
-            redacted,
         } = verdict;
         if let Outcome::Rejected { kind, reason } = &outcome {
+            // Every dead letter's value is looked at, whatever refused it: parsing
+            // stops at the first broken rule, the rules read only the fields they
+            // know, and a panic may come from anywhere in the value; a card number
+            // in any of them must not reach the topic.
             let letter = DeadLetter {
                 kind: *kind,
                 reason,
                 attempts,
                 charge_unknown,
-                redacted,
+                redacted: dead_letter_redaction(original.payload().unwrap_or_default()),
             };
             self.dead_letter(original, letter).await;
         }

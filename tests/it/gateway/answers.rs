@@ -673,16 +673,10 @@ async fn a_token_whose_deadline_passes_while_its_charge_is_unresolved_is_booked_
         results[0].gateway_transaction_id.as_deref(),
         Some(charged[0].transaction_id.as_str())
     );
-    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
-        "SELECT status, gateway_transaction_id FROM payments WHERE idempotency_key = $1",
-    )
-    .bind(key)
-    .fetch_all(&stack.db.pool)
-    .await
-    .unwrap();
     assert_eq!(
-        rows,
+        stack.payment_rows().await,
         vec![(
+            key.to_owned(),
             "succeeded".to_owned(),
             Some(charged[0].transaction_id.clone())
         )]

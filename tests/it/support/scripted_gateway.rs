@@ -101,21 +101,19 @@ impl ScriptedGateway {
     }
 
     pub fn lookups_down(&self, key: &str, down: bool) {
-        let mut script = self.front.script.lock().unwrap();
-        if down {
-            script.lookups_down.insert(key.to_owned());
-        } else {
-            script.lookups_down.remove(key);
-        }
+        mark(
+            &mut self.front.script.lock().unwrap().lookups_down,
+            key,
+            down,
+        );
     }
 
     pub fn lookups_hidden(&self, key: &str, hidden: bool) {
-        let mut script = self.front.script.lock().unwrap();
-        if hidden {
-            script.lookups_hidden.insert(key.to_owned());
-        } else {
-            script.lookups_hidden.remove(key);
-        }
+        mark(
+            &mut self.front.script.lock().unwrap().lookups_hidden,
+            key,
+            hidden,
+        );
     }
 
     pub fn lookups_seen(&self, key: &str) -> usize {
@@ -126,6 +124,15 @@ impl ScriptedGateway {
     pub fn posts_seen(&self, key: &str) -> usize {
         let script = self.front.script.lock().unwrap();
         script.posts_seen.get(key).copied().unwrap_or(0)
+    }
+}
+
+/// Puts `key` in `keys`, or takes it out.
+fn mark(keys: &mut HashSet<String>, key: &str, on: bool) {
+    if on {
+        keys.insert(key.to_owned());
+    } else {
+        keys.remove(key);
     }
 }
 

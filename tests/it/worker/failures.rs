@@ -273,6 +273,14 @@ async fn produce_valid(stack: &Stack, count: usize, seed: u64, prefix: &str) {
         .await;
 }
 
+async fn assert_nothing_committed(stack: &Stack) {
+    let committed = stack.committed().await;
+    assert!(
+        committed.values().all(|&offset| offset <= 0),
+        "nothing unanswered is committed: {committed:?}"
+    );
+}
+
 /// Runs a worker on `stack` until it ends on its own; asserts it ended with a fatal
 /// broker error (exit status 4) and returns that error's text.
 async fn fatal_broker_failure_of_a_worker(stack: &Stack, name: &str) -> String {
@@ -318,11 +326,7 @@ async fn a_topic_the_worker_may_not_write_ends_it_with_a_fatal_error() {
         reason.starts_with("results producer") && reason.contains("uthoriz"),
         "{reason}"
     );
-    assert!(
-        stack.committed().await.values().all(|&offset| offset <= 0),
-        "nothing unanswered is committed: {:?}",
-        stack.committed().await
-    );
+    assert_nothing_committed(&stack).await;
 }
 
 /// A Ctrl-C (SIGINT) while the worker drains stops it at once (exit 130) instead of
@@ -463,11 +467,7 @@ async fn a_results_producer_refused_for_good_ends_the_worker_with_a_fatal_error(
         stack.results().await.is_empty(),
         "no answer left the worker"
     );
-    assert!(
-        stack.committed().await.values().all(|&offset| offset <= 0),
-        "nothing unanswered is committed: {:?}",
-        stack.committed().await
-    );
+    assert_nothing_committed(&stack).await;
 }
 
 /// Every payment connection held across a slow gateway call: the database still
