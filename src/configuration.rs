@@ -367,7 +367,8 @@ pub struct KafkaSettings {
     /// Extra librdkafka settings, `key=value` (repeatable), e.g. `security.protocol=SASL_SSL`;
     /// `KAFKA_CONFIG_SASL_MECHANISM=…` style environment variables are read too (`_` becomes
     /// `.`, lower-cased). They win over the worker's tuning defaults; settings the worker
-    /// owns (offset storing, auto-commit, acks, idempotence, isolation) are refused.
+    /// owns (offset storing, auto-commit, acks, idempotence, isolation, transactional id,
+    /// group and bootstrap settings) are refused.
     #[arg(id = "kafka_config", long = "kafka-config", value_parser = parse_key_value)]
     pub extra: Vec<(String, String)>,
     /// The `KAFKA_CONFIG_*` environment variables as librdkafka settings, read once

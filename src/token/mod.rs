@@ -1,6 +1,7 @@
 mod key;
 mod postgres;
 mod postgres_purge;
+mod postgres_statements;
 mod redis;
 mod redis_connection;
 mod store;

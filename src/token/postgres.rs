@@ -14,6 +14,10 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::postgres_purge;
+use super::postgres_statements::{
+    CONFIRM, CONSUME, DELETE_DEAD_PENDING, EXPIRED_LEASES, EXTEND, ISSUE, LOCK_CREATE,
+    LOCK_TAKE_OVER, READ, RELEASE, RESERVE_CREATE, RESERVE_IMPLICIT, RESERVE_ISSUED, RESTORE,
+};
 use super::{
     Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Reservation,
     SettleInTransaction, TokenError, TokenMode, TokenPolicy, TokenState, TokenStore, TokenView,
@@ -30,146 +34,6 @@ const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
 const RESERVE_ATTEMPTS: usize = 8;
 
 const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
-
-/// Create `pending` when absent, or replace a row whose life is over. The fence is kept
-/// from the old row: it only ever grows while the row exists.
-const ISSUE: &str = "
-INSERT INTO idempotency_tokens AS t (key, status, fence, expires_at)
-VALUES ($1, 'pending', 0, now() + $2::bigint * interval '1 millisecond')
-ON CONFLICT (key) DO UPDATE
-   SET status = 'pending', owner = NULL, lease_expires_at = NULL, payment_id = NULL,
-       fingerprint = NULL, expires_at = EXCLUDED.expires_at, created_at = now(),
-       updated_at = now()
- WHERE NOT (t.expires_at > now()
-            OR (t.status = 'processing' AND t.lease_expires_at > now()))
-RETURNING fence";
-
-const CONSUME: &str = "
-DELETE FROM idempotency_tokens
- WHERE key = $1 AND status = 'pending' AND expires_at > now()
-RETURNING fence";
-
-/// Lock and reserve create a missing row with `ON CONFLICT DO NOTHING` and take over an
-/// existing one with a separate conditional `UPDATE`, rather than one `ON CONFLICT DO
-/// UPDATE … WHERE`: the latter locks the conflicting row even when its `WHERE` fails, so
-/// every loser of a race would queue for the row and commit a transaction of its own,
-/// one after the other. Each statement is still the whole decision for its case.
-const LOCK_CREATE: &str = "
-INSERT INTO idempotency_locks (key, owner, expires_at)
-VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
-ON CONFLICT (key) DO NOTHING
-RETURNING owner";
-
-/// A lock past its deadline is free: the caller takes it over.
-const LOCK_TAKE_OVER: &str = "
-UPDATE idempotency_locks
-   SET owner = $2, expires_at = now() + $3::bigint * interval '1 millisecond'
- WHERE key = $1 AND expires_at <= now()
-RETURNING owner";
-
-const RELEASE: &str = "
-DELETE FROM idempotency_locks
- WHERE key = $1 AND owner = $2 AND expires_at > now()
-RETURNING owner";
-
-/// Implicit mode, unknown key: created straight in `processing` with fence 1.
-const RESERVE_CREATE: &str = "
-INSERT INTO idempotency_tokens (key, status, owner, fence, lease_expires_at, expires_at)
-VALUES ($1, 'processing', $2, 1,
-        now() + $3::bigint * interval '1 millisecond',
-        now() + $4::bigint * interval '1 millisecond')
-ON CONFLICT (key) DO NOTHING
-RETURNING fence";
-
-/// Implicit mode, existing row: taken over when pending, when its lease expired, or when
-/// its life is over (the row only lingers; the fence keeps growing). A token whose own
-/// deadline is still ahead keeps it (restore goes back to it); otherwise it gets a
-/// fresh one.
-const RESERVE_IMPLICIT: &str = "
-UPDATE idempotency_tokens
-   SET status = 'processing',
-       owner = $2,
-       fence = fence + 1,
-       lease_expires_at = now() + $3::bigint * interval '1 millisecond',
-       expires_at = CASE WHEN status <> 'completed' AND expires_at > now()
-                         THEN expires_at
-                         ELSE now() + $4::bigint * interval '1 millisecond' END,
-       payment_id = NULL,
-       fingerprint = NULL,
-       updated_at = now()
- WHERE key = $1
-   AND (status = 'pending'
-        OR (status = 'processing' AND lease_expires_at <= now())
-        OR (status = 'completed' AND expires_at <= now()))
-RETURNING fence";
-
-/// Issued mode: only a live token that is pending or whose lease expired is taken.
-const RESERVE_ISSUED: &str = "
-UPDATE idempotency_tokens
-   SET status = 'processing',
-       owner = $2,
-       fence = fence + 1,
-       lease_expires_at = now() + $3::bigint * interval '1 millisecond',
-       updated_at = now()
- WHERE key = $1
-   AND expires_at > now()
-   AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))
-RETURNING fence";
-
-/// The owner-checked statements accept a lapsed lease as long as nobody reserved since
-/// (owner and fence still match) and the row is still live.
-const CONFIRM: &str = "
-UPDATE idempotency_tokens
-   SET status = 'completed',
-       payment_id = $4,
-       fingerprint = $5,
-       lease_expires_at = NULL,
-       expires_at = CASE WHEN status = 'completed' THEN expires_at
-                         ELSE now() + $6::bigint * interval '1 millisecond' END,
-       updated_at = now()
- WHERE key = $1 AND owner = $2 AND fence = $3
-   AND ((status = 'processing' AND (expires_at > now() OR lease_expires_at > now()))
-        -- the same claim confirming the same payment again: a retry whose answer was lost
-        OR (status = 'completed' AND payment_id = $4 AND expires_at > now()))
-RETURNING fence";
-
-const RESTORE: &str = "
-UPDATE idempotency_tokens
-   SET status = 'pending', owner = NULL, lease_expires_at = NULL, updated_at = now()
- WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3
-   AND (expires_at > now() OR lease_expires_at > now())
-RETURNING expires_at <= now()";
-
-/// After a restore past the token's deadline the row is already dead; removing it is
-/// housekeeping, guarded so a token revived in between is left alone.
-const DELETE_DEAD_PENDING: &str = "
-DELETE FROM idempotency_tokens
- WHERE key = $1 AND status = 'pending' AND expires_at <= now()";
-
-const EXTEND: &str = "
-UPDATE idempotency_tokens
-   SET lease_expires_at = now() + $4::bigint * interval '1 millisecond', updated_at = now()
- WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3
-   AND (expires_at > now() OR lease_expires_at > now())
-RETURNING fence";
-
-const READ: &str = "
-SELECT status, owner, fence, payment_id, fingerprint,
-       (expires_at > now() OR (status = 'processing' AND lease_expires_at > now())) AS live,
-       CASE WHEN status = 'processing' THEN
-           GREATEST(0, ceil(EXTRACT(EPOCH FROM lease_expires_at - now()) * 1000))::bigint
-       END AS lease_left_ms,
-       GREATEST(0, ceil(EXTRACT(EPOCH FROM GREATEST(expires_at, lease_expires_at) - now())
-                        * 1000))::bigint AS ttl_ms
-  FROM idempotency_tokens
- WHERE key = $1";
-
-const EXPIRED_LEASES: &str = "
-SELECT key
-  FROM idempotency_tokens
- WHERE status = 'processing' AND lease_expires_at <= now() AND expires_at > now()
- ORDER BY lease_expires_at
- LIMIT $1";
 
 #[derive(sqlx::FromRow)]
 struct TokenRow {

@@ -7,6 +7,7 @@ mod inbound;
 mod kafka;
 mod messages;
 mod offsets;
+mod oversized;
 mod partition;
 mod publisher;
 mod rebalance;

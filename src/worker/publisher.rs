@@ -19,6 +19,7 @@ use super::messages::{
     ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED, SOURCE_OFFSET,
     SOURCE_PARTITION, SOURCE_TOPIC,
 };
+use super::oversized::{LetterForm, Oversized};
 use super::spans::produce_span;
 use super::transactions::{AnswerGuard, Transactions};
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
@@ -161,6 +162,9 @@ pub struct Publisher {
     /// Why the brokers refuse this producer's records for good (no write permission
     /// on a topic), once one was refused so.
     refused_for_good: Arc<OnceLock<String>>,
+    /// Dead letters refused as too large, so a command answered again after an
+    /// aborted transaction does not send the refused form again.
+    oversized: Arc<Oversized>,
 }
 
 impl Publisher {
@@ -198,6 +202,7 @@ impl Publisher {
             dlq_topic: settings.dlq_topic.clone(),
             transactions: None,
             refused_for_good: Arc::default(),
+            oversized: Arc::default(),
         })
     }
 
@@ -215,6 +220,7 @@ impl Publisher {
                     dlq_topic: settings.dlq_topic.clone(),
                     transactions: Some(transactions),
                     refused_for_good: Arc::default(),
+                    oversized: Arc::default(),
                 })
             }
         }
@@ -326,7 +332,7 @@ impl Publisher {
                 charge_unknown,
                 redacted: dead_letter_redaction(original.payload().unwrap_or_default()),
             };
-            self.dead_letter(original, letter).await;
+            self.dead_letter(original, &source, letter).await;
         }
         let result = result_record(key, &outcome, source);
         self.publish_result(original.key(), &result).await;
@@ -360,8 +366,15 @@ impl Publisher {
     /// The original key, value and headers, plus the dead-letter headers. A value
     /// refused for holding a card number goes out `redacted` instead, marked with
     /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
-    /// could be kept): a card number never lands on a topic.
-    async fn dead_letter(&self, original: &OwnedMessage, letter: DeadLetter<'_>) {
+    /// could be kept): a card number never lands on a topic. A dead letter too
+    /// large for the brokers goes out smaller (`LetterForm`) rather than stall its
+    /// partition forever.
+    async fn dead_letter(
+        &self,
+        original: &OwnedMessage,
+        source: &SourcePosition,
+        letter: DeadLetter<'_>,
+    ) {
         let mut headers = dead_letter_headers(original, &letter);
         let payload = match &letter.redacted {
             None => original.payload(),
@@ -380,46 +393,51 @@ impl Publisher {
                 });
             }
         }
+        let size = payload.map_or(0, <[u8]>::len).to_string();
         let span = produce_span(&self.dlq_topic);
-        let sent = self
-            .send(
-                &self.dlq_topic,
-                original.key(),
-                payload,
-                Some(headers.clone()),
-            )
-            .instrument(span.clone())
-            .await;
-        if let Err(error) = sent {
-            // The original is larger than this producer may send: keep the record
-            // visible without its value rather than stall the partition forever.
-            tracing::warn!(%error, "dead letter too large; dropping its value");
-            let size = payload.map_or(0, <[u8]>::len).to_string();
-            let headers = value_dropped(headers, &size);
-            let without_value = self
-                .send(&self.dlq_topic, original.key(), None, Some(headers))
+        let mut form = self.oversized.first_form(source);
+        loop {
+            let (key, value, headers) = match form {
+                LetterForm::Whole => (original.key(), payload, headers.clone()),
+                LetterForm::WithoutValue => {
+                    (original.key(), None, value_dropped(headers.clone(), &size))
+                }
+                LetterForm::Bare => {
+                    let bare = value_dropped(
+                        with_dead_letter_headers(OwnedHeaders::new(), original, &letter),
+                        &size,
+                    )
+                    .insert(Header {
+                        key: ORIGINAL_DROPPED,
+                        value: Some("key,headers"),
+                    });
+                    (None, None, bare)
+                }
+            };
+            let sent = self
+                .send(&self.dlq_topic, key, value, Some(headers))
                 .instrument(span.clone())
                 .await;
-            if let Err(error) = without_value {
-                // The original key or headers are too large as well: keep only
-                // what says why the record was refused and where it is.
-                tracing::error!(%error, "dead letter too large without its value; dropping its key and headers too");
-                let bare = value_dropped(
-                    with_dead_letter_headers(OwnedHeaders::new(), original, &letter),
-                    &size,
-                )
-                .insert(Header {
-                    key: ORIGINAL_DROPPED,
-                    value: Some("key,headers"),
-                });
-                let sent = self
-                    .send(&self.dlq_topic, None, None, Some(bare))
-                    .instrument(span)
-                    .await;
-                if let Err(error) = sent {
-                    tracing::error!(%error, "the dead letter could not be produced at all");
-                }
+            let Err(error) = sent else {
+                return;
+            };
+            let Some(smaller) = form.smaller() else {
+                tracing::error!(%error, "the dead letter could not be produced at all");
+                return;
+            };
+            if smaller == LetterForm::WithoutValue {
+                tracing::warn!(%error, "dead letter too large; dropping its value");
+            } else {
+                tracing::error!(
+                    %error,
+                    "dead letter too large without its value; dropping its key and headers too"
+                );
             }
+            // In exactly-once mode a refusal by the broker (not by this producer's
+            // own size check) leaves the transaction abortable: the smaller form
+            // fails with it, and the redo after the abort starts from the smaller one.
+            self.oversized.remember(source, smaller);
+            form = smaller;
         }
     }
 }

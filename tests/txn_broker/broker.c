@@ -3,7 +3,11 @@
  * transactions (mock-transactions.patch), in a process of its own for the
  * exactly-once tests.
  *
- *   txn-broker BROKERS PARTITIONS TOPIC...
+ *   txn-broker [--max-message-bytes TOPIC=BYTES] BROKERS PARTITIONS TOPIC...
+ *
+ * --max-message-bytes gives TOPIC a broker-side size limit, as Kafka's topic
+ * setting max.message.bytes does: a record batch above it is refused with
+ * MESSAGE_TOO_LARGE (the stock mock takes batches of any size).
  *
  * Prints "txn-broker bootstrap HOST:PORT,..." once the topics exist, then
  * runs until SIGTERM or SIGINT.
@@ -11,9 +15,13 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rdkafka.h"
 #include "rdkafka_mock.h"
+
+/* From the patch (rdkafka_mock_int.h, which is not a public header). */
+void rd_kafka_mock_topic_max_message_bytes(const char *topic, int32_t bytes);
 
 int main(int argc, char **argv) {
         char errstr[512];
@@ -22,10 +30,26 @@ int main(int argc, char **argv) {
         rd_kafka_mock_cluster_t *mcluster;
         sigset_t stop;
         int signal_number, partitions, i;
+        const char *program = argv[0];
 
+        if (argc > 2 && !strcmp(argv[1], "--max-message-bytes")) {
+                char *equals = strrchr(argv[2], '=');
+                int bytes    = equals ? atoi(equals + 1) : 0;
+                if (!equals || equals == argv[2] || bytes < 1) {
+                        fprintf(stderr,
+                                "--max-message-bytes takes TOPIC=BYTES\n");
+                        return 2;
+                }
+                *equals = '\0';
+                rd_kafka_mock_topic_max_message_bytes(argv[2], bytes);
+                argc -= 2;
+                argv += 2;
+        }
         if (argc < 4) {
-                fprintf(stderr, "usage: %s BROKERS PARTITIONS TOPIC...\n",
-                        argv[0]);
+                fprintf(stderr,
+                        "usage: %s [--max-message-bytes TOPIC=BYTES] BROKERS "
+                        "PARTITIONS TOPIC...\n",
+                        program);
                 return 2;
         }
         partitions = atoi(argv[2]);

@@ -11,13 +11,17 @@ pub enum RedactedPayload {
     /// The value with every card-number-like run masked.
     Masked(Vec<u8>),
     /// The value hid a card number where masking the text cannot reach it (JSON
-    /// `\u` escapes, or not UTF-8): nothing of it may be kept.
+    /// `\u` escapes, a text encoding wider than UTF-8, or not UTF-8): nothing of it
+    /// may be kept.
     Dropped,
 }
 
 /// Masks the card numbers in a record value, and checks that none survives in
 /// the JSON strings it decodes to.
 pub fn redact_payload(payload: &[u8]) -> RedactedPayload {
+    if holds_wide_card_number(payload) {
+        return RedactedPayload::Dropped;
+    }
     let Ok(text) = std::str::from_utf8(payload) else {
         return RedactedPayload::Dropped;
     };
@@ -43,12 +47,27 @@ pub fn dead_letter_redaction(payload: &[u8]) -> Option<RedactedPayload> {
     match redact_payload(payload) {
         RedactedPayload::Masked(masked) if masked == payload => None,
         // Not UTF-8 and so not maskable: keep it unless it could hold a card.
-        RedactedPayload::Dropped if std::str::from_utf8(payload).is_err() => {
+        RedactedPayload::Dropped
+            if std::str::from_utf8(payload).is_err() && !holds_wide_card_number(payload) =>
+        {
             let lossy = String::from_utf8_lossy(payload);
             (mask_card_numbers(&lossy) != lossy).then_some(RedactedPayload::Dropped)
         }
         other => Some(other),
     }
+}
+
+/// Whether `payload` holds a card number written in UTF-16 or UTF-32, with or
+/// without a byte-order mark. Those encodings write an ASCII digit as its byte next
+/// to zero bytes, which no scan of the text sees as a run of digits (and zero
+/// bytes are valid UTF-8, so such a payload passes as text); with the zeros taken
+/// out, the digits run together again.
+fn holds_wide_card_number(payload: &[u8]) -> bool {
+    if !payload.contains(&0) {
+        return false;
+    }
+    let narrowed: Vec<u8> = payload.iter().copied().filter(|&b| b != 0).collect();
+    contains_card_number(&String::from_utf8_lossy(&narrowed))
 }
 
 fn json_strings_hold_card(value: &Value) -> bool {
@@ -93,6 +112,48 @@ mod tests {
         assert_eq!(
             redact_payload(b"\xff4111111111111111"),
             RedactedPayload::Dropped
+        );
+    }
+
+    fn utf16(text: &str, big_endian: bool) -> Vec<u8> {
+        text.encode_utf16()
+            .flat_map(|unit| {
+                if big_endian {
+                    unit.to_be_bytes()
+                } else {
+                    unit.to_le_bytes()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_card_number_in_utf16_or_utf32_is_never_kept_on_a_dead_letter() {
+        let with_card = r#"{"payment_method":"4111 1111 1111 1111"}"#;
+        let without = r#"{"payment_method":"pm_card_visa","amount_minor":1999}"#;
+        for big_endian in [false, true] {
+            let plain = utf16(with_card, big_endian);
+            // Without a byte-order mark every byte is valid UTF-8.
+            assert!(std::str::from_utf8(&plain).is_ok());
+            // The byte-order mark, U+FEFF, comes out as FF FE or FE FF.
+            let marked = utf16(&format!("\u{feff}{with_card}"), big_endian);
+            for payload in [plain, marked] {
+                assert_eq!(redact_payload(&payload), RedactedPayload::Dropped);
+                assert_eq!(
+                    dead_letter_redaction(&payload),
+                    Some(RedactedPayload::Dropped)
+                );
+            }
+            // Nothing to hide: the value goes as it came.
+            assert_eq!(dead_letter_redaction(&utf16(without, big_endian)), None);
+        }
+        let utf32: Vec<u8> = with_card
+            .chars()
+            .flat_map(|c| u32::from(c).to_le_bytes())
+            .collect();
+        assert_eq!(
+            dead_letter_redaction(&utf32),
+            Some(RedactedPayload::Dropped)
         );
     }
 }

@@ -4,6 +4,7 @@
 //! carries out transactions.
 
 pub(crate) mod books;
+pub(crate) mod cards;
 pub(crate) mod deployment;
 pub(crate) mod helpers;
 pub(crate) mod pki;

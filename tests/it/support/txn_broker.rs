@@ -83,8 +83,33 @@ fn binary() -> PathBuf {
 /// Starts a txn-broker of three brokers with the payment topics of `settings`
 /// (`partitions` each); returns it with its bootstrap address.
 pub(crate) async fn start(partitions: i32, settings: &KafkaSettings) -> (Proc, String) {
+    start_with(partitions, settings, None).await
+}
+
+/// As [`start`], with a broker-side size limit on `settings`' dead-letter topic
+/// (Kafka's topic setting `max.message.bytes`): a record batch above it is refused
+/// with MESSAGE_TOO_LARGE.
+pub(crate) async fn start_with_dead_letter_limit(
+    partitions: i32,
+    settings: &KafkaSettings,
+    max_message_bytes: usize,
+) -> (Proc, String) {
+    start_with(partitions, settings, Some(max_message_bytes)).await
+}
+
+async fn start_with(
+    partitions: i32,
+    settings: &KafkaSettings,
+    dead_letter_limit: Option<usize>,
+) -> (Proc, String) {
     let binary = tokio::task::spawn_blocking(binary).await.unwrap();
     let mut command = Command::new(binary);
+    if let Some(bytes) = dead_letter_limit {
+        command.args([
+            "--max-message-bytes".to_owned(),
+            format!("{}={bytes}", settings.dlq_topic),
+        ]);
+    }
     command.args([
         "3",
         &partitions.to_string(),

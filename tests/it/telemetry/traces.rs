@@ -13,6 +13,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
+use crate::support::cards::card_like_numbers;
 use crate::support::helpers::{quick_worker_settings, span_exporter, stop_all, unique, Stack};
 
 fn command(key: &str) -> String {
@@ -75,35 +76,6 @@ fn children<'a>(spans: &'a [SpanData], parent: &SpanData) -> Vec<&'a str> {
         .collect();
     names.sort_unstable();
     names
-}
-
-fn looks_like_card_number(text: &str) -> bool {
-    let digits: Vec<u32> = text.chars().filter_map(|c| c.to_digit(10)).collect();
-    text.chars().filter(|c| c.is_ascii_digit()).count() >= 13
-        && text.split(|c: char| !c.is_ascii_digit()).any(|run| {
-            (13..=19).contains(&run.len()) && {
-                let sum: u32 = run
-                    .chars()
-                    .rev()
-                    .filter_map(|c| c.to_digit(10))
-                    .enumerate()
-                    .map(|(i, d)| {
-                        if i % 2 == 1 {
-                            let x = d * 2;
-                            if x > 9 {
-                                x - 9
-                            } else {
-                                x
-                            }
-                        } else {
-                            d
-                        }
-                    })
-                    .sum();
-                sum.is_multiple_of(10)
-            }
-        })
-        && !digits.is_empty()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -228,7 +200,7 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
                 kv.key
             );
             assert!(
-                !looks_like_card_number(&value),
+                card_like_numbers(&value).is_empty(),
                 "card-like number in {}: {}",
                 span.name,
                 kv.key

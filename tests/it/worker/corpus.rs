@@ -1,5 +1,6 @@
 //! A corpus of bad input, published on the commands topic and consumed by a
-//! running worker. Each bad record ends in the DLQ, unchanged (card numbers masked), with its exact
+//! running worker. Each bad record ends in the DLQ, unchanged (card numbers masked,
+//! or the value dropped when masking cannot reach one), with its exact
 //! `x-error-kind` and a specific reason code; nothing invalid reaches the gateway;
 //! the worker keeps going and commits past every one of them.
 
@@ -12,6 +13,7 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
+use crate::support::cards::hidden_card_numbers;
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack};
 
 use super::corpus_cases::*;
@@ -142,6 +144,7 @@ async fn every_bad_record_is_dead_lettered_with_its_reason_and_the_worker_commit
 
     let mut charged_expected: HashSet<String> = HashSet::from(["after".to_owned()]);
     let mut masked_letters = 0;
+    let mut dropped_letters = 0;
     for (n, (case, offset)) in cases.iter().zip(&offsets).enumerate() {
         let outcomes = outcome_at
             .get(offset)
@@ -182,7 +185,8 @@ async fn every_bad_record_is_dead_lettered_with_its_reason_and_the_worker_commit
                 );
                 // The original record, with its own headers; unchanged, except that
                 // a card number is masked (all but its last four digits), whichever
-                // rule refused the record.
+                // rule refused the record, or the value dropped where masking cannot
+                // reach the number.
                 assert_eq!(letter.key(), case.key.as_deref(), "case {}", case.name);
                 let original = case
                     .value
@@ -190,10 +194,22 @@ async fn every_bad_record_is_dead_lettered_with_its_reason_and_the_worker_commit
                     .and_then(|v| std::str::from_utf8(v).ok())
                     .unwrap_or_default();
                 let masked = payment_worker::payment::mask_card_numbers(original);
-                if code.starts_with("card_number") {
-                    assert_ne!(masked, original, "case {}", case.name);
-                }
-                if masked != original {
+                if header_text(letter, "x-payload-dropped").as_deref() == Some("card_number") {
+                    // A card number masking cannot reach: the value is not kept.
+                    dropped_letters += 1;
+                    assert!(
+                        !hidden_card_numbers(case.value.as_deref().unwrap_or_default()).is_empty(),
+                        "case {}: dropped a value that hides no card number",
+                        case.name
+                    );
+                    assert_eq!(letter.payload(), None, "case {}", case.name);
+                    assert_eq!(
+                        header_text(letter, "x-payload-redacted").as_deref(),
+                        Some("card_number"),
+                        "case {}",
+                        case.name
+                    );
+                } else if masked != original {
                     masked_letters += 1;
                     assert_eq!(
                         letter.payload(),
@@ -208,6 +224,11 @@ async fn every_bad_record_is_dead_lettered_with_its_reason_and_the_worker_commit
                         case.name
                     );
                 } else {
+                    assert!(
+                        !code.starts_with("card_number"),
+                        "case {}: refused for its card number, which was kept",
+                        case.name
+                    );
                     assert_eq!(
                         letter.payload(),
                         case.value.as_deref(),
@@ -216,6 +237,10 @@ async fn every_bad_record_is_dead_lettered_with_its_reason_and_the_worker_commit
                     );
                     assert_eq!(header_text(letter, "x-payload-redacted"), None);
                 }
+                // Whatever rule refused it, a dead letter holds no card number in
+                // any reading of its value.
+                let kept = hidden_card_numbers(letter.payload().unwrap_or_default());
+                assert!(kept.is_empty(), "case {}: {kept:?}", case.name);
                 assert_eq!(
                     header_text(letter, "x-case"),
                     Some(n.to_string()),
@@ -246,6 +271,11 @@ async fn every_bad_record_is_dead_lettered_with_its_reason_and_the_worker_commit
     assert!(
         masked_letters >= 9,
         "only {masked_letters} dead letters had a card number masked"
+    );
+    // A card number behind a JSON escape, and two in UTF-16.
+    assert_eq!(
+        dropped_letters, 3,
+        "dead letters whose card number could only be dropped"
     );
 
     // Nothing invalid reached the gateway: only the good keys were charged, once.

@@ -48,6 +48,20 @@ pub(crate) fn with_raw(key: &str, field: &str, raw: Option<&str>) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// `text` (UTF-8) written as UTF-16.
+fn utf16(text: &[u8], big_endian: bool) -> Vec<u8> {
+    String::from_utf8_lossy(text)
+        .encode_utf16()
+        .flat_map(|unit| {
+            if big_endian {
+                unit.to_be_bytes()
+            } else {
+                unit.to_le_bytes()
+            }
+        })
+        .collect()
+}
+
 pub(crate) fn dead(kind: &'static str, code: &'static str) -> Expect {
     Expect::Dead { kind, code }
 }
@@ -361,6 +375,37 @@ pub(crate) fn corpus() -> Vec<Case> {
                 .to_vec(),
         ),
         invalid("malformed_json"),
+    );
+    // Card numbers no masking of the text can reach: behind a JSON escape, or in a
+    // text encoding wider than UTF-8 (every digit next to zero bytes, which are
+    // valid UTF-8). Nothing of the value may be kept.
+    c.field(
+        "card number behind a json escape",
+        "payment_method",
+        Some(r#""\u0034111111111111111""#),
+        invalid("card_number_as_payment_method"),
+    );
+    let key = format!("c-{}", c.cases.len());
+    c.keyed(
+        "card number in utf-16 without a byte-order mark",
+        utf16(
+            &with_raw(&key, "payment_method", Some("\"4111 1111 1111 1111\"")),
+            false,
+        ),
+        invalid("malformed_json"),
+    );
+    let key = format!("c-{}", c.cases.len());
+    c.keyed(
+        "card number in utf-16 big-endian with a byte-order mark",
+        utf16(
+            &[
+                "\u{feff}".as_bytes(),
+                &with_raw(&key, "description", Some("\"5500000000000004\"")),
+            ]
+            .concat(),
+            true,
+        ),
+        invalid("not_utf8"),
     );
     let long_pm = serde_json::to_string(&"p".repeat(129)).unwrap();
     c.field(

@@ -8,6 +8,7 @@ mod exactly_once;
 mod failures;
 mod kafka_connectivity;
 mod operator_tools;
+mod oversized_dead_letters;
 mod poison;
 mod rebalance;
 mod transaction_fencing;
