@@ -1,17 +1,24 @@
-//! Dead letters the brokers refused as too large, remembered by the position of
-//! their command, so that the command's next answer starts from a form that fits.
+//! Exactly-once mode: dead letters the brokers refused as too large, remembered by
+//! the position of their command until a transaction commits past it, so that the
+//! command's next answer starts from a form that fits.
 //!
 //! In at-least-once mode the smaller form follows the refused one at once. In
 //! exactly-once mode it cannot: a record the broker refuses leaves the open
 //! transaction abortable, so the smaller form is refused too, the transaction
 //! aborts, the member rewinds, and the same command is answered again. Without
 //! this memory that answer would send the same refused record, and its partition
-//! would never move on while the worker looked healthy.
+//! would never move on while the worker looked healthy. Each abort teaches one
+//! refusal (the records after it fail with the transaction, not for their size), so
+//! n oversized dead letters in one transaction cost n aborts; nothing is forgotten
+//! before the commit that carries them, however many there are.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::payment::SourcePosition;
+
+/// A partition of the commands topic.
+type PartitionId = (String, i32);
 
 /// How much of the original record a dead letter carries, largest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,15 +43,10 @@ impl LetterForm {
     }
 }
 
-/// Refusals remembered. An aborted transaction is redone right after its abort,
-/// and one transaction holds at most a few hundred answers by default; older
-/// refusals are forgotten first (their commands were answered long ago).
-const REMEMBERED: usize = 1_024;
-
-/// The form each refused command's dead letter must start from.
+/// The form each refused command's dead letter must start from, until committed.
 #[derive(Default)]
 pub(super) struct Oversized {
-    refused: Mutex<VecDeque<(SourcePosition, LetterForm)>>,
+    refused: Mutex<Vec<(SourcePosition, LetterForm)>>,
 }
 
 impl Oversized {
@@ -60,17 +62,32 @@ impl Oversized {
     /// starts at `form` (never at a larger form than one remembered before).
     pub(super) fn remember(&self, source: &SourcePosition, form: LetterForm) {
         let mut refused = self.lock();
-        if let Some((_, known)) = refused.iter_mut().find(|(at, _)| at == source) {
-            *known = (*known).max(form);
-            return;
+        match refused.iter_mut().find(|(at, _)| at == source) {
+            Some((_, known)) => *known = (*known).max(form),
+            None => refused.push((source.clone(), form)),
         }
-        if refused.len() == REMEMBERED {
-            refused.pop_front();
-        }
-        refused.push_back((source.clone(), form));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(SourcePosition, LetterForm)>> {
+    /// A transaction committed these partitions' offsets (the next offset to read):
+    /// the commands before them are answered for good.
+    pub(super) fn committed(&self, offsets: &HashMap<PartitionId, i64>) {
+        self.lock().retain(|(at, _)| {
+            offsets
+                .iter()
+                .find(|((topic, partition), _)| *topic == at.topic && *partition == at.partition)
+                .is_none_or(|(_, next)| at.offset >= *next)
+        });
+    }
+
+    /// These partitions went to other members.
+    pub(super) fn forget(&self, ids: &[PartitionId]) {
+        self.lock().retain(|(at, _)| {
+            !ids.iter()
+                .any(|(topic, partition)| *topic == at.topic && *partition == at.partition)
+        });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SourcePosition, LetterForm)>> {
         // A panic elsewhere while holding it leaves a list that is still whole.
         self.refused.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -80,9 +97,11 @@ impl Oversized {
 mod tests {
     use super::*;
 
+    const TOPIC: &str = "payments.commands";
+
     fn at(partition: i32, offset: i64) -> SourcePosition {
         SourcePosition {
-            topic: "payments.commands".into(),
+            topic: TOPIC.into(),
             partition,
             offset,
         }
@@ -109,16 +128,26 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_refusal_is_forgotten_first() {
+    fn every_refusal_is_kept_until_a_commit_passes_it() {
         let oversized = Oversized::default();
-        for offset in 0..=REMEMBERED as i64 {
+        for offset in 0..5_000 {
             oversized.remember(&at(0, offset), LetterForm::WithoutValue);
         }
-        assert_eq!(oversized.first_form(&at(0, 0)), LetterForm::Whole);
-        assert_eq!(oversized.first_form(&at(0, 1)), LetterForm::WithoutValue);
+        oversized.remember(&at(1, 3), LetterForm::WithoutValue);
+        assert_eq!(oversized.first_form(&at(0, 0)), LetterForm::WithoutValue);
+        oversized.committed(&HashMap::from([((TOPIC.to_owned(), 0), 4_000)]));
+        assert_eq!(oversized.first_form(&at(0, 3_999)), LetterForm::Whole);
         assert_eq!(
-            oversized.first_form(&at(0, REMEMBERED as i64)),
+            oversized.first_form(&at(0, 4_000)),
             LetterForm::WithoutValue
         );
+        assert_eq!(
+            oversized.first_form(&at(1, 3)),
+            LetterForm::WithoutValue,
+            "another partition's commit passes nothing here"
+        );
+        oversized.forget(&[(TOPIC.to_owned(), 0)]);
+        assert_eq!(oversized.first_form(&at(0, 4_000)), LetterForm::Whole);
+        assert_eq!(oversized.first_form(&at(1, 3)), LetterForm::WithoutValue);
     }
 }

@@ -19,7 +19,7 @@ use super::messages::{
     ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED, SOURCE_OFFSET,
     SOURCE_PARTITION, SOURCE_TOPIC,
 };
-use super::oversized::{LetterForm, Oversized};
+use super::oversized::LetterForm;
 use super::spans::produce_span;
 use super::transactions::{AnswerGuard, Transactions};
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
@@ -162,9 +162,6 @@ pub struct Publisher {
     /// Why the brokers refuse this producer's records for good (no write permission
     /// on a topic), once one was refused so.
     refused_for_good: Arc<OnceLock<String>>,
-    /// Dead letters refused as too large, so a command answered again after an
-    /// aborted transaction does not send the refused form again.
-    oversized: Arc<Oversized>,
 }
 
 impl Publisher {
@@ -202,7 +199,6 @@ impl Publisher {
             dlq_topic: settings.dlq_topic.clone(),
             transactions: None,
             refused_for_good: Arc::default(),
-            oversized: Arc::default(),
         })
     }
 
@@ -220,7 +216,6 @@ impl Publisher {
                     dlq_topic: settings.dlq_topic.clone(),
                     transactions: Some(transactions),
                     refused_for_good: Arc::default(),
-                    oversized: Arc::default(),
                 })
             }
         }
@@ -366,7 +361,7 @@ impl Publisher {
     /// The original key, value and headers, plus the dead-letter headers. A value
     /// refused for holding a card number goes out `redacted` instead, marked with
     /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
-    /// could be kept): a card number never lands on a topic. A dead letter too
+    /// could be kept): a card number in a value never lands on a topic. A dead letter too
     /// large for the brokers goes out smaller (`LetterForm`) rather than stall its
     /// partition forever.
     async fn dead_letter(
@@ -395,7 +390,9 @@ impl Publisher {
         }
         let size = payload.map_or(0, <[u8]>::len).to_string();
         let span = produce_span(&self.dlq_topic);
-        let mut form = self.oversized.first_form(source);
+        // Exactly-once only: what an aborted transaction learnt (see `oversized.rs`).
+        let refusals = self.transactions.as_deref().map(Transactions::oversized);
+        let mut form = refusals.map_or(LetterForm::Whole, |known| known.first_form(source));
         loop {
             let (key, value, headers) = match form {
                 LetterForm::Whole => (original.key(), payload, headers.clone()),
@@ -436,7 +433,9 @@ impl Publisher {
             // In exactly-once mode a refusal by the broker (not by this producer's
             // own size check) leaves the transaction abortable: the smaller form
             // fails with it, and the redo after the abort starts from the smaller one.
-            self.oversized.remember(source, smaller);
+            if let Some(known) = refusals {
+                known.remember(source, smaller);
+            }
             form = smaller;
         }
     }

@@ -32,6 +32,7 @@ use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
+use super::oversized::Oversized;
 use crate::configuration::{KafkaSettings, WorkerSettings};
 use crate::payment::SourcePosition;
 
@@ -93,6 +94,8 @@ pub struct Transactions {
     /// abandoned unsettled: it cannot commit.
     broken: Arc<AtomicBool>,
     opened: Mutex<Instant>,
+    /// Dead letters the broker refused as too large, until a commit passes them.
+    oversized: Oversized,
     interval: Duration,
     max_records: u64,
     /// Bound of each transactional call to the brokers.
@@ -194,10 +197,16 @@ impl Transactions {
             answered: Mutex::default(),
             broken: Arc::new(AtomicBool::new(false)),
             opened: Mutex::new(Instant::now()),
+            oversized: Oversized::default(),
             interval,
             max_records,
             call_timeout,
         }
+    }
+
+    /// What the broker refused as too large in transactions not yet committed.
+    pub(super) fn oversized(&self) -> &Oversized {
+        &self.oversized
     }
 
     /// The transactional producer the publisher sends results and dead letters with.
@@ -250,6 +259,7 @@ impl Transactions {
             restart_at.remove(id);
             settled.remove(id);
         }
+        self.oversized.forget(ids);
     }
 
     /// Where to rewind each partition that had records, after an abort.
@@ -300,6 +310,7 @@ impl Transactions {
                     restart_at.insert(id.clone(), *offset);
                 }
                 drop(restart_at);
+                self.oversized.committed(&offsets);
                 self.reopen().map_err(|failure| (failure, closed))?;
                 Ok(Committed {
                     answers,

@@ -14,14 +14,18 @@
  */
 #include <signal.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "rdkafka.h"
 #include "rdkafka_mock.h"
 
-/* From the patch (rdkafka_mock_int.h, which is not a public header). */
-void rd_kafka_mock_topic_max_message_bytes(const char *topic, int32_t bytes);
+/* From the patch (rdkafka_mock_int.h, which is not a public header). Weak, so
+ * that broker.c still links with the stock mock (to watch the tests fail without
+ * the patch); --max-message-bytes is then refused. */
+void rd_kafka_mock_topic_max_message_bytes(const char *topic, int32_t bytes)
+    __attribute__((weak));
 
 int main(int argc, char **argv) {
         char errstr[512];
@@ -34,14 +38,22 @@ int main(int argc, char **argv) {
 
         if (argc > 2 && !strcmp(argv[1], "--max-message-bytes")) {
                 char *equals = strrchr(argv[2], '=');
-                int bytes    = equals ? atoi(equals + 1) : 0;
-                if (!equals || equals == argv[2] || bytes < 1) {
+                char *end    = NULL;
+                long bytes   = equals ? strtol(equals + 1, &end, 10) : 0;
+                if (!equals || equals == argv[2] || *end != '\0' ||
+                    bytes < 1 || bytes > INT32_MAX) {
                         fprintf(stderr,
                                 "--max-message-bytes takes TOPIC=BYTES\n");
                         return 2;
                 }
+                if (!rd_kafka_mock_topic_max_message_bytes) {
+                        fprintf(stderr, "--max-message-bytes needs the mock "
+                                        "built with mock-transactions.patch\n");
+                        return 2;
+                }
                 *equals = '\0';
-                rd_kafka_mock_topic_max_message_bytes(argv[2], bytes);
+                rd_kafka_mock_topic_max_message_bytes(argv[2],
+                                                      (int32_t)bytes);
                 argc -= 2;
                 argv += 2;
         }

@@ -26,17 +26,22 @@ pub fn redact_payload(payload: &[u8]) -> RedactedPayload {
         return RedactedPayload::Dropped;
     };
     let masked = mask_card_numbers(text).into_owned();
-    let still_there = match serde_json::from_str::<Value>(&masked) {
+    if survives_masking(text, &masked) {
+        RedactedPayload::Dropped
+    } else {
+        RedactedPayload::Masked(masked.into_bytes())
+    }
+}
+
+/// Whether a card number of `text` is still in `masked`, the text with its
+/// card-number-like runs masked: in a JSON string, behind a `\u` escape.
+fn survives_masking(text: &str, masked: &str) -> bool {
+    match serde_json::from_str::<Value>(masked) {
         Ok(value) => json_strings_hold_card(&value),
         // Not JSON (any more: masking a card written as a bare number breaks the
         // text), so its strings cannot be decoded and checked. Only a `\u` escape
         // can hide a digit from the masking: a value with one is not kept.
         Err(_) => text.contains("\\u"),
-    };
-    if still_there {
-        RedactedPayload::Dropped
-    } else {
-        RedactedPayload::Masked(masked.into_bytes())
     }
 }
 
@@ -57,17 +62,49 @@ pub fn dead_letter_redaction(payload: &[u8]) -> Option<RedactedPayload> {
     }
 }
 
-/// Whether `payload` holds a card number written in UTF-16 or UTF-32, with or
-/// without a byte-order mark. Those encodings write an ASCII digit as its byte next
-/// to zero bytes, which no scan of the text sees as a run of digits (and zero
-/// bytes are valid UTF-8, so such a payload passes as text); with the zeros taken
-/// out, the digits run together again.
+/// Whether `payload` holds a card number written in UTF-16 or UTF-32 (either byte
+/// order, with or without a byte-order mark), plain or behind a JSON escape. Those
+/// encodings write an ASCII digit next to zero bytes, which no scan of the bytes as
+/// UTF-8 sees as a run of digits (and zero bytes are valid UTF-8, so such a payload
+/// passes as text). Decoded unit by unit, the digits run together again; digits of
+/// unrelated binary fields, which taking the zero bytes out would join, do not.
 fn holds_wide_card_number(payload: &[u8]) -> bool {
     if !payload.contains(&0) {
         return false;
     }
-    let narrowed: Vec<u8> = payload.iter().copied().filter(|&b| b != 0).collect();
-    contains_card_number(&String::from_utf8_lossy(&narrowed))
+    wide_readings(payload).iter().any(|text| {
+        let masked = mask_card_numbers(text);
+        masked != text.as_str() || survives_masking(text, &masked)
+    })
+}
+
+/// `payload` read as UTF-16 (both byte orders, from its first and from its second
+/// byte) and as UTF-32 (both byte orders); what does not decode reads as U+FFFD.
+fn wide_readings(payload: &[u8]) -> Vec<String> {
+    let mut readings = Vec::with_capacity(6);
+    for skip in [0, 1] {
+        let pairs = payload[skip.min(payload.len())..].chunks_exact(2);
+        for from_bytes in [u16::from_le_bytes, u16::from_be_bytes] {
+            let units = pairs.clone().map(|pair| from_bytes([pair[0], pair[1]]));
+            readings.push(
+                char::decode_utf16(units)
+                    .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+                    .collect(),
+            );
+        }
+    }
+    for from_bytes in [u32::from_le_bytes, u32::from_be_bytes] {
+        readings.push(
+            payload
+                .chunks_exact(4)
+                .map(|quad| {
+                    char::from_u32(from_bytes([quad[0], quad[1], quad[2], quad[3]]))
+                        .unwrap_or(char::REPLACEMENT_CHARACTER)
+                })
+                .collect(),
+        );
+    }
+    readings
 }
 
 fn json_strings_hold_card(value: &Value) -> bool {
@@ -149,11 +186,32 @@ mod tests {
         }
         let utf32: Vec<u8> = with_card
             .chars()
-            .flat_map(|c| u32::from(c).to_le_bytes())
+            .flat_map(|c| u32::from(c).to_be_bytes())
             .collect();
         assert_eq!(
             dead_letter_redaction(&utf32),
             Some(RedactedPayload::Dropped)
         );
+        // Behind a JSON escape as well as in UTF-16.
+        let escaped = utf16(r#"{"payment_method":"\u0034111111111111111"}"#, false);
+        assert_eq!(
+            dead_letter_redaction(&escaped),
+            Some(RedactedPayload::Dropped)
+        );
+        // One byte in front: the units start at the second byte.
+        let shifted = [b"#".as_slice(), &utf16(with_card, true)].concat();
+        assert_eq!(
+            dead_letter_redaction(&shifted),
+            Some(RedactedPayload::Dropped)
+        );
+    }
+
+    #[test]
+    fn digits_of_binary_fields_padded_with_zero_bytes_are_not_read_as_one_number() {
+        // "4000123" and "456789017" in zero-padded fields: joined without the zero
+        // bytes they would be 4000123456789017, which passes the Luhn check.
+        assert!(contains_card_number("4000123456789017"));
+        let fields = b"4000123\x00456789017\x00";
+        assert_eq!(dead_letter_redaction(fields), None);
     }
 }

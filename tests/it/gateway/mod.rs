@@ -4,3 +4,4 @@ mod answers;
 mod metrics;
 mod sim_binary;
 mod simulator;
+mod unknown_charges;

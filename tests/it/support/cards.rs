@@ -116,15 +116,30 @@ pub(crate) fn card_like_numbers(text: &str) -> Vec<String> {
 }
 
 /// The card-like numbers `value` holds in any reading a consumer might give it:
-/// as UTF-8 (lossy), with zero bytes taken out (UTF-16, UTF-32), and with JSON
-/// `\uXXXX` escapes decoded.
+/// as UTF-8 (lossy), as UTF-16 of either byte order, and each with JSON `\uXXXX`
+/// escapes decoded.
 pub(crate) fn hidden_card_numbers(value: &[u8]) -> Vec<String> {
-    let narrowed: Vec<u8> = value.iter().copied().filter(|&b| b != 0).collect();
+    let units = |big_endian: bool| -> Vec<u16> {
+        value
+            .chunks_exact(2)
+            .map(|pair| {
+                if big_endian {
+                    u16::from_be_bytes([pair[0], pair[1]])
+                } else {
+                    u16::from_le_bytes([pair[0], pair[1]])
+                }
+            })
+            .collect()
+    };
+    let readings = [
+        String::from_utf8_lossy(value).into_owned(),
+        String::from_utf16_lossy(&units(false)),
+        String::from_utf16_lossy(&units(true)),
+    ];
     let mut found = vec![];
-    for bytes in [value, narrowed.as_slice()] {
-        let text = String::from_utf8_lossy(bytes);
-        found.extend(card_like_numbers(&text));
-        found.extend(card_like_numbers(&decode_json_escapes(&text)));
+    for text in &readings {
+        found.extend(card_like_numbers(text));
+        found.extend(card_like_numbers(&decode_json_escapes(text)));
     }
     found
 }
@@ -199,4 +214,6 @@ fn hidden_card_numbers_are_found_behind_escapes_and_zero_bytes() {
         .collect();
     assert!(!hidden_card_numbers(&wide).is_empty());
     assert!(hidden_card_numbers(br#"{"pm":"\u0070m_card_visa","x":"\uZZZZ"}"#).is_empty());
+    // Fields padded with zero bytes are not one number.
+    assert!(hidden_card_numbers(b"4000123\x00456789017\x00").is_empty());
 }

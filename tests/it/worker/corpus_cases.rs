@@ -396,6 +396,22 @@ pub(crate) fn corpus() -> Vec<Case> {
     );
     let key = format!("c-{}", c.cases.len());
     c.keyed(
+        "card number behind a json escape in utf-16",
+        utf16(
+            &with_raw(&key, "payment_method", Some(r#""\u0034111111111111111""#)),
+            false,
+        ),
+        invalid("malformed_json"),
+    );
+    // Not text: digits of fields padded with zero bytes are not one number, and
+    // the value is kept as it came.
+    c.keyed(
+        "digits in zero-padded binary fields",
+        b"4000123\x00456789017\x00".to_vec(),
+        invalid("malformed_json"),
+    );
+    let key = format!("c-{}", c.cases.len());
+    c.keyed(
         "card number in utf-16 big-endian with a byte-order mark",
         utf16(
             &[
