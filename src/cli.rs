@@ -396,6 +396,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let worker_id = worker.worker_id();
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             check_drain_deadline(&worker, &processor);
+            check_lifetimes(&worker, &processor);
             let settings = processor;
             let processor = tokio::select! {
                 built = startup::build_processor(&settings, &worker_id) => Arc::new(built?),
@@ -539,6 +540,35 @@ fn check_drain_deadline(worker: &WorkerSettings, processor: &ProcessorSettings) 
         );
     } else {
         tracing::info!(drain_deadline = ?worker.drain_deadline, drain_bound = ?bound, "drains fit their deadline");
+    }
+}
+
+/// Two lifetimes must outlast a charge whose outcome is unknown, which waits for its
+/// lease to end (the token is ours until then) and is then looked up: the retry
+/// budget, or the command is dead-lettered `retries_exhausted` before the look-up
+/// could settle it; and the token's own TTL, or a restore deletes the expired token
+/// and the next reservation, fence 1 again, charges without looking up first.
+fn check_lifetimes(worker: &WorkerSettings, processor: &ProcessorSettings) {
+    let tokens = &processor.stores.tokens;
+    let unknown_settles_within = tokens.lease + processor.gateway.timeout * 2;
+    if worker.retry_budget < unknown_settles_within {
+        tracing::warn!(
+            retry_budget = ?worker.retry_budget,
+            lease = ?tokens.lease,
+            gateway_timeout = ?processor.gateway.timeout,
+            "a charge with an unknown outcome waits out its lease before it is looked up: \
+             a retry budget shorter than the lease plus two gateway timeouts dead-letters it \
+             as retries_exhausted first; raise --retry-budget or lower --lease"
+        );
+    }
+    if tokens.pending_ttl < unknown_settles_within {
+        tracing::warn!(
+            token_ttl = ?tokens.pending_ttl,
+            lease = ?tokens.lease,
+            gateway_timeout = ?processor.gateway.timeout,
+            "a token may expire while its charge is unknown; the next reservation then \
+             starts a new token and charges without looking up first: raise --token-ttl"
+        );
     }
 }
 

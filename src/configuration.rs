@@ -19,8 +19,19 @@ pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
 
 /// Parse `30s`, `1500ms`, `5m`, `24h` (clap value parser).
 pub fn parse_duration(value: &str) -> Result<Duration, String> {
-    humantime::parse_duration(value).map_err(|e| format!("{value:?} is not a duration: {e}"))
+    let duration = humantime::parse_duration(value)
+        .map_err(|e| format!("{value:?} is not a duration: {e}"))?;
+    // Every duration here is a timeout, a lease, an interval or a lifetime; none
+    // means anything past a year, and a bound keeps the arithmetic on them (twice a
+    // timeout, a deadline from now) from overflowing.
+    if duration > MAX_DURATION {
+        return Err(format!("{value:?} is longer than a year"));
+    }
+    Ok(duration)
 }
+
+/// The longest duration a setting takes.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// The payments database: where it is and how many connections the pool holds.
 #[derive(Clone, clap::Args)]
@@ -33,7 +44,8 @@ pub struct DatabaseSettings {
     #[arg(
         long = "database-max-connections",
         env = "DATABASE_MAX_CONNECTIONS",
-        default_value_t = 48
+        default_value_t = 48,
+        value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub max_connections: u32,
 }
@@ -411,6 +423,14 @@ pub enum GroupProtocol {
     Consumer,
 }
 
+/// `--max-in-flight`: 1 to 65,536 commands per partition.
+fn parse_max_in_flight(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if (1..=65_536).contains(&n) => Ok(n),
+        _ => Err(format!("{value:?} is not a number from 1 to 65536")),
+    }
+}
+
 /// librdkafka settings the exactly-once discipline depends on, with their aliases:
 /// passing one through would silently break it, so it is refused. The value says
 /// what the worker does instead.
@@ -445,6 +465,10 @@ const WORKER_OWNED_KAFKA_SETTINGS: &[(&str, &str)] = &[
         "each worker process names its own transactions (--results exactly-once)",
     ),
     ("group.id", "set it with --kafka-group-id (KAFKA_GROUP_ID)"),
+    (
+        "session.timeout.ms",
+        "set it with --kafka-session-timeout (KAFKA_SESSION_TIMEOUT): the drain deadline, the heartbeat and the poll-loop watchdog are checked against it",
+    ),
     (
         "group.instance.id",
         "set it with --kafka-group-instance-id (KAFKA_GROUP_INSTANCE_ID)",
@@ -583,7 +607,7 @@ impl std::fmt::Debug for KafkaSettings {
 pub struct WorkerSettings {
     /// Commands admitted at once per partition (different keys run in parallel,
     /// one key strictly in order).
-    #[arg(long = "max-in-flight", env = "MAX_IN_FLIGHT", default_value_t = 32)]
+    #[arg(long = "max-in-flight", env = "MAX_IN_FLIGHT", default_value_t = 32, value_parser = parse_max_in_flight)]
     pub max_in_flight: usize,
     /// Transient failures are retried this long before dead-lettering.
     #[arg(long = "retry-budget", env = "RETRY_BUDGET", default_value = "5m", value_parser = parse_duration)]

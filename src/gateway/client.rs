@@ -75,6 +75,10 @@ impl HttpGateway {
             "gateway URL must not carry credentials"
         );
         anyhow::ensure!(!timeout.is_zero(), "gateway timeout must be positive");
+        anyhow::ensure!(
+            !connect_timeout.is_zero(),
+            "gateway connect timeout must be positive"
+        );
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(connect_timeout)
@@ -465,6 +469,7 @@ mod tests {
         assert!(HttpGateway::new("not a url", t, t).is_err());
         assert!(HttpGateway::new("http://u:p@gw.example", t, t).is_err());
         assert!(HttpGateway::new("http://gw.example", Duration::ZERO, t).is_err());
+        assert!(HttpGateway::new("http://gw.example", t, Duration::ZERO).is_err());
     }
 
     #[tokio::test]

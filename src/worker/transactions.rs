@@ -98,8 +98,20 @@ pub struct Transactions {
     oversized: Oversized,
     interval: Duration,
     max_records: u64,
-    /// Bound of each transactional call to the brokers.
+    /// Bound of each transactional call the poll thread makes (sending offsets,
+    /// committing, aborting); see [`poll_thread_call_timeout`].
     call_timeout: Duration,
+}
+
+/// How long the poll thread waits for one transactional call: half the session
+/// timeout. A commit makes at most three calls in a row (offsets, commit, and the
+/// abort when the commit fails), and the poll thread polls nothing meanwhile; the
+/// worker ends itself when it has not polled for twice the session timeout
+/// (`consumer.rs`). Three halves fit inside that, so a coordinator that answers too
+/// late ends the worker through the transaction's own verdict (fatal, exit 4, with
+/// the reason) rather than as a poll loop that merely stood still.
+fn poll_thread_call_timeout(session_timeout: Duration) -> Duration {
+    session_timeout / 2
 }
 
 /// librdkafka's `transaction.timeout.ms` when none is set.
@@ -165,9 +177,10 @@ impl Transactions {
         check_interval(worker.transaction_interval, &config)?;
         let producer: FutureProducer = super::kafka::create_client(&config)
             .context("creating the transactional Kafka producer")?;
-        let call_timeout = kafka.session_timeout.max(Duration::from_secs(10));
+        // Off the poll thread, before the member joins: finding the transaction
+        // coordinator may take a while on a cluster that is just starting.
         producer
-            .init_transactions(call_timeout)
+            .init_transactions(kafka.session_timeout.max(Duration::from_secs(10)))
             .context("initialising Kafka transactions (do the brokers support them?)")?;
         producer
             .begin_transaction()
@@ -177,7 +190,7 @@ impl Transactions {
             producer,
             worker.transaction_interval,
             worker.transaction_max_records,
-            call_timeout,
+            poll_thread_call_timeout(kafka.session_timeout),
         )))
     }
 
@@ -392,7 +405,7 @@ impl Transactions {
 
     /// Only a transaction rolled back and a new one open lets the worker answer
     /// again, so failing either is fatal: a commit that timed out (the coordinator
-    /// slow past `call_timeout`) waits in librdkafka to be resumed, and until then it
+    /// slower than `call_timeout`) waits in librdkafka to be resumed, and until then it
     /// refuses every abort as a conflict. Going on would rewind and redo the same
     /// commands forever, answering none, while the member kept its partitions and
     /// looked healthy. Ended, the worker leaves the group and its partitions move to

@@ -9,6 +9,10 @@
  * setting max.message.bytes does: a record batch above it is refused with
  * MESSAGE_TOO_LARGE (the stock mock takes batches of any size).
  *
+ * SIGUSR1 makes each broker answer the next EndTxn it handles LATE_END_TXN_MS
+ * late: the transaction ends at once, its coordinator's answer comes after the
+ * producer stopped waiting for it. Prints "txn-broker late commits armed".
+ *
  * Prints "txn-broker bootstrap HOST:PORT,..." once the topics exist, then
  * runs until SIGTERM or SIGINT.
  */
@@ -20,6 +24,9 @@
 
 #include "rdkafka.h"
 #include "rdkafka_mock.h"
+#include "rdkafka_protocol.h"
+
+#define LATE_END_TXN_MS 30000
 
 /* From the patch (rdkafka_mock_int.h, which is not a public header). Weak, so
  * that broker.c still links with the stock mock (to watch the tests fail without
@@ -33,7 +40,7 @@ int main(int argc, char **argv) {
         rd_kafka_t *rk;
         rd_kafka_mock_cluster_t *mcluster;
         sigset_t stop;
-        int signal_number, partitions, i;
+        int signal_number, brokers, partitions, i;
         const char *program = argv[0];
 
         if (argc > 2 && !strcmp(argv[1], "--max-message-bytes")) {
@@ -64,17 +71,19 @@ int main(int argc, char **argv) {
                         program);
                 return 2;
         }
+        brokers    = atoi(argv[1]);
         partitions = atoi(argv[2]);
         if (partitions < 1) {
                 fprintf(stderr, "PARTITIONS must be a positive number\n");
                 return 2;
         }
 
-        /* Block the stop signals before librdkafka starts its threads, so
-         * that only sigwait() below receives them. */
+        /* Block the stop and control signals before librdkafka starts its
+         * threads, so that only sigwait() below receives them. */
         sigemptyset(&stop);
         sigaddset(&stop, SIGTERM);
         sigaddset(&stop, SIGINT);
+        sigaddset(&stop, SIGUSR1);
         pthread_sigmask(SIG_BLOCK, &stop, NULL);
 
         conf = rd_kafka_conf_new();
@@ -106,7 +115,18 @@ int main(int argc, char **argv) {
                rd_kafka_mock_cluster_bootstraps(mcluster));
         fflush(stdout);
 
-        sigwait(&stop, &signal_number);
+        for (;;) {
+                sigwait(&stop, &signal_number);
+                if (signal_number != SIGUSR1)
+                        break;
+                /* Mock brokers are numbered from 1. */
+                for (i = 1; i <= brokers; i++)
+                        rd_kafka_mock_broker_push_request_error_rtts(
+                            mcluster, i, RD_KAFKAP_EndTxn, 1,
+                            RD_KAFKA_RESP_ERR_NO_ERROR, LATE_END_TXN_MS);
+                printf("txn-broker late commits armed\n");
+                fflush(stdout);
+        }
         rd_kafka_destroy(rk);
         return 0;
 }

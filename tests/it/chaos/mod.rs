@@ -5,4 +5,5 @@ mod back_pressure;
 mod chaos_run;
 mod exactly_once;
 mod kill_one;
+mod late_commit;
 mod stores;

@@ -406,6 +406,13 @@ async fn every_command_exits_with_its_documented_status() {
         vec!["produce", "--key-prefix", "not a key"],
         vec!["replay", "--dry-run"],
         vec!["replay", "--to-beginning", "--json"],
+        // Out of range: each would panic or misbehave further in (an empty pool,
+        // overflowing deadline arithmetic, an unbounded channel).
+        vec!["migrate", "--database-max-connections", "0"],
+        vec!["run", "--max-in-flight", "0"],
+        vec!["run", "--max-in-flight", "4294967296"],
+        vec!["run", "--gateway-timeout", "18446744073709551615s"],
+        vec!["process", "--lease", "2years", "{}"],
     ] {
         let output = pw(&usage, &[]).await;
         assert_eq!(status_of(&output), 2, "{usage:?}: {output:?}");

@@ -127,6 +127,7 @@ fn passed_through_tuning_settings_win_over_the_worker_defaults() {
         "topic.acks",
         "Enable.Auto.Commit",
         "isolation.level",
+        "session.timeout.ms",
     ] {
         settings.extra = vec![(owned.into(), "x".into())];
         let error = settings.check_passthrough().expect_err(owned);
