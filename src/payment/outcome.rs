@@ -142,12 +142,11 @@ impl From<Outcome> for Attempt {
 /// carries `x-charge-unknown: true` and `audit` lists its key against the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ChargeEvidence {
-    /// Nothing new: the attempt ended before reaching the gateway, or the gateway
-    /// refused it without charging. What earlier attempts learnt still stands.
+    /// Nothing new: the attempt ended before reaching the gateway, the gateway
+    /// refused it without charging, or a look-up found no charge (which says only
+    /// that none shows yet). What earlier attempts learnt still stands.
     #[default]
     Unchanged,
-    /// The gateway was asked by key and holds no charge for it.
-    NoCharge,
     /// A charge may exist that no committed payment row records: an unknown outcome
     /// the look-up could not resolve, or a charge made but not committed.
     MayHaveCharged,
@@ -158,7 +157,6 @@ impl ChargeEvidence {
     pub fn may_have_charged(self, earlier: bool) -> bool {
         match self {
             Self::Unchanged => earlier,
-            Self::NoCharge => false,
             Self::MayHaveCharged => true,
         }
     }

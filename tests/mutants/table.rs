@@ -363,6 +363,13 @@ pub const MUTANTS: &[Mutant] = &[
         to: ") => Err(Settlement::Restore(retry(cause.to_string()))),",
         tests: &["payment::gateway_faults::an_answer_that_comes_too_late_is_looked_up_and_succeeds"],
     },
+    Mutant {
+        file: CHARGING,
+        breaks: "a timeout whose look-up finds nothing leaves the charge unknown",
+        from: "(Ok(None), _) => Err(Settlement::Restore(retry_unknown(",
+        to: "(Ok(None), _) => Err(Settlement::Restore(retry(",
+        tests: &["gateway::unknown_charges::a_timed_out_charge_that_lands_after_its_token_vanished_is_booked_not_answered_missing"],
+    },
     // The fence check before COMMIT (I5): `extend` refused treated as fine.
     Mutant {
         file: PROCESSOR,

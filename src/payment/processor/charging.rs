@@ -13,13 +13,13 @@ impl Processor {
         let claim = lease.claim;
         let key = &command.idempotency_key;
         let look_first = self.lookup == GatewayLookup::Always || claim.fence > 1;
-        // What a POST that charges nothing leaves known: "no charge" once the gateway
-        // said so by key, else whatever earlier attempts learnt.
-        let mut uncharged = ChargeEvidence::Unchanged;
         if look_first {
+            // Nothing found says only that no charge shows yet: an earlier attempt's
+            // request may still be queued inside the gateway. What earlier attempts
+            // learnt about a charge stands (`retry`, `ChargeEvidence::Unchanged`).
             match self.gateway.lookup(key).await {
                 Ok(Some(found)) => return charge_for(found, command),
-                Ok(None) => uncharged = ChargeEvidence::NoCharge,
+                Ok(None) => {}
                 Err(error) => {
                     return Err(Settlement::Restore(retry(format!(
                         "gateway look-up before charging failed: {error}"
@@ -44,17 +44,15 @@ impl Processor {
         match checked {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
-                return Err(Settlement::LeaveToLease(retry_knowing(
-                    uncharged,
+                return Err(Settlement::LeaveToLease(retry(
                     "lease lost before the charge; nothing was sent",
                 )))
             }
             Err(error) => {
                 token_failure("extend", &error);
-                return Err(Settlement::Restore(retry_knowing(
-                    uncharged,
-                    format!("lease check before the charge failed: {error}"),
-                )));
+                return Err(Settlement::Restore(retry(format!(
+                    "lease check before the charge failed: {error}"
+                ))));
             }
         }
         match self.gateway.charge(key, &command.charge_request()).await {
@@ -73,9 +71,9 @@ impl Processor {
                     reason: format!("gateway_rejected: HTTP {status}: {reason}"),
                 })))
             }
-            Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => Err(
-                Settlement::Restore(retry_knowing(uncharged, format!("gateway: {error}"))),
-            ),
+            Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => {
+                Err(Settlement::Restore(retry(format!("gateway: {error}"))))
+            }
         }
     }
 
@@ -113,9 +111,13 @@ impl Processor {
             (Ok(None), GatewayError::UnreadableAnswer(_)) => Err(Settlement::LeaveToLease(
                 retry_unknown(format!("{cause}, and the look-up holds no charge yet")),
             )),
-            (Ok(None), _) => Err(Settlement::Restore(retry_knowing(
-                ChargeEvidence::NoCharge,
-                "gateway timed out and holds no charge for the key",
+            // Timed out, and no charge shows yet. Restoring is safe for the same
+            // reason as after a 409; but the request may still be queued inside the
+            // gateway and land later, so the charge stays unknown: should the token
+            // vanish meanwhile (issued mode, its deadline passed), the next attempt
+            // must not take "no token, no charge" for an answer.
+            (Ok(None), _) => Err(Settlement::Restore(retry_unknown(
+                "gateway timed out and holds no charge for the key yet",
             ))),
             (Err(error), _) => Err(Settlement::LeaveToLease(retry_unknown(format!(
                 "{cause}, and the look-up failed ({error}): outcome unknown"

@@ -294,6 +294,85 @@ async fn a_token_whose_deadline_passes_while_its_charge_is_unresolved_is_booked_
     );
 }
 
+/// Issued mode. The charge times out and a look-up finds nothing: the request is
+/// still queued inside the gateway, and lands seconds later. Meanwhile the restore
+/// finds the token past its deadline and deletes it, so the next attempts find no
+/// token and, for a while, no charge. The timeout left the charge unknown, so they
+/// look again until the charge shows and book it; "token_missing" would forget it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timed_out_charge_that_lands_after_its_token_vanished_is_booked_not_answered_missing() {
+    let policy = TokenPolicy {
+        mode: TokenMode::Issued,
+        lease: Duration::from_secs(2),
+        ..TokenPolicy::default()
+    };
+    let mut stack = Stack::with_policy(1, SimulatorConfig::default(), policy).await;
+    let front = ScriptedGateway::start(&stack.simulator).await;
+    stack.gateway = Arc::new(
+        HttpGateway::new(&front.url(), Duration::from_secs(1), Duration::from_secs(1)).unwrap(),
+    );
+    let key = "xm-queued-charge";
+    front.script(key, &[PostAnswer::ChargeLate(Duration::from_secs(3))]);
+    stack
+        .tokens
+        .issue(&ikey(key), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let handler = Arc::new(Handler::new(
+        stack.processor("queued-charge"),
+        Publisher::new(&stack.settings).unwrap(),
+        RetryPolicy {
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(200),
+            budget: Duration::from_secs(60),
+        },
+    ));
+    let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
+    stack.produce(&[record(key, 3200)]).await;
+
+    // While the POST is held, the token's deadline passes: the restore after the
+    // timeout deletes it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while front.posts_seen(key) < 1 {
+        assert!(Instant::now() < deadline, "the POST never came");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let raw = RedisTokenStore::new(stack.redis.conn.clone(), stack.redis.prefix.clone(), policy);
+    let mut conn = stack.redis.conn.clone();
+    let _: () = redis::cmd("HSET")
+        .arg(raw.token_key(&ikey(key)))
+        .arg("expires_at_ms")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let results = stack.wait_for_results(1, Duration::from_secs(60)).await;
+    stack.wait_for_commits(Duration::from_secs(30)).await;
+    stop_all(vec![running]).await;
+
+    let charged: Vec<LedgerEntry> = stack
+        .ledger()
+        .into_iter()
+        .filter(|e| e.idempotency_key == key)
+        .collect();
+    assert_eq!(charged.len(), 1, "{charged:?}");
+    assert_eq!(results[0].outcome, "succeeded", "{results:?}");
+    assert_eq!(
+        stack.payment_rows().await,
+        vec![(
+            key.to_owned(),
+            "succeeded".to_owned(),
+            Some(charged[0].transaction_id.clone())
+        )]
+    );
+    assert!(
+        stack.dead_letters().await.is_empty(),
+        "nothing dead-lettered"
+    );
+    assert_eq!(front.posts_seen(key), 1, "booked from the look-up");
+}
+
 /// The gateway charges, then answers with a transaction id another payment already
 /// holds: Postgres refuses the row (unique index), for good. The charge exists and no
 /// row records it, so the answer must not read like a plain internal error: the dead

@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -32,6 +33,9 @@ pub enum PostAnswer {
     /// Charge, then answer the ledger's 200 with this transaction id instead of the
     /// charge's own (a gateway that hands out an id twice).
     ChargeWithTransactionId(&'static str),
+    /// Answer nothing; charge this long after the POST arrived (a request queued
+    /// inside the gateway that lands after the caller gave up on it).
+    ChargeLate(Duration),
 }
 
 #[derive(Default)]
@@ -158,6 +162,23 @@ async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes
     if let PostAnswer::Refuse(code) = answer {
         return (status(code), r#"{"error":"scripted"}"#).into_response();
     }
+    if let PostAnswer::ChargeLate(after) = answer {
+        // On a task of its own: the caller's timeout closes this connection first.
+        let late = Arc::clone(&front);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            late.http
+                .post(format!("{}/charges", late.ledger_url))
+                .header("Idempotency-Key", &key)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+        });
+        tokio::time::sleep(after * 4).await;
+        return StatusCode::GATEWAY_TIMEOUT.into_response();
+    }
     let relayed = front
         .http
         .post(format!("{}/charges", front.ledger_url))
@@ -170,7 +191,8 @@ async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes
     let ledger_status = relayed.status();
     let ledger_body = relayed.bytes().await.unwrap();
     match answer {
-        PostAnswer::Refuse(_) | PostAnswer::Forward => (
+        // Refusals and late charges were answered above.
+        PostAnswer::Refuse(_) | PostAnswer::ChargeLate(_) | PostAnswer::Forward => (
             status(ledger_status.as_u16()),
             [("content-type", "application/json")],
             ledger_body,
