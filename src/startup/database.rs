@@ -86,7 +86,14 @@ pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> 
         PgConnection::connect_with(&options.clone().database("postgres")),
     )
     .await
-    .map_err(|_| anyhow::anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
+    // An I/O timeout, as the driver reports one: the same outage as a refused
+    // connection to whoever asks (`process` exits 75 for either).
+    .map_err(|_| {
+        sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {CONNECT_TIMEOUT:?}"),
+        ))
+    })
     .with_context(unreachable)?
     .map_err(name_tls_failure)
     .with_context(unreachable)?;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -154,9 +154,17 @@ impl RedisTarget {
                 Ok(RedisConnection::Single(conn))
             }
         };
+        // An I/O timeout, as the client reports one: the same outage as a refused
+        // connection to whoever asks (`process` exits 75 for either).
         tokio::time::timeout(Duration::from_secs(5), connecting)
             .await
-            .map_err(|_| anyhow!("no connection to Redis at {shown} within 5s"))?
+            .map_err(|_| {
+                anyhow::Error::new(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer within 5s",
+                )))
+                .context(format!("no connection to Redis at {shown}"))
+            })?
     }
 }
 

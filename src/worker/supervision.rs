@@ -54,6 +54,7 @@ pub fn is_fatal_broker_error(error: &KafkaError) -> bool {
                 | RDKafkaErrorCode::TopicAuthorizationFailed
                 | RDKafkaErrorCode::GroupAuthorizationFailed
                 | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
                 | RDKafkaErrorCode::FencedInstanceId
         )
     )

@@ -181,7 +181,21 @@ impl Transactions {
         // coordinator may take a while on a cluster that is just starting.
         producer
             .init_transactions(kafka.session_timeout.max(Duration::from_secs(10)))
-            .context("initialising Kafka transactions (do the brokers support them?)")?;
+            .map_err(|error| {
+                // Refused credentials or permissions: restarting cannot help (exit 4),
+                // as for the consumer; anything else may be a broker without
+                // transactions.
+                let fatal = super::supervision::is_fatal_broker_error(&error)
+                    || matches!(&error, KafkaError::Transaction(e) if e.is_fatal());
+                if fatal {
+                    anyhow::Error::new(super::WorkerFailure::FatalBroker(format!(
+                        "initialising Kafka transactions: {error}"
+                    )))
+                } else {
+                    anyhow::Error::new(error)
+                        .context("initialising Kafka transactions (do the brokers support them?)")
+                }
+            })?;
         producer
             .begin_transaction()
             .context("opening the first Kafka transaction")?;

@@ -228,9 +228,16 @@ async fn process_exits_75_when_a_store_cannot_be_reached_at_start() {
     let order = command_json("cli-store-down-1", 300);
     let postgres_down = format!("postgres://postgres@{closed}/payments");
     let redis_down = format!("redis://{closed}");
+    // Servers that accept and never answer: the start-up gives up on them after
+    // its own bound, and that is the same outage.
+    let (silent, _silence) = crate::support::helpers::silent_server().await;
+    let postgres_silent = format!("postgres://postgres@{silent}/payments");
+    let redis_silent = format!("redis://{silent}");
     for (what, database, redis_url) in [
         ("Postgres", postgres_down.as_str(), REDIS_URL),
         ("Redis", db.url.as_str(), redis_down.as_str()),
+        ("silent Postgres", postgres_silent.as_str(), REDIS_URL),
+        ("silent Redis", db.url.as_str(), redis_silent.as_str()),
     ] {
         let env = [
             ("DATABASE_URL", database),

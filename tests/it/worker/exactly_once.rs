@@ -437,3 +437,27 @@ async fn a_record_that_panics_after_answering_is_dead_lettered_on_the_third_pani
     );
     stack.assert_books_balance().await;
 }
+
+/// A principal without permission on its transactional id: the refusal at start is
+/// a fatal broker error (exit 4, as the consumer's authorisation errors are), not a
+/// plain failure that hints at brokers without transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_id_the_broker_refuses_ends_the_start_with_a_fatal_error() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    stack.kafka.cluster().request_errors(
+        RDKafkaApiKey::InitProducerId,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED],
+    );
+    let settings = stack.settings.clone();
+    let refused = tokio::task::spawn_blocking(move || {
+        Transactions::start(&settings, &exactly_once_settings()).err()
+    })
+    .await
+    .unwrap()
+    .expect("the start is refused");
+    assert_eq!(payment_worker::cli::exit_code(&refused), 4, "{refused:#}");
+    assert!(
+        format!("{refused:#}").contains("initialising Kafka transactions"),
+        "{refused:#}"
+    );
+}
