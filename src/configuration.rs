@@ -381,7 +381,7 @@ pub struct KafkaSettings {
     /// `.`, lower-cased). They win over the worker's tuning defaults; settings the worker
     /// owns (offset storing, auto-commit, acks, idempotence, isolation, transactional id,
     /// group and bootstrap settings) are refused.
-    #[arg(id = "kafka_config", long = "kafka-config", value_parser = parse_key_value)]
+    #[arg(id = "kafka_config", long = "kafka-config", value_parser = KafkaSettingParser)]
     pub extra: Vec<(String, String)>,
     /// The `KAFKA_CONFIG_*` environment variables as librdkafka settings, read once
     /// when these settings are made (parsed, or [`KafkaSettings::local`]): the
@@ -513,13 +513,37 @@ fn check_passthrough_key(key: &str) -> Result<(), WorkerOwnedKafkaSetting> {
     }
 }
 
-fn parse_key_value(value: &str) -> Result<(String, String), String> {
-    let (key, value) = value
-        .split_once('=')
-        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("{value:?} is not key=value"))?;
-    check_passthrough_key(&key).map_err(|e| e.to_string())?;
-    Ok((key, value))
+/// `--kafka-config key=value`. A refused argument is never repeated in the error:
+/// it may hold a secret written with the wrong separator (`sasl.password:…`), and
+/// clap's own message for a value parser's error quotes the whole argument.
+#[derive(Clone)]
+struct KafkaSettingParser;
+
+impl clap::builder::TypedValueParser for KafkaSettingParser {
+    type Value = (String, String);
+
+    fn parse_ref(
+        &self,
+        _: &clap::Command,
+        _: Option<&clap::Arg>,
+        argument: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let refuse = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("--kafka-config: {why}\n"),
+            )
+        };
+        let (key, value) = argument
+            .to_str()
+            .and_then(|text| text.split_once('='))
+            .ok_or_else(|| {
+                refuse("a setting is written key=value (the argument is not shown: it may hold a secret)".to_owned())
+            })?;
+        let key = key.trim().to_owned();
+        check_passthrough_key(&key).map_err(|e| refuse(e.to_string()))?;
+        Ok((key, value.to_owned()))
+    }
 }
 
 fn is_secret_setting(key: &str) -> bool {

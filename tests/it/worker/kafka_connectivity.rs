@@ -163,6 +163,23 @@ async fn run_refuses_settings_the_worker_owns() {
         "{lines:?}"
     );
 
+    // A secret written with the wrong separator is refused without being repeated.
+    let (status, lines) = run_to_end(
+        "run-malformed-setting",
+        binary(
+            &["run", "--kafka-config", "sasl.password:typo-secret-7"],
+            &env,
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    let output = lines.join("\n");
+    assert_eq!(status.code(), Some(2), "a usage error: {output}");
+    assert!(
+        output.contains("key=value") && !output.contains("typo-secret-7"),
+        "{output}"
+    );
+
     let mut env = env;
     env.insert("KAFKA_CONFIG_ENABLE_AUTO_COMMIT".into(), "false".into());
     let (status, lines) = run_to_end(
