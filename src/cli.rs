@@ -391,8 +391,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             // to its stores ends it at once (exit 0), one while its Kafka clients
             // start stops it as soon as they have.
             let mut shutdown = Box::pin(startup::shutdown_signal()?);
-            // Before any connection: a refused Kafka setting is a configuration error.
+            // Before any connection (and any migration): a refused Kafka setting or
+            // drain deadline is a configuration error.
             kafka.check_passthrough()?;
+            worker::check_drain_fits_session(&kafka, &worker)?;
             let worker_id = worker.worker_id();
             tracing::info!(?kafka, ?worker, ?processor, %worker_id, "starting worker");
             check_drain_deadline(&worker, &processor);

@@ -173,11 +173,15 @@ impl Partitions {
                             "drain deadline passed; abandoning in-flight commands"
                         );
                         abandon.cancel();
-                        tokio::time::timeout(Duration::from_secs(2), task)
-                            .await
-                            .ok()
-                            .and_then(Result::ok)
-                            .flatten()
+                        match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
+                            Ok(joined) => joined.ok().flatten(),
+                            Err(_) => {
+                                // Not even abandoning ended it (a command stuck in
+                                // blocking code): it must not outlive the partition.
+                                task.abort();
+                                None
+                            }
+                        }
                     }
                 };
                 if let Some(offset) = stored {
@@ -235,9 +239,14 @@ impl Partitions {
     fn abandon_all(&self) {
         let stopped: Vec<Assigned> = self.lock().drain().map(|(_, entry)| entry).collect();
         self.runtime.block_on(async move {
-            for entry in stopped {
+            for mut entry in stopped {
                 entry.abandon.cancel();
-                let _ = tokio::time::timeout(Duration::from_secs(2), entry.task).await;
+                if tokio::time::timeout(Duration::from_secs(2), &mut entry.task)
+                    .await
+                    .is_err()
+                {
+                    entry.task.abort();
+                }
             }
         });
     }
@@ -434,18 +443,28 @@ impl Drop for RunningWorker {
     }
 }
 
-/// Joins the group and starts consuming; returns once subscribed.
-pub fn start(
+/// A drain that may last the whole session timeout gets the member evicted while it
+/// drains: refused.
+pub fn check_drain_fits_session(
     kafka: &KafkaSettings,
     worker: &WorkerSettings,
-    handler: Arc<Handler>,
-) -> anyhow::Result<RunningWorker> {
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         worker.drain_deadline < kafka.session_timeout,
         "--drain-deadline ({:?}) must be below the session timeout ({:?})",
         worker.drain_deadline,
         kafka.session_timeout
     );
+    Ok(())
+}
+
+/// Joins the group and starts consuming; returns once subscribed.
+pub fn start(
+    kafka: &KafkaSettings,
+    worker: &WorkerSettings,
+    handler: Arc<Handler>,
+) -> anyhow::Result<RunningWorker> {
+    check_drain_fits_session(kafka, worker)?;
     let assigned = Arc::new(AtomicUsize::new(0));
     let liveness = Arc::new(Liveness::default());
     liveness.polled();

@@ -16,7 +16,7 @@ mod supervision;
 mod transactions;
 
 pub use answer_order::{AnswerOrder, AnswerTurn, Turn};
-pub use consumer::{run_until, start, RunningWorker};
+pub use consumer::{check_drain_fits_session, run_until, start, RunningWorker};
 pub use handler::Handler;
 pub use health::{serve_health, HealthChecks, HealthServer, Liveness, PostgresProbe};
 pub use inbound::{record_key, source_of, Inbound, Undecodable};

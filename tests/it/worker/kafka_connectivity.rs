@@ -163,6 +163,22 @@ async fn run_refuses_settings_the_worker_owns() {
         "{lines:?}"
     );
 
+    // A drain deadline the session timeout cannot hold: refused before the stores
+    // are reached (or migrated).
+    let (status, lines) = run_to_end(
+        "run-drain-past-session",
+        binary(&["run", "--drain-deadline", "20s"], &env),
+        Duration::from_secs(30),
+    )
+    .await;
+    let output = lines.join("\n");
+    assert!(!status.success(), "{output}");
+    assert!(
+        output.contains("must be below the session timeout")
+            && !output.contains("cannot reach Postgres"),
+        "{output}"
+    );
+
     // A secret written with the wrong separator is refused without being repeated.
     let (status, lines) = run_to_end(
         "run-malformed-setting",
