@@ -443,28 +443,13 @@ impl Drop for RunningWorker {
     }
 }
 
-/// A drain that may last the whole session timeout gets the member evicted while it
-/// drains: refused.
-pub fn check_drain_fits_session(
-    kafka: &KafkaSettings,
-    worker: &WorkerSettings,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        worker.drain_deadline < kafka.session_timeout,
-        "--drain-deadline ({:?}) must be below the session timeout ({:?})",
-        worker.drain_deadline,
-        kafka.session_timeout
-    );
-    Ok(())
-}
-
 /// Joins the group and starts consuming; returns once subscribed.
 pub fn start(
     kafka: &KafkaSettings,
     worker: &WorkerSettings,
     handler: Arc<Handler>,
 ) -> anyhow::Result<RunningWorker> {
-    check_drain_fits_session(kafka, worker)?;
+    super::rebalance::check_drain_fits_session(kafka, worker)?;
     let assigned = Arc::new(AtomicUsize::new(0));
     let liveness = Arc::new(Liveness::default());
     liveness.polled();

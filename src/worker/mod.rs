@@ -16,7 +16,7 @@ mod supervision;
 mod transactions;
 
 pub use answer_order::{AnswerOrder, AnswerTurn, Turn};
-pub use consumer::{check_drain_fits_session, run_until, start, RunningWorker};
+pub use consumer::{run_until, start, RunningWorker};
 pub use handler::Handler;
 pub use health::{serve_health, HealthChecks, HealthServer, Liveness, PostgresProbe};
 pub use inbound::{record_key, source_of, Inbound, Undecodable};
@@ -30,7 +30,7 @@ pub use messages::{
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;
 pub use publisher::{dead_letter_headers, DeadLetter, Publisher};
-pub use rebalance::drain_bound;
+pub use rebalance::{check_drain_fits_session, drain_bound};
 pub use spans::command_span;
 pub use supervision::WorkerFailure;
 pub use transactions::{AnswerGuard, TransactionFailure, Transactions};

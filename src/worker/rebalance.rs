@@ -25,6 +25,7 @@ use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::consumer::MemberContext;
+use crate::configuration::{KafkaSettings, WorkerSettings};
 
 pub(super) type PartitionId = (String, i32);
 
@@ -190,6 +191,21 @@ impl Commits {
             .filter(|(id, offset)| committed.get(id).is_some_and(|c| offset > c))
             .collect()
     }
+}
+
+/// A drain that may last the whole session timeout gets the member evicted while it
+/// drains: refused.
+pub fn check_drain_fits_session(
+    kafka: &KafkaSettings,
+    worker: &WorkerSettings,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        worker.drain_deadline < kafka.session_timeout,
+        "--drain-deadline ({:?}) must be below the session timeout ({:?})",
+        worker.drain_deadline,
+        kafka.session_timeout
+    );
+    Ok(())
 }
 
 /// How long a drain can take: every in-flight command finishes its current attempt

@@ -192,6 +192,131 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     assert!(report.is_clean(), "{}", report.to_table());
 }
 
+/// An issued-mode worker (2 s lease) behind the scripted front, whose first POST for
+/// `key` gets `answer`; `key`'s token is issued and its command produced.
+struct IssuedRun {
+    stack: Stack,
+    front: ScriptedGateway,
+    running: worker::RunningWorker,
+    policy: TokenPolicy,
+    key: &'static str,
+}
+
+impl IssuedRun {
+    /// `hidden`: the front's look-ups show no charge for `key` until told otherwise.
+    async fn start(
+        key: &'static str,
+        answer: PostAnswer,
+        hidden: bool,
+        gateway_timeout: Duration,
+    ) -> Self {
+        let policy = TokenPolicy {
+            mode: TokenMode::Issued,
+            lease: Duration::from_secs(2),
+            ..TokenPolicy::default()
+        };
+        let mut stack = Stack::with_policy(1, SimulatorConfig::default(), policy).await;
+        let front = ScriptedGateway::start(&stack.simulator).await;
+        stack.gateway = Arc::new(
+            HttpGateway::new(&front.url(), gateway_timeout, Duration::from_secs(1)).unwrap(),
+        );
+        front.script(key, &[answer]);
+        front.lookups_hidden(key, hidden);
+        stack
+            .tokens
+            .issue(&ikey(key), Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let handler = Arc::new(Handler::new(
+            stack.processor(key),
+            Publisher::new(&stack.settings).unwrap(),
+            RetryPolicy {
+                min_delay: Duration::from_millis(50),
+                max_delay: Duration::from_millis(200),
+                budget: Duration::from_secs(60),
+            },
+        ));
+        let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
+        stack.produce(&[record(key, 3100)]).await;
+        Self {
+            stack,
+            front,
+            running,
+            policy,
+            key,
+        }
+    }
+
+    /// Waits until the front saw `n` of `what` (`posts_seen` or `lookups_seen`).
+    async fn wait_for(&self, n: usize, what: &str, seen: fn(&ScriptedGateway, &str) -> usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seen(&self.front, self.key) < n {
+            assert!(Instant::now() < deadline, "{n} {what} never came");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The token's deadline passes now: the next restore deletes it.
+    async fn expire_token(&self) {
+        let raw = RedisTokenStore::new(
+            self.stack.redis.conn.clone(),
+            self.stack.redis.prefix.clone(),
+            self.policy,
+        );
+        let mut conn = self.stack.redis.conn.clone();
+        let _: () = redis::cmd("HSET")
+            .arg(raw.token_key(&ikey(self.key)))
+            .arg("expires_at_ms")
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// The command ends `succeeded`, booked once from the look-up: one charge, its
+    /// row, no dead letter, a single POST.
+    async fn assert_booked_from_the_look_up(self) {
+        let Self {
+            stack,
+            front,
+            running,
+            key,
+            ..
+        } = self;
+        let results = stack.wait_for_results(1, Duration::from_secs(60)).await;
+        stack.wait_for_commits(Duration::from_secs(30)).await;
+        stop_all(vec![running]).await;
+        let charged: Vec<LedgerEntry> = stack
+            .ledger()
+            .into_iter()
+            .filter(|e| e.idempotency_key == key)
+            .collect();
+        assert_eq!(charged.len(), 1, "{charged:?}");
+        assert_eq!(results[0].outcome, "succeeded", "{results:?}");
+        assert_eq!(
+            results[0].gateway_transaction_id.as_deref(),
+            Some(charged[0].transaction_id.as_str())
+        );
+        assert_eq!(
+            stack.payment_rows().await,
+            vec![(
+                key.to_owned(),
+                "succeeded".to_owned(),
+                Some(charged[0].transaction_id.clone())
+            )]
+        );
+        assert!(
+            stack.dead_letters().await.is_empty(),
+            "nothing dead-lettered"
+        );
+        assert_eq!(
+            front.posts_seen(key),
+            1,
+            "booked from the look-up, never POSTed again"
+        );
+    }
+}
+
 /// Issued mode. The gateway charges behind an unreadable answer and, for a while,
 /// its look-ups do not show the charge (it has not booked it yet). Meanwhile the
 /// token's own deadline passes, so once the lease ends the next reservation finds
@@ -201,97 +326,25 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_token_whose_deadline_passes_while_its_charge_is_unresolved_is_booked_not_answered_missing(
 ) {
-    let lease = Duration::from_secs(2);
-    let policy = TokenPolicy {
-        mode: TokenMode::Issued,
-        lease,
-        ..TokenPolicy::default()
-    };
-    let mut stack = Stack::with_policy(1, SimulatorConfig::default(), policy).await;
-    let front = ScriptedGateway::start(&stack.simulator).await;
-    stack.gateway = Arc::new(
-        HttpGateway::new(&front.url(), Duration::from_secs(5), Duration::from_secs(1)).unwrap(),
-    );
-    let key = "xm-late-charge";
-    front.script(key, &[PostAnswer::ChargeThenGarbledBody]);
-    front.lookups_hidden(key, true);
-    stack
-        .tokens
-        .issue(&ikey(key), Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let handler = Arc::new(Handler::new(
-        stack.processor("late-charge"),
-        Publisher::new(&stack.settings).unwrap(),
-        RetryPolicy {
-            min_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(200),
-            budget: Duration::from_secs(60),
-        },
-    ));
-    let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
-    stack.produce(&[record(key, 3100)]).await;
-
-    let lookups_reach = |n: usize| {
-        let front = &front;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while front.lookups_seen(key) < n {
-                assert!(Instant::now() < deadline, "{n} look-ups never came");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let run = IssuedRun::start(
+        "xm-late-charge",
+        PostAnswer::ChargeThenGarbledBody,
+        true,
+        Duration::from_secs(5),
+    )
+    .await;
     // The first attempt's look-up found nothing: it left the token to its lease.
     // Its deadline passes now, well inside that lease.
-    lookups_reach(1).await;
-    assert_eq!(front.posts_seen(key), 1);
-    let raw = RedisTokenStore::new(stack.redis.conn.clone(), stack.redis.prefix.clone(), policy);
-    let mut conn = stack.redis.conn.clone();
-    let _: () = redis::cmd("HSET")
-        .arg(raw.token_key(&ikey(key)))
-        .arg("expires_at_ms")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    run.wait_for(1, "look-ups", ScriptedGateway::lookups_seen)
+        .await;
+    assert_eq!(run.front.posts_seen(run.key), 1);
+    run.expire_token().await;
     // After the lease, the token is missing and the gateway still shows nothing.
-    lookups_reach(2).await;
+    run.wait_for(2, "look-ups", ScriptedGateway::lookups_seen)
+        .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    front.lookups_hidden(key, false);
-
-    let results = stack.wait_for_results(1, Duration::from_secs(60)).await;
-    stack.wait_for_commits(Duration::from_secs(30)).await;
-    stop_all(vec![running]).await;
-
-    let charged: Vec<LedgerEntry> = stack
-        .ledger()
-        .into_iter()
-        .filter(|e| e.idempotency_key == key)
-        .collect();
-    assert_eq!(charged.len(), 1, "{charged:?}");
-    assert_eq!(results[0].outcome, "succeeded", "{results:?}");
-    assert_eq!(
-        results[0].gateway_transaction_id.as_deref(),
-        Some(charged[0].transaction_id.as_str())
-    );
-    assert_eq!(
-        stack.payment_rows().await,
-        vec![(
-            key.to_owned(),
-            "succeeded".to_owned(),
-            Some(charged[0].transaction_id.clone())
-        )]
-    );
-    assert!(
-        stack.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
-    assert_eq!(
-        front.posts_seen(key),
-        1,
-        "booked from the look-up, never POSTed again"
-    );
+    run.front.lookups_hidden(run.key, false);
+    run.assert_booked_from_the_look_up().await;
 }
 
 /// Issued mode. The charge times out and a look-up finds nothing: the request is
@@ -301,76 +354,18 @@ async fn a_token_whose_deadline_passes_while_its_charge_is_unresolved_is_booked_
 /// look again until the charge shows and book it; "token_missing" would forget it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_timed_out_charge_that_lands_after_its_token_vanished_is_booked_not_answered_missing() {
-    let policy = TokenPolicy {
-        mode: TokenMode::Issued,
-        lease: Duration::from_secs(2),
-        ..TokenPolicy::default()
-    };
-    let mut stack = Stack::with_policy(1, SimulatorConfig::default(), policy).await;
-    let front = ScriptedGateway::start(&stack.simulator).await;
-    stack.gateway = Arc::new(
-        HttpGateway::new(&front.url(), Duration::from_secs(1), Duration::from_secs(1)).unwrap(),
-    );
-    let key = "xm-queued-charge";
-    front.script(key, &[PostAnswer::ChargeLate(Duration::from_secs(3))]);
-    stack
-        .tokens
-        .issue(&ikey(key), Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let handler = Arc::new(Handler::new(
-        stack.processor("queued-charge"),
-        Publisher::new(&stack.settings).unwrap(),
-        RetryPolicy {
-            min_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(200),
-            budget: Duration::from_secs(60),
-        },
-    ));
-    let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
-    stack.produce(&[record(key, 3200)]).await;
-
+    let run = IssuedRun::start(
+        "xm-queued-charge",
+        PostAnswer::ChargeLate(Duration::from_secs(3)),
+        false,
+        Duration::from_secs(1),
+    )
+    .await;
     // While the POST is held, the token's deadline passes: the restore after the
     // timeout deletes it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while front.posts_seen(key) < 1 {
-        assert!(Instant::now() < deadline, "the POST never came");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let raw = RedisTokenStore::new(stack.redis.conn.clone(), stack.redis.prefix.clone(), policy);
-    let mut conn = stack.redis.conn.clone();
-    let _: () = redis::cmd("HSET")
-        .arg(raw.token_key(&ikey(key)))
-        .arg("expires_at_ms")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-
-    let results = stack.wait_for_results(1, Duration::from_secs(60)).await;
-    stack.wait_for_commits(Duration::from_secs(30)).await;
-    stop_all(vec![running]).await;
-
-    let charged: Vec<LedgerEntry> = stack
-        .ledger()
-        .into_iter()
-        .filter(|e| e.idempotency_key == key)
-        .collect();
-    assert_eq!(charged.len(), 1, "{charged:?}");
-    assert_eq!(results[0].outcome, "succeeded", "{results:?}");
-    assert_eq!(
-        stack.payment_rows().await,
-        vec![(
-            key.to_owned(),
-            "succeeded".to_owned(),
-            Some(charged[0].transaction_id.clone())
-        )]
-    );
-    assert!(
-        stack.dead_letters().await.is_empty(),
-        "nothing dead-lettered"
-    );
-    assert_eq!(front.posts_seen(key), 1, "booked from the look-up");
+    run.wait_for(1, "POSTs", ScriptedGateway::posts_seen).await;
+    run.expire_token().await;
+    run.assert_booked_from_the_look_up().await;
 }
 
 /// The gateway charges, then answers with a transaction id another payment already

@@ -58,6 +58,20 @@ struct Front {
     script: Mutex<Script>,
 }
 
+impl Front {
+    /// Relays a POST to the ledger, which charges.
+    async fn charge_in_ledger(&self, key: &str, body: Bytes) -> reqwest::Response {
+        self.http
+            .post(format!("{}/charges", self.ledger_url))
+            .header("Idempotency-Key", key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
 pub struct ScriptedGateway {
     front: Arc<Front>,
     addr: SocketAddr,
@@ -167,27 +181,12 @@ async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes
         let late = Arc::clone(&front);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            late.http
-                .post(format!("{}/charges", late.ledger_url))
-                .header("Idempotency-Key", &key)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .unwrap();
+            late.charge_in_ledger(&key, body).await;
         });
         tokio::time::sleep(after * 4).await;
         return StatusCode::GATEWAY_TIMEOUT.into_response();
     }
-    let relayed = front
-        .http
-        .post(format!("{}/charges", front.ledger_url))
-        .header("Idempotency-Key", &key)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let relayed = front.charge_in_ledger(&key, body).await;
     let ledger_status = relayed.status();
     let ledger_body = relayed.bytes().await.unwrap();
     match answer {
