@@ -7,9 +7,11 @@
 # libssl are linked dynamically. `migrations/` is embedded at compile time by `sqlx::migrate!`.
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
+# build.rs compiles native/ into the local Kafka (dev-kafka) the binary also carries.
+COPY native ./native
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin payment-worker \

@@ -31,7 +31,15 @@ mod table;
 use table::{Mutant, MUTANTS};
 
 /// What the crate needs to build and run the `it` tests.
-const COPIED: &[&str] = &["Cargo.toml", "Cargo.lock", "src", "tests", "migrations"];
+const COPIED: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "build.rs",
+    "native",
+    "src",
+    "tests",
+    "migrations",
+];
 const BUILD_LIMIT: Duration = Duration::from_secs(30 * 60);
 const TEST_LIMIT: Duration = Duration::from_secs(5 * 60);
 

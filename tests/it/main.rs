@@ -5,6 +5,7 @@ mod chaos;
 mod cli;
 mod deploy;
 mod gateway;
+#[cfg(target_os = "linux")]
 mod local_kafka;
 mod payment;
 mod support;

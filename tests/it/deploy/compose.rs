@@ -407,6 +407,38 @@ fn dockerfile_base_images_are_pinned() {
     );
 }
 
+#[test]
+fn the_image_builds_from_every_input_cargo_reads() {
+    let dockerfile = read("Dockerfile");
+    let copied: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("COPY "))
+        .filter(|l| !l.starts_with("--from"))
+        .flat_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            // Every word but the last (the destination) is a source.
+            words[..words.len().saturating_sub(1)].to_vec()
+        })
+        .collect();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for input in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "build.rs",
+        "src",
+        "migrations",
+        "native",
+    ] {
+        if root.join(input).exists() {
+            assert!(
+                copied.contains(&input),
+                "the build stage does not copy {input}: `cargo build` in the image fails \
+                 (copied: {copied:?})"
+            );
+        }
+    }
+}
+
 fn restart_policy(service: &Value) -> Option<String> {
     service.get("restart").and_then(scalar)
 }
