@@ -15,7 +15,7 @@ use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::payment::{Attempt, CommandContext, Outcome, PaymentCommand};
 use payment_worker::retry::RetryPolicy;
 use payment_worker::token::{RedisTokenStore, TokenMode, TokenPolicy};
-use payment_worker::worker::{self, Handler, Publisher};
+use payment_worker::worker;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
@@ -73,16 +73,12 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     let down = "xu-down";
     front.script(down, &[PostAnswer::Refuse(503); 500]);
 
-    let handler = Arc::new(Handler::new(
-        stack.processor("short-budget"),
-        Publisher::new(&stack.settings).unwrap(),
-        RetryPolicy {
-            min_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(300),
-            budget: Duration::from_secs(3),
-        },
-    ));
-    let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
+    let retry = RetryPolicy {
+        min_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(300),
+        budget: Duration::from_secs(3),
+    };
+    let running = stack.start_worker_retrying("short-budget", &quick_worker_settings(), retry);
     stack
         .produce(&[record(unknown, 2500), record(down, 2600)])
         .await;
@@ -227,16 +223,12 @@ impl IssuedRun {
             .issue(&ikey(key), Duration::from_secs(3600))
             .await
             .unwrap();
-        let handler = Arc::new(Handler::new(
-            stack.processor(key),
-            Publisher::new(&stack.settings).unwrap(),
-            RetryPolicy {
-                min_delay: Duration::from_millis(50),
-                max_delay: Duration::from_millis(200),
-                budget: Duration::from_secs(60),
-            },
-        ));
-        let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
+        let retry = RetryPolicy {
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(200),
+            budget: Duration::from_secs(60),
+        };
+        let running = stack.start_worker_retrying(key, &quick_worker_settings(), retry);
         stack.produce(&[record(key, 3100)]).await;
         Self {
             stack,
@@ -380,12 +372,8 @@ async fn a_charge_the_database_refuses_to_record_is_dead_lettered_as_unknown_and
     stack.gateway = Arc::new(
         HttpGateway::new(&front.url(), Duration::from_secs(5), Duration::from_secs(1)).unwrap(),
     );
-    let handler = Arc::new(Handler::new(
-        stack.processor("unbooked"),
-        Publisher::new(&stack.settings).unwrap(),
-        RetryPolicy::default(),
-    ));
-    let running = worker::start(&stack.settings, &quick_worker_settings(), handler).unwrap();
+    let running =
+        stack.start_worker_retrying("unbooked", &quick_worker_settings(), RetryPolicy::default());
     let (first, reused) = ("xb-first", "xb-reused");
     stack.produce(&[record(first, 1000)]).await;
     let results = stack.wait_for_results(1, Duration::from_secs(60)).await;

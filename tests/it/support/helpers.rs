@@ -297,13 +297,24 @@ impl Stack {
     }
 
     pub fn start_worker(&self, id: &str, settings: &WorkerSettings) -> RunningWorker {
+        let retry = RetryPolicy {
+            budget: Duration::from_secs(60),
+            ..RetryPolicy::default()
+        };
+        self.start_worker_retrying(id, settings, retry)
+    }
+
+    /// A worker on this stack whose handler retries by `retry`.
+    pub fn start_worker_retrying(
+        &self,
+        id: &str,
+        settings: &WorkerSettings,
+        retry: RetryPolicy,
+    ) -> RunningWorker {
         let handler = Arc::new(Handler::new(
             self.processor(id),
             Publisher::for_mode(&self.settings, settings).unwrap(),
-            RetryPolicy {
-                budget: Duration::from_secs(60),
-                ..RetryPolicy::default()
-            },
+            retry,
         ));
         worker::start(&self.settings, settings, handler).expect("worker start")
     }
