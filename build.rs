@@ -1,6 +1,7 @@
 //! Links a faster offset look-up into librdkafka's mock broker, the local Kafka of
 //! `dev-kafka`, `bench` and the tests (see `native/mock_msgset_find.c` for why).
 //! The worker's own Kafka clients do not call it.
+//! Also rebuilds the crate when a migration is added.
 
 use std::env;
 use std::path::PathBuf;
@@ -11,6 +12,10 @@ const SOURCE: &str = "native/mock_msgset_find.c";
 fn main() {
     println!("cargo:rerun-if-changed={SOURCE}");
     println!("cargo:rerun-if-changed=build.rs");
+    // `sqlx::migrate!` embeds `migrations/` at compile time and tracks the files it
+    // read, not the directory: without this a new migration is missed by an
+    // incremental build.
+    println!("cargo:rerun-if-changed=migrations");
     // `--wrap` is GNU ld's (and lld's); elsewhere the mock keeps its own look-up.
     if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
         return;

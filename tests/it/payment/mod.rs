@@ -1,5 +1,6 @@
 //! One payment end to end through the processor: races, crashes at each step, gateway
-//! faults, leases and fencing, key reuse, invalid input, round trips.
+//! faults, leases and fencing, key reuse, invalid input, round trips,
+//! the table checks.
 
 mod crashes;
 mod fencing;
@@ -10,3 +11,4 @@ mod leases;
 mod races;
 pub(crate) mod rig;
 mod round_trips;
+mod schema_checks;
