@@ -1,34 +1,65 @@
 # syntax=docker/dockerfile:1
-# payment-worker: one binary for `run`, `migrate`, `gateway-sim`, `produce`, …
+# payment-worker images, from one build stage:
+# - `runtime` (the default, last stage): the product only (`run`, `migrate`, `tokens`,
+#   `produce`, `replay`, `dlq`, `audit`, `process`, `healthcheck`, `completions`,
+#   `man`), on distroless: no shell, no package manager, a non-root user.
+# - `devtools`: the default build, with `demo`, `bench`, `gateway-sim` and
+#   `dev-kafka`, for the local stack in docker-compose.yml (the gateway simulator).
 
 # Build stage. rdkafka-sys compiles librdkafka from source with its mklove build, which
 # needs a C toolchain, make and perl; TLS (and so SASL SCRAM) links OpenSSL through
 # libssl-dev and pkg-config (all in this image); zstd is built from source. zlib and
 # libssl are linked dynamically. `migrations/` is embedded at compile time by `sqlx::migrate!`.
 FROM rust:1.95-bookworm AS builder
+# `--version` names the commit; the build context carries no .git.
+ARG PAYMENT_WORKER_COMMIT=unknown
+ENV PAYMENT_WORKER_COMMIT=${PAYMENT_WORKER_COMMIT}
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
-# build.rs compiles native/ into the local Kafka (dev-kafka) the binary also carries.
+# build.rs compiles native/ into the local Kafka of the development tools.
 COPY native ./native
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin payment-worker \
-    && cp target/release/payment-worker /usr/local/bin/payment-worker
+    cargo build --release --locked --no-default-features --bin payment-worker \
+    && cp target/release/payment-worker /usr/local/bin/payment-worker \
+    && cargo build --release --locked --bin payment-worker \
+    && cp target/release/payment-worker /usr/local/bin/payment-worker-devtools \
+    # The runtime has glibc, libssl and CA certificates but no zlib, which
+    # librdkafka links: carried over from here.
+    && mkdir -p /runtime-libs \
+    && cp "$(ldd /usr/local/bin/payment-worker | awk '/libz\.so/ { print $3 }')" /runtime-libs/
 
-# Runtime stage: the binary, OpenSSL's libssl (librdkafka's TLS), CA certificates
-# (HTTPS gateways, TLS to Kafka, Postgres, Redis and OTLP) and curl for the container
-# health checks.
-FROM debian:bookworm-slim AS runtime
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
-    && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin payment-worker
+# The development tools' image: the default build (gateway-sim for docker-compose).
+FROM gcr.io/distroless/cc-debian12:nonroot AS devtools
+COPY --from=builder /runtime-libs/ /usr/lib/
+COPY --from=builder /usr/local/bin/payment-worker-devtools /usr/local/bin/payment-worker
+ENTRYPOINT ["payment-worker"]
+
+# Runtime stage: distroless (glibc, libssl for librdkafka's TLS, CA certificates for
+# HTTPS gateways and TLS to Kafka, Postgres, Redis and OTLP), the product-only
+# binary, no shell: the health check is the binary's own `healthcheck` command.
+FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+ARG PAYMENT_WORKER_COMMIT=unknown
+ARG VERSION=0.2.0
+ARG SOURCE=https://example.invalid/payment-worker
+LABEL org.opencontainers.image.title="payment-worker" \
+      org.opencontainers.image.description="Event-driven payment worker that charges each payment command exactly once" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${PAYMENT_WORKER_COMMIT}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="MIT OR Apache-2.0"
+COPY --from=builder /runtime-libs/ /usr/lib/
 COPY --from=builder /usr/local/bin/payment-worker /usr/local/bin/payment-worker
-USER 10001
+# distroless's `nonroot` user (65532).
+USER 65532:65532
 # JSON lines on stderr, one per event, with the command's trace_id and span_id: what
 # log collectors expect from a container. LOG_FORMAT=text for human-readable lines.
 ENV LOG_FORMAT=json
+# The worker serves /healthz here; `healthcheck` reads the same setting.
+ENV HEALTH_LISTEN=0.0.0.0:8081
+HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=5 \
+    CMD ["payment-worker", "healthcheck"]
 ENTRYPOINT ["payment-worker"]
 CMD ["run"]

@@ -2,7 +2,7 @@
 //! the library; nothing here decides anything about payments.
 
 use std::io::Write;
-use std::net::SocketAddr;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +14,7 @@ use crate::configuration::{
     parse_duration, DatabaseSettings, KafkaSettings, ProcessorSettings, StoreSettings,
     WorkerSettings,
 };
+#[cfg(feature = "devtools")]
 use crate::devtools::SimulatorConfig;
 use crate::payment::{Attempt, CommandContext, Outcome, PaymentCommand, RejectionKind};
 use crate::startup;
@@ -40,6 +41,14 @@ pub mod exit_status {
     /// A SIGINT (Ctrl-C) while stopping: stopped at once.
     pub const INTERRUPTED: u8 = crate::startup::INTERRUPTED_EXIT_STATUS;
 }
+
+/// `--version`: the release and the commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PAYMENT_WORKER_COMMIT"),
+    ")"
+);
 
 /// Every exit status and what it means, for `--help` and the manual.
 const EXIT_STATUSES: [(u8, &str); 8] = [
@@ -159,7 +168,7 @@ impl CommandFailure {
 #[derive(Debug, Parser)]
 #[command(
     name = "payment-worker",
-    version,
+    version = VERSION,
     about = "Charges each payment command exactly once",
     after_help = exit_status_help()
 )]
@@ -186,6 +195,7 @@ pub enum Command {
     },
     /// The whole product on embedded defaults: local Kafka, gateway simulator,
     /// Redis/Postgres at the default URLs; a workload, a worker group, a replay.
+    #[cfg(feature = "devtools")]
     Demo(crate::devtools::DemoArgs),
     /// Apply `migrations/` to the database.
     Migrate {
@@ -223,15 +233,21 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Probe a running worker's `/healthz` (`--probe readyz`: `/readyz`): exit 0 when it answers
+    /// 2xx, 1 otherwise. For container health checks, without shell tools.
+    Healthcheck(crate::operator::HealthcheckArgs),
     /// A standalone local Kafka (librdkafka mock cluster) for development.
+    #[cfg(feature = "devtools")]
     DevKafka(crate::devtools::DevKafkaArgs),
     /// Throughput, latency and memory against a Postgres ceiling measured in the same run.
+    #[cfg(feature = "devtools")]
     Bench(crate::devtools::BenchArgs),
     /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
+    #[cfg(feature = "devtools")]
     GatewaySim {
         /// Address to serve on (port 0 picks a free port and prints it).
         #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
-        listen: SocketAddr,
+        listen: std::net::SocketAddr,
         /// The faults and latency the simulator injects.
         #[command(flatten)]
         config: SimulatorConfig,
@@ -249,6 +265,18 @@ pub enum Command {
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
+}
+
+impl Command {
+    /// `demo` and `bench` print their own reports; their workers' info logs would
+    /// bury them.
+    pub fn prints_its_own_report(&self) -> bool {
+        #[cfg(feature = "devtools")]
+        if matches!(self, Self::Demo(_) | Self::Bench(_)) {
+            return true;
+        }
+        false
+    }
 }
 
 /// The `tokens` subcommands.
@@ -419,6 +447,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let handler = startup::handler(processor, &kafka, &worker)?;
             worker::run_until(&kafka, &worker, handler, shutdown).await
         }
+        #[cfg(feature = "devtools")]
         Command::Demo(args) => crate::devtools::run_demo(args).await,
         Command::Migrate { database } => {
             startup::connect_and_migrate(&database).await?;
@@ -507,8 +536,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq {
             command: DlqCommand::Redrive(args),
         } => crate::operator::redrive(args).await,
+        Command::Healthcheck(args) => crate::operator::healthcheck(args).await,
+        #[cfg(feature = "devtools")]
         Command::DevKafka(args) => crate::devtools::run_dev_kafka(args).await,
+        #[cfg(feature = "devtools")]
         Command::Bench(args) => crate::devtools::run_bench(args).await,
+        #[cfg(feature = "devtools")]
         Command::GatewaySim { listen, config } => {
             crate::devtools::run_simulator(listen, config).await
         }

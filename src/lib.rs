@@ -6,6 +6,9 @@
 pub mod audit;
 pub mod cli;
 pub mod configuration;
+/// Development tools (`demo`, `bench`, `gateway-sim`, `dev-kafka`); not in the
+/// production build (`--no-default-features`).
+#[cfg(feature = "devtools")]
 pub mod devtools;
 pub mod fault;
 pub mod gateway;

@@ -9,9 +9,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> std::process::ExitCode {
     let cli = payment_worker::cli::Cli::parse();
     // Demo and bench print their own reports; their workers' info logs would bury them.
-    let default_filter = match cli.command {
-        payment_worker::cli::Command::Demo(_) | payment_worker::cli::Command::Bench(_) => "error",
-        _ => "info",
+    let default_filter = if cli.command.prints_its_own_report() {
+        "error"
+    } else {
+        "info"
     };
     let telemetry = payment_worker::telemetry::init(default_filter);
     let result = payment_worker::cli::run(cli).await;

@@ -16,6 +16,12 @@
 //! `<target>/lua-sql-mutants/target`, seeded once with the dependencies built in
 //! `<target>/debug`: only the crate itself is compiled, incrementally, and nothing the
 //! checkout builds is touched.
+//!
+//! `MUTANTS_IN_PLACE=1` (CI, on a clean clone that just built and ran the suite)
+//! mutates the checkout itself instead and builds in its own target directory: no copy
+//! to seed and no first build of the crate, only one incremental rebuild per mutant.
+//! It refuses a checkout with uncommitted changes, and puts every file back as it was,
+//! also when a mutant's run panics.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -27,8 +33,11 @@ use std::time::{Duration, Instant};
 
 #[path = "mutants/table.rs"]
 mod table;
+#[path = "it/support/target_seed.rs"]
+mod target_seed;
 
 use table::{Mutant, MUTANTS};
+use target_seed::{cargo, seed_target};
 
 /// What the crate needs to build and run the `it` tests.
 const COPIED: &[&str] = &[
@@ -115,10 +124,17 @@ fn every_lua_and_sql_mutant_is_caught() {
 
     let shared_target = target_dir();
     let work = shared_target.join("lua-sql-mutants");
-    let scratch = work.join("crate");
-    let own_target = work.join("target");
-    seed_target(&shared_target, &own_target);
-    sync_tree(&crate_root(), &scratch);
+    fs::create_dir_all(&work).unwrap();
+    let (scratch, own_target) = if in_place() {
+        refuse_uncommitted_changes();
+        (crate_root(), shared_target.clone())
+    } else {
+        let scratch = work.join("crate");
+        let own_target = work.join("target");
+        seed_target(&shared_target, &own_target);
+        sync_tree(&crate_root(), &scratch);
+        (scratch, own_target)
+    };
     let started = Instant::now();
 
     let mut rows = Vec::new();
@@ -132,10 +148,10 @@ fn every_lua_and_sql_mutant_is_caught() {
             m.file,
             m.breaks
         );
-        fs::write(&path, original.replacen(m.from, m.to, 1)).unwrap();
+        let mutated = Mutated::apply(&path, original, m);
         let clock = Instant::now();
         let verdict = run_tests(&scratch, &own_target, &work, m.tests);
-        fs::write(&path, &original).unwrap();
+        drop(mutated);
         eprintln!(
             "mutant {}/{} {} [{}]: {} ({:.0?})",
             index + 1,
@@ -175,6 +191,51 @@ fn every_lua_and_sql_mutant_is_caught() {
         "mutants not caught:\n{}",
         missed.join("\n")
     );
+}
+
+/// `MUTANTS_IN_PLACE=1`: mutate the checkout itself (see the module comment).
+fn in_place() -> bool {
+    std::env::var_os("MUTANTS_IN_PLACE").is_some_and(|value| value == "1")
+}
+
+/// In place, a file is rewritten for each mutant: work nobody committed could be
+/// lost if the run were killed between the mutation and its undoing.
+fn refuse_uncommitted_changes() {
+    let status = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .current_dir(crate_root())
+        .output()
+        .expect("git status");
+    let changed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success() && changed.trim().is_empty(),
+        "MUTANTS_IN_PLACE=1 mutates the checkout itself: commit or stash first\n{changed}"
+    );
+}
+
+/// One mutant applied to one file; dropping it puts the file back as it was (also
+/// while a failed assertion unwinds).
+struct Mutated {
+    path: PathBuf,
+    original: String,
+}
+
+impl Mutated {
+    fn apply(path: &Path, original: String, m: &Mutant) -> Self {
+        fs::write(path, original.replacen(m.from, m.to, 1)).unwrap();
+        Self {
+            path: path.to_owned(),
+            original,
+        }
+    }
+}
+
+impl Drop for Mutated {
+    fn drop(&mut self) {
+        if let Err(error) = fs::write(&self.path, &self.original) {
+            eprintln!("could not restore {}: {error}", self.path.display());
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -248,58 +309,6 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The scratch copy builds into a target directory of its own: cargo names a path
-/// package's artifacts after its path relative to the workspace, so the copy and this
-/// checkout would otherwise overwrite each other's builds (and a build here, while the
-/// mutants run, would replace a mutated test binary with an unmutated one). Seeded
-/// once with the dependencies already built here, so only the crate is compiled.
-fn seed_target(shared: &Path, own: &Path) {
-    let profile = own.join("debug");
-    if profile.join("deps").exists() {
-        return;
-    }
-    let ours = |name: &str| {
-        name.contains("payment_worker")
-            || name.contains("payment-worker")
-            || name.starts_with("it-")
-            || name.starts_with("mutants-")
-    };
-    for dir in ["build", ".fingerprint", "deps"] {
-        copy_tree(&shared.join("debug").join(dir), &profile.join(dir), &ours);
-    }
-}
-
-/// Copies `from` into `to`, keeping modification times (cargo compares them), leaving
-/// out entries whose name `skip` matches.
-fn copy_tree(from: &Path, to: &Path, skip: &dyn Fn(&str) -> bool) {
-    if !from.exists() {
-        return;
-    }
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        if skip(&entry.file_name().to_string_lossy()) {
-            continue;
-        }
-        let (source, dest) = (entry.path(), to.join(entry.file_name()));
-        let kind = entry.file_type().unwrap();
-        if kind.is_dir() {
-            copy_tree(&source, &dest, skip);
-        } else if kind.is_file() {
-            fs::copy(&source, &dest).unwrap();
-            let modified = entry.metadata().unwrap().modified().unwrap();
-            fs::File::options()
-                .write(true)
-                .open(&dest)
-                .unwrap()
-                .set_modified(modified)
-                .unwrap();
-        }
-    }
-    let modified = fs::metadata(from).unwrap().modified().unwrap();
-    let _ = fs::File::open(to).and_then(|dir| dir.set_modified(modified));
-}
-
 /// Makes `to` hold the same files as the crate's `COPIED` entries. Unchanged files are
 /// not rewritten, so their modification times (which cargo compares) stay put and the
 /// build stays incremental.
@@ -371,38 +380,6 @@ fn run_tests(scratch: &Path, target_dir: &Path, work: &Path, tests: &[&str]) -> 
     } else {
         Verdict::Unbuildable(output.lines().rev().take(15).collect::<Vec<_>>().join("\n"))
     }
-}
-
-fn cargo(scratch: &Path, target_dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    // Cargo gives this test process the package's variables (CARGO_MANIFEST_DIR,
-    // CARGO_PKG_*, ...). Build scripts such as ring's rerun when those change, so
-    // passing them on would rebuild ring and its dependents here, and again in the
-    // worktree afterwards.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        let injected = name == "CARGO"
-            || name == "OUT_DIR"
-            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_"]
-                .iter()
-                .any(|prefix| name.starts_with(prefix))
-            || [
-                "CARGO_CRATE_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-                "CARGO_RUSTC_CURRENT_DIR",
-            ]
-            .contains(&name.as_ref());
-        if injected {
-            command.env_remove(name.as_ref());
-        }
-    }
-    command
-        .args(args)
-        .current_dir(scratch)
-        .env("CARGO_TARGET_DIR", target_dir)
-        .env("RUST_BACKTRACE", "0");
-    command
 }
 
 /// Runs `command` with its output in `log`; `None` when it outlived `limit` (then its

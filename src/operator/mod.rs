@@ -1,7 +1,8 @@
 //! Operator commands around the worker: `produce`, `replay` (and its dry run),
-//! `dlq redrive`, and the outcome `process` prints. They use the worker's Kafka
+//! `dlq redrive`, `healthcheck`, and the outcome `process` prints. They use the worker's Kafka
 //! settings and message formats; the worker itself never calls them.
 mod dry_run;
+mod healthcheck;
 mod outcome_view;
 mod produce;
 mod redrive;
@@ -12,6 +13,7 @@ mod workload;
 pub use dry_run::{
     dry_run_report, dry_run_verdicts, DryRunReport, DryRunScope, DryRunVerdict, VERDICTS,
 };
+pub use healthcheck::{healthcheck, HealthcheckArgs, Probe};
 pub use outcome_view::OutcomeView;
 pub use produce::{produce, publish_records, ProduceArgs};
 pub use redrive::{redrive, RedriveArgs};

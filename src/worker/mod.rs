@@ -5,6 +5,7 @@ mod handler;
 mod health;
 mod inbound;
 mod kafka;
+mod member;
 mod messages;
 mod offsets;
 mod oversized;

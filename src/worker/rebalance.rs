@@ -1,16 +1,11 @@
-//! Group membership changes and offset commits.
+//! Offset commits: as the member makes progress, after a drain, before it leaves;
+//! and the bounds a drain must fit in. (What a rebalance does to the partitions is
+//! `member.rs`'s.)
 //!
-//! Under the cooperative protocol (KIP-429, `cooperative-sticky`, the default) an
-//! assignment or a revocation names only the partitions that move: the member keeps
-//! working on the others, drains and commits only those it gives up, and does so
-//! while the group is stable, so the commit is accepted. The callback therefore
-//! calls `incremental_assign` / `incremental_unassign`; under an eager assignor
-//! (set by an operator through `KAFKA_CONFIG_PARTITION_ASSIGNMENT_STRATEGY`) every
-//! revoke is of everything, and `assign` / `unassign` apply.
-//!
-//! Offsets are committed as soon as they move (by a commit thread, one commit at a
-//! time), after every drain, and before the member leaves. A
-//! drain whose commit failed leaves its offsets here: if the partition comes back
+//! A revoked partition is drained and committed while the group is stable, so the
+//! commit is accepted. Offsets are committed as soon as they move (by a commit
+//! thread, one commit at a time), after every drain, and before the member leaves.
+//! A drain whose commit failed leaves its offsets here: if the partition comes back
 //! to this member and the group's committed offset is still behind, the member
 //! resumes from where it got and commits that once the group is stable again.
 
@@ -19,12 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::consumer::MemberContext;
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
 pub(super) type PartitionId = (String, i32);
@@ -49,6 +43,11 @@ pub(super) struct Commits {
 impl Commits {
     pub(super) fn progress_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.progress)
+    }
+
+    /// Offers the stored offsets to the committer's next turn.
+    pub(super) fn mark_progress(&self) {
+        self.progress.store(true, Ordering::SeqCst);
     }
 
     fn unsettled(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, i64>> {
@@ -138,7 +137,7 @@ impl Commits {
     }
 
     /// Keeps the offsets of a drain whose commit failed.
-    fn remember(&self, offsets: HashMap<PartitionId, i64>) {
+    pub(super) fn remember(&self, offsets: HashMap<PartitionId, i64>) {
         let mut unsettled = self.unsettled();
         for (id, offset) in offsets {
             let kept = unsettled.entry(id).or_insert(offset);
@@ -150,7 +149,7 @@ impl Commits {
     /// to resume, when that is past the group's committed offset. Everything below
     /// such an offset was settled by this member, so resuming there loses nothing;
     /// an offset the group already passed is forgotten.
-    fn resume_points<C: ConsumerContext>(
+    pub(super) fn resume_points<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
         assigned: &[PartitionId],
@@ -223,204 +222,6 @@ pub fn drain_bound(
         .max(1)
         .div_ceil(database_connections.max(1) as usize) as u32;
     (gateway_timeout * 2 + STORE_ALLOWANCE) * rounds
-}
-
-fn ids_of(list: &TopicPartitionList) -> Vec<PartitionId> {
-    list.elements()
-        .iter()
-        .map(|e| (e.topic().to_owned(), e.partition()))
-        .collect()
-}
-
-impl MemberContext {
-    /// librdkafka's rebalance callback, served on the poll thread.
-    pub(super) fn on_rebalance(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        err: RDKafkaRespErr,
-        list: &mut TopicPartitionList,
-    ) {
-        let cooperative = matches!(
-            consumer.rebalance_protocol(),
-            RebalanceProtocol::Cooperative
-        );
-        match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.assign(consumer, list, cooperative)
-            }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                self.revoke(consumer, list, cooperative)
-            }
-            other => {
-                // librdkafka's advice: give everything up and let the group re-sync.
-                let code: RDKafkaErrorCode = other.into();
-                tracing::error!(error = %code, "rebalance failed; giving up every partition");
-                let owned = TopicPartitionList::from_topic_map(
-                    &self
-                        .partitions
-                        .ids()
-                        .into_iter()
-                        .map(|id| (id, Offset::Invalid))
-                        .collect(),
-                );
-                match owned {
-                    Ok(mut owned) => self.revoke(consumer, &mut owned, cooperative),
-                    Err(error) => tracing::error!(%error, "listing the owned partitions"),
-                }
-            }
-        }
-    }
-
-    fn assign(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        list: &mut TopicPartitionList,
-        cooperative: bool,
-    ) {
-        let ids = ids_of(list);
-        let resume = self.partitions.commits.resume_points(consumer, &ids);
-        for ((topic, partition), offset) in &resume {
-            if let Err(error) =
-                list.set_partition_offset(topic, *partition, Offset::Offset(*offset))
-            {
-                tracing::warn!(%error, partition, "resume point not set");
-            }
-        }
-        let applied = if cooperative {
-            consumer.incremental_assign(list)
-        } else {
-            consumer.assign(list)
-        };
-        if let Err(error) = applied {
-            tracing::error!(%error, "applying the assignment failed");
-        }
-        // librdkafka keeps a partition's pause across a revoke and a later
-        // re-assignment, while the overflow that would have resumed it was dropped
-        // with the revoke: without this a partition paused for back pressure when
-        // it was revoked comes back paused and is never consumed again.
-        if list.count() > 0 {
-            if let Err(error) = consumer.resume(list) {
-                tracing::warn!(%error, "resuming the assigned partitions failed");
-            }
-        }
-        if !resume.is_empty() {
-            // Committed by the next progress commit, now that the group is stable.
-            let mut store = TopicPartitionList::new();
-            for ((topic, partition), offset) in &resume {
-                let _ = store.add_partition_offset(topic, *partition, Offset::Offset(*offset));
-            }
-            match consumer.store_offsets(&store) {
-                Ok(()) => self
-                    .partitions
-                    .commits
-                    .progress
-                    .store(true, Ordering::SeqCst),
-                Err(error) => tracing::warn!(%error, "storing resume points failed"),
-            }
-            tracing::info!(
-                partitions = resume.len(),
-                "resuming where a failed drain commit left off"
-            );
-        }
-        let held = self.partitions.own(&ids, true);
-        self.assigned.store(held, Ordering::SeqCst);
-        self.partitions.liveness.set_in_group(true);
-        tracing::info!(
-            partitions = held,
-            added = ids.len(),
-            cooperative,
-            "assigned"
-        );
-    }
-
-    fn revoke(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        list: &mut TopicPartitionList,
-        cooperative: bool,
-    ) {
-        let ids = ids_of(list);
-        let lost = consumer.assignment_lost();
-        let held = self.partitions.own(&ids, false);
-        self.assigned.store(held, Ordering::SeqCst);
-        // An incremental revoke keeps the membership; an eager one or a lost
-        // assignment means the member is out until its next assignment.
-        if !cooperative || lost {
-            self.partitions.liveness.set_in_group(false);
-        }
-        tracing::info!(
-            partitions = ids.len(),
-            held,
-            lost,
-            cooperative,
-            "revoked; draining"
-        );
-        let started = Instant::now();
-        let reached = self.partitions.drain(&ids);
-        if let Some(transactions) = &self.partitions.transactions {
-            // Exactly-once: the drained partitions' answers and offsets leave in one
-            // transaction before they are given up. A lost assignment means another
-            // member may already redo them: roll back instead.
-            if lost {
-                self.partitions
-                    .abort_transaction(consumer, "the assignment was lost");
-            } else {
-                self.partitions.commit_transaction(consumer);
-            }
-            transactions.forget(&ids);
-            tracing::info!(
-                partitions = ids.len(),
-                drained_ms = started.elapsed().as_millis() as u64,
-                lost,
-                "drained; transaction settled"
-            );
-        } else {
-            self.commit_drained(consumer, &ids, reached, lost, started);
-        }
-        let applied = if cooperative {
-            consumer.incremental_unassign(list)
-        } else {
-            consumer.unassign()
-        };
-        if let Err(error) = applied {
-            tracing::error!(%error, "giving up the revoked partitions failed");
-        }
-    }
-
-    /// At-least-once: commits the stored offsets after a drain, or keeps them for
-    /// a later attempt.
-    fn commit_drained(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        ids: &[PartitionId],
-        reached: HashMap<PartitionId, i64>,
-        lost: bool,
-        started: Instant,
-    ) {
-        let commit = if lost {
-            // The group moved on without this member: the commit would be refused.
-            Err(KafkaError::ConsumerCommit(
-                RDKafkaErrorCode::UnknownMemberId,
-            ))
-        } else {
-            self.partitions.commits.commit_now(consumer)
-        };
-        match commit {
-            Ok(()) => tracing::info!(
-                partitions = ids.len(),
-                drained_ms = started.elapsed().as_millis() as u64,
-                "drained and committed"
-            ),
-            // Nothing drained (e.g. the final revoke while closing): nothing to keep.
-            Err(error) if reached.is_empty() => {
-                tracing::debug!(%error, "commit after an empty drain failed")
-            }
-            Err(error) => {
-                tracing::warn!(%error, partitions = reached.len(), "commit after the drain failed; kept for a later retry");
-                self.partitions.commits.remember(reached);
-            }
-        }
-    }
 }
 
 /// The running committer thread; stopped and joined on drop, so it never outlives

@@ -21,7 +21,9 @@ use super::audit::{self, AuditReport};
 use super::cpu;
 use super::load::{now_ms, produce_backlog, produce_paced};
 use super::report::PhaseReport;
-use super::results::{summarize, write_samples, ResultsReader, RESULTS_KEPT_PER_PARTITION};
+use super::results::{
+    summarize, write_samples, ResultsReader, MOCK_FETCH_WAIT_MS, RESULTS_KEPT_PER_PARTITION,
+};
 use super::rss::read_memory;
 use crate::configuration::{KafkaSettings, WorkerSettings};
 use crate::devtools::{GatewaySimulator, LocalKafka, RunningSimulator, SimulatorConfig};
@@ -32,12 +34,6 @@ use crate::worker::{self, RunningWorker};
 
 /// A phase that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(60);
-
-/// librdkafka's mock broker answers a fetch that finds no data only after the full
-/// `fetch.wait.max.ms` (default 500), even when records arrive meanwhile; a real
-/// broker answers as soon as they do. The bench's consumers wait at most this
-/// long, so idle latency measures the worker rather than the mock.
-pub const MOCK_FETCH_WAIT_MS: u32 = 5;
 
 /// This binary. A rebuild while the bench runs replaces the file, and the link
 /// then names the old one as deleted; the new one is the same program.

@@ -7,6 +7,7 @@ mod cpu;
 mod e2e;
 mod load;
 mod pg_tokens;
+mod phase;
 mod plot;
 mod report;
 mod results;

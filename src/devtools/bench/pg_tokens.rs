@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::audit::AuditReport;
 use super::e2e::{Bed, Load, WorkerKind};
+use super::phase::phase;
 use super::report::{BenchReport, PurgeReport};
-use super::runner::phase;
 use crate::configuration::DatabaseSettings;
 use crate::startup::purge_round;
 use crate::token::{PostgresTokenStore, TokenPolicy, TokenStore};

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
 use rdkafka::producer::FutureProducer;
 
 use super::audit::AuditReport;
 use super::ceiling;
-use super::e2e::{Bed, Load, PhaseOutcome, WorkerKind};
+use super::e2e::{Bed, Load, WorkerKind};
+use super::phase::{bar, phase};
 use super::report::{BenchReport, LoopReport, PhaseReport, Settings};
 use super::rss::read_memory;
 use crate::configuration::{DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL};
@@ -88,62 +88,11 @@ pub struct BenchArgs {
     pub keep_data: bool,
 }
 
-fn bar(name: &str) -> ProgressBar {
-    let style = ProgressStyle::with_template(
-        "{prefix:<16} {bar:32.cyan/blue} {pos:>7}/{len:<7} {per_sec:>11} {elapsed:>4} {msg}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    ProgressBar::new(0)
-        .with_style(style.progress_chars("=> "))
-        .with_prefix(name.to_owned())
-}
-
 fn loop_line(name: &str, report: &LoopReport, unit: &str) {
     eprintln!(
         "{name:<16} {:>9.0} {unit}/s ({} in {:.1}s, concurrency {}, {} failed)",
         report.per_s, report.operations, report.elapsed_s, report.concurrency, report.failures
     );
-}
-
-fn phase_line(report: &PhaseReport) {
-    eprintln!(
-        "{:<16} {:>9.0} payments/s ({} of {} answered, p50/p95/p99 {}/{}/{} ms{})",
-        report.name,
-        report.payments_per_s,
-        report.answered,
-        report.commands,
-        report.latency.p50_ms,
-        report.latency.p95_ms,
-        report.latency.p99_ms,
-        report
-            .worker_peak_rss_mib
-            .map_or(String::new(), |m| format!(", worker peak RSS {m:.1} MiB")),
-    );
-}
-
-pub(super) async fn phase(
-    bed: &Bed,
-    name: &str,
-    latency_ms: u64,
-    load: Load,
-    kind: WorkerKind,
-    audit: &mut AuditReport,
-) -> anyhow::Result<PhaseReport> {
-    let progress = bar(name);
-    let PhaseOutcome {
-        report,
-        audit: phase_audit,
-    } = bed
-        .run_phase(name, latency_ms, load, kind, &progress)
-        .await
-        .with_context(|| format!("phase {name}"))?;
-    progress.finish_and_clear();
-    phase_line(&report);
-    if !phase_audit.ok {
-        eprintln!("{name:<16} AUDIT VIOLATED: {phase_audit:?}");
-    }
-    audit.add(&phase_audit);
-    Ok(report)
 }
 
 /// The 1-minute load average, 0 where `/proc/loadavg` is missing.

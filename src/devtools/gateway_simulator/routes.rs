@@ -176,5 +176,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/charges", get(get_ledger).post(post_charge))
         .route("/charges/{key}", get(get_charge))
+        // For container health checks (`payment-worker healthcheck`).
+        .route("/healthz", get(|| async { "ok" }))
         .with_state(shared)
 }

@@ -54,10 +54,34 @@ fn no_product_file_uses_the_development_tools() {
     );
 }
 
+/// The first path segment of every path that starts with `prefix` (`crate::`,
+/// `super::`) in `code`: `a` for `prefix a::b`, `a` and `b` for `prefix {a, b::c}`.
+fn named_after(code: &str, prefix: &str) -> Vec<String> {
+    let head = |text: &str| -> String {
+        text.trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    for (at, _) in code.match_indices(prefix) {
+        let rest = &code[at + prefix.len()..];
+        match rest.strip_prefix('{') {
+            Some(list) => names.extend(
+                list[..list.find('}').unwrap_or(list.len())]
+                    .split(',')
+                    .map(head),
+            ),
+            None => names.push(head(rest)),
+        }
+    }
+    names
+}
+
 /// The library's top-level modules (`src/<name>.rs` or `src/<name>/`) and, for
 /// each, the others its code names as `crate::<name>` (also inside a
 /// `use crate::{…}` list).
-fn module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+fn module_graph() -> Graph {
     let src = src();
     let mut files: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
     for entry in std::fs::read_dir(&src).unwrap() {
@@ -76,22 +100,9 @@ fn module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeS
             let mut used = std::collections::BTreeSet::new();
             for path in paths {
                 let code = code_of(path);
-                for (at, _) in code.match_indices("crate::") {
-                    let rest = &code[at + "crate::".len()..];
-                    // `crate::{a, b::c}` names every item of the list, `crate::a::…` one.
-                    let list = match rest.strip_prefix('{') {
-                        Some(list) => &list[..list.find('}').unwrap_or(list.len())],
-                        None => &rest[..rest.find("::").unwrap_or(rest.len())],
-                    };
-                    for item in list.split(',') {
-                        let head: String = item
-                            .trim()
-                            .chars()
-                            .take_while(|c| c.is_alphanumeric() || *c == '_')
-                            .collect();
-                        if names.contains(&head) && &head != module {
-                            used.insert(head);
-                        }
+                for head in named_after(&code, "crate::") {
+                    if names.contains(&head) && &head != module {
+                        used.insert(head);
                     }
                 }
             }
@@ -100,16 +111,13 @@ fn module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeS
         .collect()
 }
 
-#[test]
-fn no_import_cycle_between_top_level_modules() {
-    let graph = module_graph();
-    assert!(
-        graph["worker"].contains("payment") && graph["payment"].contains("token"),
-        "the scan finds the known edges: {graph:?}"
-    );
+type Graph = std::collections::BTreeMap<String, std::collections::BTreeSet<String>>;
+
+/// A cycle of `graph`, if it has one: the modules on it, the first one again last.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     // Depth-first search for a back edge: a module reached again while on the path.
     fn visit<'a>(
-        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        graph: &'a Graph,
         module: &'a str,
         path: &mut Vec<&'a str>,
         done: &mut std::collections::BTreeSet<&'a str>,
@@ -123,7 +131,7 @@ fn no_import_cycle_between_top_level_modules() {
             return None;
         }
         path.push(module);
-        for next in &graph[module] {
+        for next in graph.get(module).into_iter().flatten() {
             if let Some(cycle) = visit(graph, next, path, done) {
                 return Some(cycle);
             }
@@ -132,14 +140,86 @@ fn no_import_cycle_between_top_level_modules() {
         None
     }
     let mut done = std::collections::BTreeSet::new();
-    for module in graph.keys() {
-        let cycle = visit(&graph, module, &mut Vec::new(), &mut done);
-        assert!(
-            cycle.is_none(),
+    graph
+        .keys()
+        .find_map(|module| visit(graph, module, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_import_cycle_between_top_level_modules() {
+    let graph = module_graph();
+    assert!(
+        graph["worker"].contains("payment") && graph["payment"].contains("token"),
+        "the scan finds the known edges: {graph:?}"
+    );
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
             "import cycle between top-level modules: {}",
-            cycle.unwrap().join(" -> ")
+            cycle.join(" -> ")
         );
     }
+}
+
+/// For one folder of `src/` (a room): its files and, for each, the sibling files its
+/// code names as `super::<name>` (also inside a `use super::{…}` list).
+fn room_graph(dir: &Path) -> Graph {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    let stem = |p: &Path| p.file_stem().unwrap().to_string_lossy().into_owned();
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| stem(p))
+        .filter(|n| n != "mod")
+        .collect();
+    files
+        .iter()
+        .filter(|p| stem(p) != "mod")
+        .map(|path| {
+            let code = code_of(path);
+            let mut used = std::collections::BTreeSet::new();
+            for head in named_after(&code, "super::") {
+                if names.contains(&head) && head != stem(path) {
+                    used.insert(head);
+                }
+            }
+            (stem(path), used)
+        })
+        .collect()
+}
+
+#[test]
+fn no_import_cycle_between_the_files_of_a_room() {
+    let mut rooms = vec![src()];
+    let mut checked = 0;
+    while let Some(dir) = rooms.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rooms.push(path);
+            }
+        }
+        if dir == src() {
+            continue;
+        }
+        let graph = room_graph(&dir);
+        checked += graph.len();
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!(
+                "import cycle between the files of {}: {}",
+                dir.strip_prefix(src()).unwrap().display(),
+                cycle.join(" -> ")
+            );
+        }
+    }
+    assert!(checked > 40, "the walk found only {checked} files in rooms");
+    let worker = room_graph(&src().join("worker"));
+    assert!(
+        worker["consumer"].contains("member") && worker["member"].contains("rebalance"),
+        "the scan finds the known edges: {worker:?}"
+    );
 }
 
 /// docs/ARCHITECTURE.md with every run of white space one space, so a phrase is
@@ -224,7 +304,7 @@ fn the_architecture_documents_figures_are_the_codes() {
     let constants: [(&str, &str, &str, f64); 7] = [
         (
             "capacity max(max_in_flight, ",
-            "worker/consumer.rs",
+            "worker/member.rs",
             "mpsc::channel(self.max_in_flight.max(1).max(",
             1.0,
         ),

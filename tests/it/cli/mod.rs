@@ -7,4 +7,5 @@ mod demo;
 mod docs;
 mod kafka_commands;
 mod manifest;
+mod product_build;
 mod walkthrough;

@@ -250,9 +250,14 @@ fn worker_is_wired_to_the_other_services() {
         .get("healthcheck")
         .map(|h| serde_yaml::to_string(h).unwrap())
         .unwrap_or_default();
+    // The image has no shell tools: the binary's own `healthcheck` asks the worker's
+    // /healthz at HEALTH_LISTEN.
     assert!(
-        healthcheck.contains("/healthz") && !value("HEALTH_LISTEN").is_empty(),
-        "the worker health check needs HEALTH_LISTEN and /healthz"
+        healthcheck.contains("payment-worker")
+            && healthcheck.contains("healthcheck")
+            && !healthcheck.contains("curl")
+            && !value("HEALTH_LISTEN").is_empty(),
+        "the worker health check is `payment-worker healthcheck` with HEALTH_LISTEN: {healthcheck}"
     );
 }
 
@@ -378,6 +383,23 @@ fn dockerfile_images(dockerfile: &str) -> Vec<String> {
     images
 }
 
+/// The instructions of one stage of the Dockerfile (`FROM … AS <name>` to the next `FROM`).
+fn dockerfile_stage<'a>(dockerfile: &'a str, name: &str) -> Vec<&'a str> {
+    let mut stage = Vec::new();
+    let mut inside = false;
+    for line in dockerfile.lines().map(str::trim) {
+        if line.starts_with("FROM ") {
+            inside = line.ends_with(&format!(" AS {name}"));
+            continue;
+        }
+        if inside && !line.is_empty() && !line.starts_with('#') {
+            stage.push(line);
+        }
+    }
+    assert!(!stage.is_empty(), "the Dockerfile has no stage {name}");
+    stage
+}
+
 #[test]
 fn dockerfile_base_images_are_pinned() {
     let dockerfile = read("Dockerfile");
@@ -394,16 +416,58 @@ fn dockerfile_base_images_are_pinned() {
         "the builder is a rust image: {images:?}"
     );
     assert!(
-        images.last().is_some_and(|i| i.starts_with("debian:")),
-        "the runtime is a debian image: {images:?}"
+        images
+            .last()
+            .is_some_and(|i| i.starts_with("gcr.io/distroless/cc-debian12:")),
+        "the runtime is distroless (no shell, no package manager): {images:?}"
     );
-    assert!(dockerfile.contains("cargo build --release --locked"));
+    assert!(dockerfile.contains("cargo build --release --locked --no-default-features"));
     assert!(dockerfile.contains(r#"ENTRYPOINT ["payment-worker"]"#));
+}
+
+#[test]
+fn the_runtime_image_holds_the_product_only_and_checks_itself() {
+    let dockerfile = read("Dockerfile");
     assert!(
         dockerfile
             .lines()
-            .any(|l| l.trim_start().starts_with("USER ")),
-        "the runtime runs as a non-root user"
+            .rfind(|l| l.starts_with("FROM "))
+            .is_some_and(|l| l.ends_with(" AS runtime")),
+        "the last stage, which `docker build` builds by default, is the runtime"
+    );
+    let runtime = dockerfile_stage(&dockerfile, "runtime");
+    let copies: Vec<&&str> = runtime.iter().filter(|l| l.starts_with("COPY ")).collect();
+    assert!(
+        copies
+            .iter()
+            .any(|l| l.ends_with("/usr/local/bin/payment-worker /usr/local/bin/payment-worker")),
+        "the runtime copies the product-only binary: {copies:?}"
+    );
+    assert!(
+        !copies.iter().any(|l| l.contains("devtools")),
+        "the runtime must not carry the development tools: {copies:?}"
+    );
+    assert!(
+        runtime.iter().any(|l| l.starts_with("HEALTHCHECK"))
+            && runtime.contains(&r#"CMD ["payment-worker", "healthcheck"]"#),
+        "the runtime checks itself with `payment-worker healthcheck`: {runtime:?}"
+    );
+    assert!(
+        runtime.iter().any(|l| l.starts_with("USER 65532")),
+        "the runtime runs as distroless's non-root user"
+    );
+    // OCI labels: what the image is, from which commit and where its source lives.
+    for label in [
+        "org.opencontainers.image.version=\"${VERSION}\"",
+        "org.opencontainers.image.revision=\"${PAYMENT_WORKER_COMMIT}\"",
+        "org.opencontainers.image.source=\"${SOURCE}\"",
+    ] {
+        assert!(dockerfile.contains(label), "missing label {label}");
+    }
+    let version_default = format!("ARG VERSION={}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        runtime.contains(&version_default.as_str()),
+        "the image's version label defaults to Cargo.toml's ({version_default})"
     );
 }
 
@@ -473,13 +537,18 @@ fn workers_log_json_and_name_themselves_in_telemetry() {
     );
     let compose = compose();
     let worker = service(&compose, "worker");
-    let entrypoint =
-        serde_yaml::to_string(worker.get("entrypoint").expect("worker entrypoint")).unwrap();
-    // `$$` is Compose's escape for a `$` the container's shell expands.
+    // The replicas' service.instance.id is the container's host name, which the
+    // worker reads itself (telemetry.rs): no shell in the image has to put it in
+    // OTEL_RESOURCE_ATTRIBUTES, and none could.
     assert!(
-        entrypoint.contains("service.instance.id=$${HOSTNAME}")
-            && entrypoint.contains("exec payment-worker"),
-        "each worker replica needs its own service.instance.id: {entrypoint}"
+        worker.get("entrypoint").is_none(),
+        "the runtime image has no shell to run an entrypoint script"
+    );
+    assert!(
+        !serde_yaml::to_string(worker)
+            .unwrap()
+            .contains("service.instance.id"),
+        "OTEL_RESOURCE_ATTRIBUTES would replace the worker's own instance id for every replica"
     );
 }
 

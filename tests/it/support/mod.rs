@@ -10,4 +10,5 @@ pub(crate) mod helpers;
 pub(crate) mod pki;
 pub(crate) mod procs;
 pub(crate) mod scripted_gateway;
+pub(crate) mod target_seed;
 pub(crate) mod txn_broker;

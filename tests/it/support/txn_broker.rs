@@ -67,6 +67,10 @@ fn binary() -> PathBuf {
     }
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("txn-broker-{:016x}", hasher.finish()));
+    // nextest runs each test in a process of its own: the first test to get here
+    // builds, the others wait on the lock and then find the binary.
+    let lock = std::fs::File::create(path.with_extension("lock")).expect("txn-broker lock file");
+    lock.lock().expect("locking the txn-broker build");
     if !path.exists() {
         eprintln!("building {} (once per patch)", path.display());
         let status = Command::new(source_dir().join("build"))
@@ -76,6 +80,7 @@ fn binary() -> PathBuf {
             .expect("running tests/txn_broker/build");
         assert!(status.success(), "tests/txn_broker/build failed: {status}");
     }
+    drop(lock);
     *built = Some(path.clone());
     path
 }

@@ -408,12 +408,19 @@ async fn a_record_that_panics_after_answering_is_dead_lettered_on_the_third_pani
         .wait_for_results(keys.len(), Duration::from_secs(60))
         .await;
     run.assert_running();
-    let panics = run
-        .lines()
-        .iter()
-        .filter(|l| l.contains("handling a record panicked"))
-        .count();
-    assert_eq!(panics, 3, "{}", run.tail(40));
+    // The worker's output is read on a thread of its own, so the third panic's line
+    // may reach `lines()` after its dead letter reached the topic: wait for it.
+    let count_panics = |run: &crate::support::procs::Proc| {
+        run.lines()
+            .iter()
+            .filter(|l| l.contains("handling a record panicked"))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while count_panics(&run) < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count_panics(&run), 3, "{}", run.tail(40));
     let aborts = run
         .lines()
         .iter()

@@ -1,5 +1,6 @@
-//! Fault injection for crash tests: `PAYMENT_WORKER_FAULT=<point>` makes the process
-//! stop dead at that point of a payment, so a test can SIGKILL it exactly there.
+//! The crash points themselves, compiled into test builds only (feature
+//! `fault-injection`): `PAYMENT_WORKER_FAULT=<point>` makes the process stop dead at
+//! that point of a payment, so a test can SIGKILL it exactly there.
 //! `PAYMENT_WORKER_FAULT=panic:<point>` panics there instead (panic containment),
 //! and `PAYMENT_WORKER_FAULT_KEY=<key>` limits either to one idempotency key.
 //! `PAYMENT_WORKER_FAULT=stall_poll_loop` freezes the Kafka poll thread after its
@@ -10,47 +11,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
-/// A point of the payment path where a test can crash, freeze or pause an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultPoint {
-    /// Token reserved, transaction not begun.
-    AfterReserve,
-    /// `processing` row inserted (uncommitted), gateway not called.
-    AfterInsert,
-    /// Gateway charged, transaction not committed.
-    AfterCharge,
-    /// Transaction committed, token not confirmed.
-    AfterCommit,
-    /// Result (and dead letter) published, the command not yet settled: its offset
-    /// not stored, in exactly-once mode its answer in the open transaction. A `Fail`
-    /// armed here does nothing: there is no step left to fail.
-    AfterAnswer,
-}
-
-impl FaultPoint {
-    /// The point `PAYMENT_WORKER_FAULT` names (`after_reserve`, …); `None` for anything else.
-    pub fn parse(value: &str) -> Option<Self> {
-        match value {
-            "after_reserve" => Some(Self::AfterReserve),
-            "after_insert" => Some(Self::AfterInsert),
-            "after_charge" => Some(Self::AfterCharge),
-            "after_commit" => Some(Self::AfterCommit),
-            "after_answer" => Some(Self::AfterAnswer),
-            _ => None,
-        }
-    }
-
-    /// The point's name, as `PAYMENT_WORKER_FAULT` spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::AfterReserve => "after_reserve",
-            Self::AfterInsert => "after_insert",
-            Self::AfterCharge => "after_charge",
-            Self::AfterCommit => "after_commit",
-            Self::AfterAnswer => "after_answer",
-        }
-    }
-}
+use super::FaultPoint;
 
 #[derive(Debug, Clone)]
 enum FaultAction {
@@ -179,6 +140,14 @@ impl Faults {
     /// Whether the poll thread should freeze after its first record.
     pub fn stalls_poll_loop() -> bool {
         std::env::var(Self::ENV).is_ok_and(|v| v.trim() == Self::STALL_POLL_LOOP)
+    }
+
+    /// Freezes the calling (poll) thread for good.
+    pub fn stall_poll_thread() {
+        tracing::warn!("fault injected: the poll loop stalls");
+        loop {
+            std::thread::park();
+        }
     }
 
     /// Reaches `point` while handling the command with idempotency key `key`.

@@ -1,0 +1,613 @@
+//! The member's partitions and what a rebalance does to them. `Partitions` holds the
+//! partition tasks the poll thread feeds; `MemberContext` is librdkafka's context
+//! for the member: its rebalance callback assigns partitions, and drains and commits
+//! (or, exactly-once, settles the transaction of) those it revokes, while the group
+//! stays stable. Under the cooperative protocol (KIP-429, `cooperative-sticky`, the
+//! default) an assignment or a revocation names only the partitions that move, so
+//! the callback calls `incremental_assign` / `incremental_unassign`; under an eager
+//! assignor every revoke is of everything, and `assign` / `unassign` apply. The
+//! commits themselves are `rebalance.rs`'s.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::handler::Handler;
+use super::health::Liveness;
+use super::partition::{PanicCounts, PartitionTask};
+use super::rebalance::{Commits, PartitionId};
+use super::supervision::WorkerFailure;
+use super::transactions::{TransactionFailure, Transactions};
+use crate::configuration::{KafkaSettings, WorkerSettings};
+
+/// The group member's consumer.
+pub(super) type Member = BaseConsumer<MemberContext>;
+
+struct Assigned {
+    inbox: mpsc::Sender<OwnedMessage>,
+    /// Records the inbox had no room for; the partition is paused meanwhile.
+    overflow: VecDeque<OwnedMessage>,
+    abandon: CancellationToken,
+    /// Ends with the last offset the task stored, if any.
+    task: JoinHandle<Option<i64>>,
+}
+
+/// Partitions this member is working on. Touched only from the poll thread (the
+/// rebalance callbacks run there too); the mutex only satisfies `Sync`.
+pub(super) struct Partitions {
+    assigned: Mutex<HashMap<(String, i32), Assigned>>,
+    /// The group's current assignment to this member (a partition is here before
+    /// its first record arrives, unlike in `assigned`).
+    owned: Mutex<HashSet<PartitionId>>,
+    pub(super) commits: Arc<Commits>,
+    pub(super) handler: Arc<Handler>,
+    runtime: Handle,
+    max_in_flight: usize,
+    drain_deadline: Duration,
+    consumer: OnceLock<std::sync::Weak<Member>>,
+    group_id: Arc<str>,
+    pub(super) liveness: Arc<Liveness>,
+    /// A static member (`group.instance.id`) does not leave the group on shutdown.
+    pub(super) static_member: bool,
+    pub(super) session_timeout: Duration,
+    /// Exactly-once mode: the open transaction that results and offsets go into.
+    pub(super) transactions: Option<Arc<Transactions>>,
+    /// How often each record panicked, across the partition tasks that handled it.
+    panics: Arc<PanicCounts>,
+    /// A failure found inside a rebalance callback, reported by the poll loop.
+    pub(super) failure: Mutex<Option<WorkerFailure>>,
+}
+
+impl Partitions {
+    /// The partitions of a member that holds none yet; `attach` gives it its consumer.
+    pub(super) fn new(
+        kafka: &KafkaSettings,
+        worker: &WorkerSettings,
+        handler: Arc<Handler>,
+        liveness: Arc<Liveness>,
+    ) -> Self {
+        Self {
+            assigned: Mutex::new(HashMap::new()),
+            owned: Mutex::new(HashSet::new()),
+            commits: Arc::new(Commits::default()),
+            transactions: handler.transactions().cloned(),
+            handler,
+            runtime: Handle::current(),
+            max_in_flight: worker.max_in_flight,
+            drain_deadline: worker.drain_deadline,
+            consumer: OnceLock::new(),
+            group_id: Arc::from(kafka.group_id.as_str()),
+            liveness,
+            static_member: kafka.group_instance_id.is_some(),
+            session_timeout: kafka.session_timeout,
+            panics: Arc::default(),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// The consumer whose partitions these are (held weakly: the consumer's context
+    /// holds these partitions).
+    pub(super) fn attach(&self, consumer: &Arc<Member>) {
+        let _ = self.consumer.set(Arc::downgrade(consumer));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), Assigned>> {
+        // A poisoned map is still a valid map: every mutation is a single insert/remove.
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn dispatch(&self, consumer: &Arc<Member>, message: OwnedMessage) {
+        let id = (message.topic().to_owned(), message.partition());
+        if let Some(transactions) = &self.transactions {
+            transactions.first_record(&id.0, id.1, message.offset());
+        }
+        let mut assigned = self.lock();
+        let entry = assigned.entry(id.clone()).or_insert_with(|| {
+            // librdkafka resumes a paused partition only at its broker thread's next
+            // wake-up (up to 1 s later), so the inbox holds about a second of work;
+            // sized to max_in_flight alone, every pause idled the partition (bench:
+            // ~160 payments/s whatever the gateway latency).
+            let (inbox, receiver) = mpsc::channel(self.max_in_flight.max(1).max(1024));
+            let abandon = CancellationToken::new();
+            let task = PartitionTask {
+                topic: id.0.clone(),
+                partition: id.1,
+                inbox: receiver,
+                abandon: abandon.clone(),
+                consumer: Arc::clone(consumer),
+                handler: Arc::clone(&self.handler),
+                group_id: Arc::clone(&self.group_id),
+                max_in_flight: self.max_in_flight.max(1),
+                progress: self.commits.progress_flag(),
+                transactions: self.transactions.clone(),
+                panics: Arc::clone(&self.panics),
+            };
+            let task = self.runtime.spawn(task.run());
+            Assigned {
+                inbox,
+                overflow: VecDeque::new(),
+                abandon,
+                task,
+            }
+        });
+        if !entry.overflow.is_empty() {
+            entry.overflow.push_back(message);
+            return;
+        }
+        match entry.inbox.try_send(message) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(message)) => {
+                entry.overflow.push_back(message);
+                pause(consumer, &id, true);
+            }
+            // The partition task is gone; the record stays uncommitted.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Moves held records into inboxes with room, and resumes partitions that caught up.
+    pub(super) fn relieve(&self, consumer: &Member) {
+        let mut assigned = self.lock();
+        for (id, entry) in assigned.iter_mut().filter(|(_, e)| !e.overflow.is_empty()) {
+            while let Some(message) = entry.overflow.pop_front() {
+                match entry.inbox.try_send(message) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(message)) => {
+                        entry.overflow.push_front(message);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        entry.overflow.clear();
+                        break;
+                    }
+                }
+            }
+            if entry.overflow.is_empty() {
+                pause(consumer, id, false);
+            }
+        }
+    }
+
+    /// Stops taking records for `ids` at once (queued records are not started),
+    /// lets what runs finish within the drain deadline (abandoning the rest), and
+    /// leaves the final offsets stored; returns them.
+    pub(super) fn drain(&self, ids: &[(String, i32)]) -> HashMap<PartitionId, i64> {
+        let drained: Vec<(PartitionId, Assigned)> = {
+            let mut assigned = self.lock();
+            ids.iter()
+                .filter_map(|id| assigned.remove_entry(id))
+                .collect()
+        };
+        if drained.is_empty() {
+            return HashMap::new();
+        }
+        let deadline = tokio::time::Instant::now() + self.drain_deadline;
+        self.runtime.block_on(async move {
+            // Dropping the inboxes (with the overflow) tells every task to start
+            // nothing new; only commands already running go on.
+            let tasks: Vec<(PartitionId, CancellationToken, JoinHandle<Option<i64>>)> = drained
+                .into_iter()
+                .map(|(id, entry)| (id, entry.abandon, entry.task))
+                .collect();
+            let mut reached = HashMap::new();
+            for (id, abandon, mut task) in tasks {
+                // Each handle is awaited to completion exactly once.
+                let stored = match tokio::time::timeout_at(deadline, &mut task).await {
+                    Ok(joined) => joined.ok().flatten(),
+                    Err(_) => {
+                        tracing::warn!(
+                            partition = id.1,
+                            "drain deadline passed; abandoning in-flight commands"
+                        );
+                        abandon.cancel();
+                        match tokio::time::timeout(Duration::from_secs(2), &mut task).await {
+                            Ok(joined) => joined.ok().flatten(),
+                            Err(_) => {
+                                // Not even abandoning ended it (a command stuck in
+                                // blocking code): it must not outlive the partition.
+                                task.abort();
+                                None
+                            }
+                        }
+                    }
+                };
+                if let Some(offset) = stored {
+                    reached.insert(id, offset);
+                }
+            }
+            reached
+        })
+    }
+
+    /// Exactly-once: commits the open transaction; when it aborts instead, rewinds
+    /// every partition to its last committed offset before the next transaction
+    /// takes answers. Runs on the poll thread.
+    pub(super) fn commit_transaction(&self, consumer: &Member) {
+        let Some(transactions) = &self.transactions else {
+            return;
+        };
+        match transactions.commit(consumer.group_metadata()) {
+            Ok(committed) => tracing::debug!(
+                answers = committed.answers,
+                partitions = committed.partitions,
+                "transaction committed"
+            ),
+            Err((TransactionFailure::Aborted(_), closed)) => {
+                self.rewind(consumer);
+                drop(closed);
+            }
+            Err((TransactionFailure::Fatal(reason), _closed)) => self.fail(reason),
+        }
+    }
+
+    /// Exactly-once: rolls the open transaction back (this member may no longer
+    /// own what it holds) and rewinds what it still owns.
+    pub(super) fn abort_transaction(&self, consumer: &Member, reason: &str) {
+        let Some(transactions) = &self.transactions else {
+            return;
+        };
+        match transactions.abort(reason) {
+            (TransactionFailure::Fatal(reason), _closed) => self.fail(reason),
+            (TransactionFailure::Aborted(_), closed) => {
+                self.rewind(consumer);
+                drop(closed);
+            }
+        }
+    }
+
+    fn fail(&self, reason: String) {
+        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        failure.get_or_insert(WorkerFailure::FatalBroker(reason));
+    }
+
+    /// Stops every partition task at once: commands that run are abandoned (their
+    /// offsets stay uncommitted, their tokens wait for their leases). Runs on the
+    /// poll thread.
+    pub(super) fn abandon_all(&self) {
+        let stopped: Vec<Assigned> = self.lock().drain().map(|(_, entry)| entry).collect();
+        self.runtime.block_on(async move {
+            for mut entry in stopped {
+                entry.abandon.cancel();
+                if tokio::time::timeout(Duration::from_secs(2), &mut entry.task)
+                    .await
+                    .is_err()
+                {
+                    entry.task.abort();
+                }
+            }
+        });
+    }
+
+    /// After an abort: every partition task is stopped at once (their commands wait
+    /// at the closed gate, or run without having answered; a command that charged
+    /// is answered as a duplicate when redone), and every partition this member
+    /// owns is read again from where the aborted transaction began. A partition
+    /// that cannot be rewound stops the worker: going on would commit past
+    /// commands whose answers were rolled back.
+    fn rewind(&self, consumer: &Member) {
+        let Some(transactions) = &self.transactions else {
+            return;
+        };
+        self.abandon_all();
+        let owned: HashSet<PartitionId> =
+            self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut rewound = 0;
+        for ((topic, partition), offset) in transactions.restart_points() {
+            if !owned.contains(&(topic.clone(), partition)) {
+                continue;
+            }
+            let sought = consumer.seek(
+                &topic,
+                partition,
+                rdkafka::Offset::Offset(offset),
+                Duration::from_secs(10),
+            );
+            if let Err(error) = sought {
+                self.fail(format!(
+                    "rewinding {topic}/{partition} to {offset} after an abort failed: {error}"
+                ));
+                return;
+            }
+            pause(consumer, &(topic, partition), false);
+            rewound += 1;
+        }
+        tracing::warn!(
+            partitions = rewound,
+            "transaction aborted: partitions rewound to their last committed offsets"
+        );
+    }
+
+    /// Adds (`owned`) or removes `ids` from this member's assignment; returns how
+    /// many partitions it holds now.
+    pub(super) fn own(&self, ids: &[PartitionId], owned: bool) -> usize {
+        let mut set = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            if owned {
+                set.insert(id.clone());
+            } else {
+                set.remove(id);
+            }
+        }
+        set.len()
+    }
+
+    /// Every partition of the current assignment.
+    pub(super) fn ids(&self) -> Vec<(String, i32)> {
+        let owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids: HashSet<PartitionId> = owned.iter().cloned().collect();
+        ids.extend(self.lock().keys().cloned());
+        ids.into_iter().collect()
+    }
+
+    /// A partition whose task ended while still assigned: only a drain ends a task
+    /// on purpose (and removes it first), so this one died.
+    pub(super) fn dead(&self) -> Option<(String, i32)> {
+        self.lock()
+            .iter()
+            .find(|(_, entry)| entry.task.is_finished())
+            .map(|(id, _)| id.clone())
+    }
+}
+
+fn pause(consumer: &Member, id: &(String, i32), paused: bool) {
+    let mut list = TopicPartitionList::new();
+    list.add_partition(&id.0, id.1);
+    let result = if paused {
+        consumer.pause(&list)
+    } else {
+        consumer.resume(&list)
+    };
+    if let Err(error) = result {
+        tracing::debug!(%error, partition = id.1, paused, "pause/resume failed");
+    }
+}
+
+pub struct MemberContext {
+    pub(super) partitions: Arc<Partitions>,
+    pub(super) assigned: Arc<AtomicUsize>,
+}
+
+impl ClientContext for MemberContext {
+    /// librdkafka statistics (enabled with metrics): consumer lag per partition.
+    /// A partition this member does not fetch (revoked, or never assigned) reports 0:
+    /// the gauge would otherwise keep the last value it had here, and dashboards fold
+    /// the members' reports with `max by (partition)`.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let lag = &crate::telemetry::metrics().consumer_lag;
+        for topic in statistics.topics.values() {
+            for (partition, stats) in &topic.partitions {
+                let fetching =
+                    !matches!(stats.fetch_state.as_str(), "none" | "stopping" | "stopped");
+                let value = if fetching { stats.consumer_lag } else { 0 };
+                if *partition >= 0 && value >= 0 {
+                    lag.record(
+                        value,
+                        &[opentelemetry::KeyValue::new(
+                            "partition",
+                            i64::from(*partition),
+                        )],
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for MemberContext {
+    /// Replaces rdkafka's default, which ignores the outcome of (incremental)
+    /// assign/unassign and cannot drain before giving partitions up; see
+    /// `rebalance.rs`.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        list: &mut TopicPartitionList,
+    ) {
+        self.on_rebalance(consumer, err, list);
+    }
+}
+
+fn ids_of(list: &TopicPartitionList) -> Vec<PartitionId> {
+    list.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+impl MemberContext {
+    /// librdkafka's rebalance callback, served on the poll thread.
+    pub(super) fn on_rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        list: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.assign(consumer, list, cooperative)
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.revoke(consumer, list, cooperative)
+            }
+            other => {
+                // librdkafka's advice: give everything up and let the group re-sync.
+                let code: RDKafkaErrorCode = other.into();
+                tracing::error!(error = %code, "rebalance failed; giving up every partition");
+                let owned = TopicPartitionList::from_topic_map(
+                    &self
+                        .partitions
+                        .ids()
+                        .into_iter()
+                        .map(|id| (id, Offset::Invalid))
+                        .collect(),
+                );
+                match owned {
+                    Ok(mut owned) => self.revoke(consumer, &mut owned, cooperative),
+                    Err(error) => tracing::error!(%error, "listing the owned partitions"),
+                }
+            }
+        }
+    }
+
+    fn assign(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        list: &mut TopicPartitionList,
+        cooperative: bool,
+    ) {
+        let ids = ids_of(list);
+        let resume = self.partitions.commits.resume_points(consumer, &ids);
+        for ((topic, partition), offset) in &resume {
+            if let Err(error) =
+                list.set_partition_offset(topic, *partition, Offset::Offset(*offset))
+            {
+                tracing::warn!(%error, partition, "resume point not set");
+            }
+        }
+        let applied = if cooperative {
+            consumer.incremental_assign(list)
+        } else {
+            consumer.assign(list)
+        };
+        if let Err(error) = applied {
+            tracing::error!(%error, "applying the assignment failed");
+        }
+        // librdkafka keeps a partition's pause across a revoke and a later
+        // re-assignment, while the overflow that would have resumed it was dropped
+        // with the revoke: without this a partition paused for back pressure when
+        // it was revoked comes back paused and is never consumed again.
+        if list.count() > 0 {
+            if let Err(error) = consumer.resume(list) {
+                tracing::warn!(%error, "resuming the assigned partitions failed");
+            }
+        }
+        if !resume.is_empty() {
+            // Committed by the next progress commit, now that the group is stable.
+            let mut store = TopicPartitionList::new();
+            for ((topic, partition), offset) in &resume {
+                let _ = store.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+            }
+            match consumer.store_offsets(&store) {
+                Ok(()) => self.partitions.commits.mark_progress(),
+                Err(error) => tracing::warn!(%error, "storing resume points failed"),
+            }
+            tracing::info!(
+                partitions = resume.len(),
+                "resuming where a failed drain commit left off"
+            );
+        }
+        let held = self.partitions.own(&ids, true);
+        self.assigned.store(held, Ordering::SeqCst);
+        self.partitions.liveness.set_in_group(true);
+        tracing::info!(
+            partitions = held,
+            added = ids.len(),
+            cooperative,
+            "assigned"
+        );
+    }
+
+    fn revoke(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        list: &mut TopicPartitionList,
+        cooperative: bool,
+    ) {
+        let ids = ids_of(list);
+        let lost = consumer.assignment_lost();
+        let held = self.partitions.own(&ids, false);
+        self.assigned.store(held, Ordering::SeqCst);
+        // An incremental revoke keeps the membership; an eager one or a lost
+        // assignment means the member is out until its next assignment.
+        if !cooperative || lost {
+            self.partitions.liveness.set_in_group(false);
+        }
+        tracing::info!(
+            partitions = ids.len(),
+            held,
+            lost,
+            cooperative,
+            "revoked; draining"
+        );
+        let started = Instant::now();
+        let reached = self.partitions.drain(&ids);
+        if let Some(transactions) = &self.partitions.transactions {
+            // Exactly-once: the drained partitions' answers and offsets leave in one
+            // transaction before they are given up. A lost assignment means another
+            // member may already redo them: roll back instead.
+            if lost {
+                self.partitions
+                    .abort_transaction(consumer, "the assignment was lost");
+            } else {
+                self.partitions.commit_transaction(consumer);
+            }
+            transactions.forget(&ids);
+            tracing::info!(
+                partitions = ids.len(),
+                drained_ms = started.elapsed().as_millis() as u64,
+                lost,
+                "drained; transaction settled"
+            );
+        } else {
+            self.commit_drained(consumer, &ids, reached, lost, started);
+        }
+        let applied = if cooperative {
+            consumer.incremental_unassign(list)
+        } else {
+            consumer.unassign()
+        };
+        if let Err(error) = applied {
+            tracing::error!(%error, "giving up the revoked partitions failed");
+        }
+    }
+
+    /// At-least-once: commits the stored offsets after a drain, or keeps them for
+    /// a later attempt.
+    fn commit_drained(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        ids: &[PartitionId],
+        reached: HashMap<PartitionId, i64>,
+        lost: bool,
+        started: Instant,
+    ) {
+        let commit = if lost {
+            // The group moved on without this member: the commit would be refused.
+            Err(KafkaError::ConsumerCommit(
+                RDKafkaErrorCode::UnknownMemberId,
+            ))
+        } else {
+            self.partitions.commits.commit_now(consumer)
+        };
+        match commit {
+            Ok(()) => tracing::info!(
+                partitions = ids.len(),
+                drained_ms = started.elapsed().as_millis() as u64,
+                "drained and committed"
+            ),
+            // Nothing drained (e.g. the final revoke while closing): nothing to keep.
+            Err(error) if reached.is_empty() => {
+                tracing::debug!(%error, "commit after an empty drain failed")
+            }
+            Err(error) => {
+                tracing::warn!(%error, partitions = reached.len(), "commit after the drain failed; kept for a later retry");
+                self.partitions.commits.remember(reached);
+            }
+        }
+    }
+}
