@@ -1,8 +1,8 @@
 //! The docs cannot drift from the command line.
 //!
 //! - Every command's `--help` is compared with its snapshot in `tests/snapshots/help/`
-//!   (run with `UPDATE_SNAPSHOTS=1` to rewrite them after a deliberate change, then
-//!   review the diff).
+//!   by snapbox (run with `SNAPSHOTS=overwrite` to rewrite them after a deliberate
+//!   change, then review the diff).
 //! - Every ```` ```console ```` block of README.md and docs/*.md is run: each
 //!   `$ payment-worker …` line must print what the block shows after it, and
 //!   `$ echo $?` the exit status. Only commands that need no service belong there.
@@ -22,10 +22,6 @@ const BIN: &str = crate::support::procs::BINARY;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn updating() -> bool {
-    std::env::var_os("UPDATE_SNAPSHOTS").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 /// Runs the binary with no inherited environment (help shows `[env: X=value]`
@@ -56,26 +52,15 @@ fn command_paths() -> Vec<Vec<String>> {
     out
 }
 
-/// Where a text differs from its snapshot, for the failure message.
-fn first_difference(expected: &str, actual: &str) -> String {
-    for (n, (e, a)) in expected.lines().zip(actual.lines()).enumerate() {
-        if e != a {
-            return format!("line {}:\n  snapshot: {e:?}\n  actual:   {a:?}", n + 1);
-        }
-    }
-    format!(
-        "lengths differ: snapshot {} lines, actual {} lines",
-        expected.lines().count(),
-        actual.lines().count()
-    )
+/// snapbox's assertions, rewriting snapshots when `SNAPSHOTS=overwrite` is set.
+fn snapshots() -> snapbox::Assert {
+    snapbox::Assert::new().action_env(snapbox::assert::DEFAULT_ACTION_ENV)
 }
 
 #[test]
 fn every_commands_help_matches_its_snapshot() {
     let dir = repo().join("tests/snapshots/help");
-    std::fs::create_dir_all(&dir).unwrap();
     let mut expected_files = std::collections::BTreeSet::new();
-    let mut failures = Vec::new();
     for path in command_paths() {
         let name = if path.is_empty() {
             "payment-worker".to_owned()
@@ -88,35 +73,16 @@ fn every_commands_help_matches_its_snapshot() {
         args.push("--help".into());
         let (status, help) = run_isolated(&args);
         assert_eq!(status, 0, "{args:?}: {help}");
-        if updating() {
-            std::fs::write(&file, &help).unwrap();
-            continue;
-        }
-        match std::fs::read_to_string(&file) {
-            Ok(snapshot) if snapshot == help => {}
-            Ok(snapshot) => failures.push(format!(
-                "{}: {}",
-                file.display(),
-                first_difference(&snapshot, &help)
-            )),
-            Err(_) => failures.push(format!("{}: no snapshot", file.display())),
-        }
+        // Exact text: no wildcard ("...", "[..]") in a help text means anything.
+        snapshots().eq(help, snapbox::Data::read_from(&file, None).raw());
     }
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let file = entry.unwrap().path();
-        if !expected_files.contains(&file) {
-            if updating() {
-                std::fs::remove_file(&file).unwrap();
-            } else {
-                failures.push(format!("{}: no such command any more", file.display()));
-            }
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "help differs from tests/snapshots/help (UPDATE_SNAPSHOTS=1 rewrites them):\n{}",
-        failures.join("\n")
-    );
+    // A snapshot of a command that no longer exists is stale.
+    let stale: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|file| !expected_files.contains(file))
+        .collect();
+    assert!(stale.is_empty(), "snapshots of no command: {stale:?}");
 }
 
 /// A fenced code block of a Markdown file.

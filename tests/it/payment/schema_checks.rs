@@ -8,8 +8,6 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgPool, Postgres};
 
-use crate::support::helpers::TestDb;
-
 /// The rules of the first release, as Postgres itself evaluates them.
 const KEY_RULE: &str = "^[A-Za-z0-9._:-]{1,128}$";
 const FINGERPRINT_RULE: &str = "^[0-9a-f]{64}$";
@@ -137,10 +135,9 @@ async fn accepted(pool: &PgPool, insert: Query<'_, Postgres, PgArguments>) -> bo
     }
 }
 
-#[tokio::test]
-async fn the_checks_accept_exactly_what_the_first_release_patterns_accepted() {
-    let db = TestDb::new().await;
-    let pool = &db.pool;
+#[sqlx::test]
+async fn the_checks_accept_exactly_what_the_first_release_patterns_accepted(pool: PgPool) {
+    let pool = &pool;
     let mut disagreements = Vec::new();
     // Each rule's answers over its corpus: both must occur for the comparison to mean
     // something.
@@ -188,16 +185,15 @@ async fn the_checks_accept_exactly_what_the_first_release_patterns_accepted() {
 
 /// A counted repetition (`{64}`, `{1,128}`) compiles to a large automaton: the checks
 /// of a payment cost Postgres a tenth of its CPU time with three of them.
-#[tokio::test]
-async fn no_check_on_the_payment_tables_evaluates_a_counted_pattern() {
-    let db = TestDb::new().await;
+#[sqlx::test]
+async fn no_check_on_the_payment_tables_evaluates_a_counted_pattern(pool: PgPool) {
     let checks: Vec<(String, String)> = sqlx::query_as(
         "SELECT conname::text, pg_get_constraintdef(oid)
            FROM pg_constraint
           WHERE conrelid IN ('payments'::regclass, 'unresolved_charges'::regclass)
             AND contype = 'c'",
     )
-    .fetch_all(&db.pool)
+    .fetch_all(&pool)
     .await
     .unwrap();
     assert!(checks.len() >= 8, "the checks were not found: {checks:?}");

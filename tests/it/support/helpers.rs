@@ -125,11 +125,17 @@ pub fn ensure_services() {
     });
 }
 
+/// Where `#[sqlx::test]` makes each test's database (see tests/it/main.rs).
+pub const SQLX_TEST_SERVER: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
-/// A fresh database with `migrations/` applied.
+/// A fresh database with `migrations/` applied, dropped when the test passes (kept
+/// for a post-mortem when it fails), as `#[sqlx::test]` does with its own: a suite
+/// run would otherwise leave some 300 databases behind. For tests that need its URL
+/// (worker processes) or more connections than `#[sqlx::test]`'s shared pool.
 pub struct TestDb {
     pub name: String,
     pub url: String,
@@ -150,6 +156,25 @@ impl TestDb {
             .await
             .expect("test database");
         Self { name, url, pool }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept database {} for a post-mortem", self.name);
+            return;
+        }
+        // FORCE ends the connections still open (pools, worker processes going away).
+        let _ = Command::new("psql")
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-qc"])
+            .arg(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 

@@ -22,15 +22,16 @@ use crate::token::contract::{
 static RACE_SLOT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct PgBackend {
-    _db: TestDb,
     pool: PgPool,
+    /// The races' database, made by the harness: `#[sqlx::test]`'s pools share 20
+    /// connections among all of a process's tests, fewer than the racers.
+    _db: Option<TestDb>,
 }
 
 impl PgBackend {
-    async fn new() -> Self {
-        let db = TestDb::new().await;
-        let pool = db.pool.clone();
-        Self { _db: db, pool }
+    /// Over the database `#[sqlx::test]` made for the test.
+    fn over(pool: PgPool) -> Self {
+        Self { pool, _db: None }
     }
 
     /// A pool with one connection per racer, all opened before the race starts, so the
@@ -49,7 +50,10 @@ impl PgBackend {
             held.push(pool.acquire().await.unwrap());
         }
         drop(held);
-        Self { _db: db, pool }
+        Self {
+            pool,
+            _db: Some(db),
+        }
     }
 }
 
@@ -141,70 +145,70 @@ async fn race_lock() {
     contract::race_lock(&PgBackend::for_race().await, RACE_ROUNDS).await;
 }
 
-#[tokio::test]
-async fn fencing() {
-    contract::fencing(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn fencing(pool: PgPool) {
+    contract::fencing(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn late_confirm_without_takeover() {
-    contract::late_confirm_without_takeover(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn late_confirm_without_takeover(pool: PgPool) {
+    contract::late_confirm_without_takeover(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn modes() {
-    contract::modes(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn modes(pool: PgPool) {
+    contract::modes(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn lapsed_lease_is_reservable() {
-    contract::lapsed_lease_is_reservable(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn lapsed_lease_is_reservable(pool: PgPool) {
+    contract::lapsed_lease_is_reservable(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn long_deadlines_are_kept_whole() {
-    contract::long_deadlines_are_kept_whole(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn long_deadlines_are_kept_whole(pool: PgPool) {
+    contract::long_deadlines_are_kept_whole(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn restore_keeps_original_ttl() {
-    contract::restore_keeps_original_ttl(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn restore_keeps_original_ttl(pool: PgPool) {
+    contract::restore_keeps_original_ttl(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn restore_after_deadline_removes() {
-    contract::restore_after_deadline_removes(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn restore_after_deadline_removes(pool: PgPool) {
+    contract::restore_after_deadline_removes(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn tombstone_expires() {
-    contract::tombstone_expires(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn tombstone_expires(pool: PgPool) {
+    contract::tombstone_expires(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn missing_expired_consumed() {
-    contract::missing_expired_consumed(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn missing_expired_consumed(pool: PgPool) {
+    contract::missing_expired_consumed(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn consume_only_pending() {
-    contract::consume_only_pending(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn consume_only_pending(pool: PgPool) {
+    contract::consume_only_pending(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn lock_and_release() {
-    contract::lock_and_release(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn lock_and_release(pool: PgPool) {
+    contract::lock_and_release(&PgBackend::over(pool)).await;
 }
 
-#[tokio::test]
-async fn expired_leases_audit() {
-    contract::expired_leases_audit(&PgBackend::new().await).await;
+#[sqlx::test]
+async fn expired_leases_audit(pool: PgPool) {
+    contract::expired_leases_audit(&PgBackend::over(pool)).await;
 }
 
 /// The table refuses states the store never writes, whatever writes them.
-#[tokio::test]
-async fn schema_rejects_impossible_rows() {
-    let backend = PgBackend::new().await;
+#[sqlx::test]
+async fn schema_rejects_impossible_rows(pool: PgPool) {
+    let backend = PgBackend::over(pool);
     for (label, sql) in [
         ("unknown status", "INSERT INTO idempotency_tokens (key, status, expires_at) VALUES ('a', 'done', now())"),
         ("unowned processing", "INSERT INTO idempotency_tokens (key, status, expires_at) VALUES ('b', 'processing', now())"),
@@ -220,9 +224,9 @@ async fn schema_rejects_impossible_rows() {
 
 /// A row left past its deadline (nobody deletes rows on time in Postgres) is treated as
 /// absent by every operation, and replaced by issue/reserve with the fence still growing.
-#[tokio::test]
-async fn dead_rows_count_as_absent() {
-    let backend = PgBackend::new().await;
+#[sqlx::test]
+async fn dead_rows_count_as_absent(pool: PgPool) {
+    let backend = PgBackend::over(pool);
     let implicit = backend
         .store(policy(TokenMode::Implicit, 30_000, 60_000, 60_000))
         .await;
