@@ -17,6 +17,8 @@ pub enum FaultPoint {
     AfterReserve,
     /// `processing` row inserted (uncommitted), gateway not called.
     AfterInsert,
+    /// Stripe gateway: PaymentIntent created and its id recorded, not confirmed.
+    AfterCreate,
     /// Gateway charged, transaction not committed.
     AfterCharge,
     /// Transaction committed, token not confirmed.
@@ -33,6 +35,7 @@ impl FaultPoint {
         match value {
             "after_reserve" => Some(Self::AfterReserve),
             "after_insert" => Some(Self::AfterInsert),
+            "after_create" => Some(Self::AfterCreate),
             "after_charge" => Some(Self::AfterCharge),
             "after_commit" => Some(Self::AfterCommit),
             "after_answer" => Some(Self::AfterAnswer),
@@ -45,6 +48,7 @@ impl FaultPoint {
         match self {
             Self::AfterReserve => "after_reserve",
             Self::AfterInsert => "after_insert",
+            Self::AfterCreate => "after_create",
             Self::AfterCharge => "after_charge",
             Self::AfterCommit => "after_commit",
             Self::AfterAnswer => "after_answer",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rdkafka::message::Message;
 
 use super::topics::{partition_ranges, read_ranges, PartitionRange};
-use crate::configuration::KafkaSettings;
+use crate::configuration::{GatewayKind, KafkaSettings};
 use crate::payment::{Fingerprint, GatewayLookup};
 use crate::token::{TokenMode, TokenState, TokenStore};
 use crate::worker::Inbound;
@@ -64,6 +64,8 @@ pub struct DryRunScope {
     pub limit: Option<usize>,
     /// The workers' `--gateway-lookup`: with `always` every charge is a look-up first.
     pub lookup: GatewayLookup,
+    /// The workers' `--gateway`: what it refuses before anything is sent is `invalid`.
+    pub gateway: GatewayKind,
 }
 
 /// The answer to "what would a replay do": counts per verdict (zeros included).
@@ -207,6 +209,13 @@ async fn examine(
         let mut idempotency_key = None;
         let (verdict, detail) = match Inbound::read(record).command {
             Err(reason) => ("invalid", reason.to_string()),
+            Ok(command) if refused_by(scope.gateway, &command).is_some() => {
+                idempotency_key = Some(command.idempotency_key.as_str().to_owned());
+                (
+                    "invalid",
+                    refused_by(scope.gateway, &command).unwrap_or_default(),
+                )
+            }
             Ok(command) => {
                 idempotency_key = Some(command.idempotency_key.as_str().to_owned());
                 let mut conn = pool.acquire().await?;
@@ -292,6 +301,17 @@ fn token_verdict(
             ),
             TokenState::Pending => charge(),
         },
+    }
+}
+
+/// Why `gateway` would refuse `command` before sending anything, if it would
+/// (the same rule the adapter applies; nothing is asked of the gateway).
+fn refused_by(gateway: GatewayKind, command: &crate::payment::PaymentCommand) -> Option<String> {
+    match gateway {
+        GatewayKind::Charges => None,
+        GatewayKind::Stripe => {
+            crate::gateway::stripe_amount(command.amount_minor, &command.currency).err()
+        }
     }
 }
 
