@@ -387,6 +387,21 @@ mod tests {
     }
 
     #[test]
+    fn a_command_stripe_cannot_express_is_invalid_for_stripe_only() {
+        let command = |amount, currency| {
+            crate::payment::PaymentCommand::new("k", "acct", amount, currency, "pm_card_visa", None)
+                .unwrap()
+        };
+        let kwd = command(1235, "KWD");
+        assert_eq!(refused_by(GatewayKind::Charges, &kwd), None);
+        assert!(refused_by(GatewayKind::Stripe, &kwd)
+            .unwrap()
+            .starts_with("amount_not_representable:"));
+        assert_eq!(refused_by(GatewayKind::Stripe, &command(1230, "KWD")), None);
+        assert_eq!(refused_by(GatewayKind::Stripe, &command(1235, "USD")), None);
+    }
+
+    #[test]
     fn a_token_with_an_earlier_holder_is_looked_up_before_any_charge() {
         let view = |state, fence, lease_left| crate::token::TokenView {
             state,

@@ -8,12 +8,17 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use payment_worker::configuration::StripeCompat;
 use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
+use payment_worker::payment::{CommandContext, Outcome};
+use rdkafka::message::{Header, OwnedHeaders};
+use tracing::Instrument;
 
-use crate::support::helpers::{unique, TestDb, TestRedis, REDIS_URL};
+use crate::support::helpers::{span_exporter, unique, TestDb, TestRedis, REDIS_URL};
 use crate::support::pki::{path_str, TestPki};
 use crate::support::procs::{binary, run_to_end};
 use crate::support::scripted_stripe::ScriptedStripe;
+use crate::support::stripe::{command, StripeRig};
 use crate::support::tls_front::TlsFront;
 
 struct Stores {
@@ -228,4 +233,50 @@ async fn the_api_key_file_is_sent_as_bearer_and_never_shown() {
     assert!(output.contains("must not carry credentials"), "{output}");
     assert!(!output.contains("sk_test_in_the_url_55"), "{output}");
     let _ = std::fs::remove_file(&key_file);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_is_in_no_exported_span() {
+    const SECRET: &str = "sk_test_span_check_4f2a90";
+    let server = ScriptedStripe::start(&[(SECRET, "acct_span")]).await;
+    let rig = StripeRig::new(&server.url(), StripeCompat::Stripe, Duration::from_secs(5)).await;
+    let processor = rig.processor(std::sync::Arc::new(rig.gateway_with_key(SECRET)));
+    // A sampled remote parent: the test exporter keeps this trace's spans.
+    let trace = uuid::Uuid::new_v4().simple().to_string();
+    let span = tracing::info_span!("api key span check");
+    let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
+    let headers = OwnedHeaders::new().insert(Header {
+        key: "traceparent",
+        value: Some(&traceparent),
+    });
+    payment_worker::telemetry::adopt_remote_parent(&span, Some(&headers));
+    let key = unique("span-key");
+    let outcome = processor
+        .process(
+            &command(&key, 800, "USD", "pm_card_visa"),
+            &CommandContext::default(),
+        )
+        .instrument(span)
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            payment_worker::payment::Attempt::Final(Outcome::Succeeded { .. })
+        ),
+        "{outcome:?}"
+    );
+    let spans: Vec<_> = span_exporter()
+        .get_finished_spans()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.span_context.trace_id().to_string() == trace)
+        .collect();
+    assert!(
+        spans.iter().any(|s| s.name == "stripe charge"),
+        "the Stripe gateway's span was exported: {spans:#?}"
+    );
+    for exported in &spans {
+        let text = format!("{exported:?}");
+        assert!(!text.contains(SECRET), "the key in a span: {text}");
+    }
 }

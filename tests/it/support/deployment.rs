@@ -380,6 +380,38 @@ impl Deployment {
         }
     }
 
+    /// `payment-worker replay --to-beginning` for the group, its workers stopped:
+    /// every partition starts over at offset 0.
+    pub(crate) async fn rewind_to_beginning(&self) {
+        let replay_env: HashMap<String, String> = [
+            ("KAFKA_BROKERS", self.settings.brokers.as_str()),
+            ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let (status, output) = procs::run_to_end(
+            "replay",
+            procs::binary(
+                &[
+                    "replay",
+                    "--to-beginning",
+                    "--group",
+                    &self.settings.group_id,
+                ],
+                &replay_env,
+            ),
+            Duration::from_secs(120),
+        )
+        .await;
+        assert!(status.success(), "replay failed:\n{}", output.join("\n"));
+        let rewound = self.committed().await;
+        assert!(
+            rewound.values().all(|o| *o == 0),
+            "the group starts over at 0: {rewound:?}"
+        );
+    }
+
     pub(crate) async fn ledger(&self) -> Vec<LedgerEntry> {
         self.gateway.ledger().await.expect("the gateway ledger")
     }

@@ -27,6 +27,9 @@ pub enum Scripted {
     ServerErrorBeforeWork,
     /// A confirm declined with this `decline_code` (402 `card_error`).
     Decline(&'static str),
+    /// Answer this status with an error of this `type`, and `Stripe-Should-Retry`
+    /// when given, without doing anything.
+    Refuse(u16, &'static str, Option<bool>),
 }
 
 #[derive(Clone)]
@@ -56,7 +59,7 @@ impl Intent {
 struct Books {
     intents: Vec<Intent>,
     /// (account, Idempotency-Key) → the first answer.
-    replies: HashMap<(String, String), (u16, String)>,
+    replies: HashMap<(String, String), Reply>,
     /// Every Idempotency-Key received on a create or confirm, replays included.
     keys_seen: Vec<String>,
     /// Charges made, per metadata idempotency key.
@@ -81,13 +84,20 @@ impl Drop for ScriptedStripe {
     }
 }
 
-fn error(status: u16, kind: &str, code: Option<&str>, decline: Option<&str>) -> (u16, String) {
+/// Status, body and `Stripe-Should-Retry` of one answer.
+type Reply = (u16, String, Option<bool>);
+
+fn error(status: u16, kind: &str, code: Option<&str>, decline: Option<&str>) -> Reply {
     let body = json!({"error": {"type": kind, "code": code, "decline_code": decline,
         "message": format!("scripted {kind}")}});
-    (status, body.to_string())
+    (status, body.to_string(), None)
 }
 
-fn answer((status, body): (u16, String), replayed: bool) -> Response {
+fn ok(body: Value) -> Reply {
+    (200, body.to_string(), None)
+}
+
+fn answer((status, body, should_retry): Reply, replayed: bool) -> Response {
     let mut response = (
         StatusCode::from_u16(status).unwrap(),
         [("content-type", "application/json")],
@@ -99,7 +109,17 @@ fn answer((status, body): (u16, String), replayed: bool) -> Response {
             .headers_mut()
             .insert("idempotent-replayed", "true".parse().unwrap());
     }
+    if let Some(retry) = should_retry {
+        response
+            .headers_mut()
+            .insert("stripe-should-retry", retry.to_string().parse().unwrap());
+    }
     response
+}
+
+fn refused(status: u16, kind: &str, should_retry: Option<bool>) -> Reply {
+    let (status, body, _) = error(status, kind, None, None);
+    (status, body, should_retry)
 }
 
 impl ScriptedStripe {
@@ -218,7 +238,7 @@ fn form(body: &Bytes) -> HashMap<String, String> {
 async fn account(State(books): Shared, headers: HeaderMap) -> Response {
     let books = books.lock().unwrap();
     match account_of(&books, &headers) {
-        Some(id) => answer((200, json!({"id": id}).to_string()), false),
+        Some(id) => answer(ok(json!({"id": id})), false),
         None => unauthorized(),
     }
 }
@@ -228,7 +248,7 @@ fn once(
     books: &mut Books,
     account: &str,
     headers: &HeaderMap,
-    work: impl FnOnce(&mut Books) -> (u16, String),
+    work: impl FnOnce(&mut Books) -> Reply,
 ) -> Response {
     let key = headers
         .get("idempotency-key")
@@ -264,8 +284,10 @@ async fn create(State(books): Shared, headers: HeaderMap, body: Bytes) -> Respon
             .creates
             .get_mut(&for_key)
             .and_then(VecDeque::pop_front);
-        if scripted == Some(Scripted::ServerErrorBeforeWork) {
-            return error(500, "api_error", None, None);
+        match scripted {
+            Some(Scripted::ServerErrorBeforeWork) => return error(500, "api_error", None, None),
+            Some(Scripted::Refuse(status, kind, retry)) => return refused(status, kind, retry),
+            _ => {}
         }
         books.next_id += 1;
         let metadata = params
@@ -288,7 +310,7 @@ async fn create(State(books): Shared, headers: HeaderMap, body: Bytes) -> Respon
             metadata,
             last_payment_error: None,
         };
-        let reply = (200, intent.json().to_string());
+        let reply = ok(intent.json());
         books.intents.push(intent);
         match scripted {
             Some(Scripted::ServerErrorAfterWork) => error(500, "api_error", None, None),
@@ -330,6 +352,7 @@ async fn confirm(State(books): Shared, Path(id): Path<String>, headers: HeaderMa
             .to_owned();
         match books.confirms.get_mut(&key).and_then(VecDeque::pop_front) {
             Some(Scripted::ServerErrorBeforeWork) => error(500, "api_error", None, None),
+            Some(Scripted::Refuse(status, kind, retry)) => refused(status, kind, retry),
             Some(Scripted::Decline(code)) => {
                 let intent = &mut books.intents[at];
                 intent.status = "requires_payment_method";
@@ -344,7 +367,7 @@ async fn confirm(State(books): Shared, Path(id): Path<String>, headers: HeaderMa
                 if scripted == Some(Scripted::ServerErrorAfterWork) {
                     error(500, "api_error", None, None)
                 } else {
-                    (200, books.intents[at].json().to_string())
+                    ok(books.intents[at].json())
                 }
             }
         }
@@ -375,7 +398,7 @@ async fn cancel(State(books): Shared, Path(id): Path<String>, headers: HeaderMap
         );
     }
     intent.status = "canceled";
-    answer((200, intent.json().to_string()), false)
+    answer(ok(intent.json()), false)
 }
 
 async fn retrieve(State(books): Shared, Path(id): Path<String>, headers: HeaderMap) -> Response {
@@ -385,7 +408,7 @@ async fn retrieve(State(books): Shared, Path(id): Path<String>, headers: HeaderM
     };
     books.retrieves += 1;
     match intent_index(&books, &account, &id) {
-        Some(at) => answer((200, books.intents[at].json().to_string()), false),
+        Some(at) => answer(ok(books.intents[at].json()), false),
         None => answer(
             error(404, "invalid_request_error", Some("resource_missing"), None),
             false,
@@ -430,10 +453,7 @@ async fn list(State(books): Shared, headers: HeaderMap, RawQuery(query): RawQuer
         .collect();
     let has_more = start + page.len() < matching.len();
     answer(
-        (
-            200,
-            json!({"object": "list", "data": page, "has_more": has_more}).to_string(),
-        ),
+        ok(json!({"object": "list", "data": page, "has_more": has_more})),
         false,
     )
 }

@@ -12,8 +12,7 @@ use payment_worker::payment::{Outcome, RejectionKind};
 use crate::support::helpers::{assert_duplicate_of, unique};
 use crate::support::stripe::{command, intents_for, localstripe_intents, until_final, StripeRig};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_payment_succeeds_and_one_is_declined_each_with_one_payment_intent() {
+async fn rig() -> (LocalStripe, StripeRig) {
     let localstripe = LocalStripe::start().await.unwrap();
     let rig = StripeRig::new(
         &localstripe.url(),
@@ -21,6 +20,12 @@ async fn a_payment_succeeds_and_one_is_declined_each_with_one_payment_intent() {
         Duration::from_secs(5),
     )
     .await;
+    (localstripe, rig)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_succeeds_and_one_is_declined_each_with_one_payment_intent() {
+    let (localstripe, rig) = rig().await;
     let processor = rig.processor(rig.gateway());
 
     let paid = unique("ls-paid");
@@ -104,13 +109,7 @@ async fn a_payment_succeeds_and_one_is_declined_each_with_one_payment_intent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amounts_go_in_stripes_unit_and_one_it_cannot_express_is_refused_before_anything_is_sent() {
-    let localstripe = LocalStripe::start().await.unwrap();
-    let rig = StripeRig::new(
-        &localstripe.url(),
-        StripeCompat::Localstripe,
-        Duration::from_secs(5),
-    )
-    .await;
+    let (localstripe, rig) = rig().await;
     let processor = rig.processor(rig.gateway());
 
     // ISK has no minor unit; Stripe takes it with two decimals of 00.

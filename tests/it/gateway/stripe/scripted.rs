@@ -200,3 +200,69 @@ async fn until_retry(
     }
     panic!("never refused");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_retried_under_new_keys_or_final_as_stripe_says_and_charge_once() {
+    let (server, rig) = rig().await;
+    let processor = rig.processor(std::sync::Arc::new(rig.gateway_with_key(KEY_A)));
+    let pay = |key: &str| command(key, 900, "USD", "pm_card_visa");
+
+    // A confirm answered 409 (another request on the PaymentIntent) or 400
+    // idempotency_error: unknown, looked up, confirmed again under a new key.
+    for (tag, status, kind) in [
+        ("st-409", 409, "invalid_request_error"),
+        ("st-idem", 400, "idempotency_error"),
+    ] {
+        let key = unique(tag);
+        server.script_confirms(&key, &[Scripted::Refuse(status, kind, None)]);
+        let outcome = until_final(&processor, &pay(&key)).await;
+        assert!(
+            matches!(outcome, Outcome::Succeeded { .. }),
+            "{tag}: {outcome:?}"
+        );
+        assert_eq!(
+            server.keys_seen(&key),
+            keys(&key, &["create:1", "confirm:1", "confirm:2"]),
+            "{tag}"
+        );
+        assert_eq!(server.charges(&key), 1, "{tag}");
+    }
+
+    // A create answered 429, or 400 that Stripe says to retry: nothing was made;
+    // a new create under a new key.
+    for (tag, status, retry) in [("st-429", 429, None), ("st-400-retry", 400, Some(true))] {
+        let key = unique(tag);
+        server.script_creates(
+            &key,
+            &[Scripted::Refuse(status, "invalid_request_error", retry)],
+        );
+        let outcome = until_final(&processor, &pay(&key)).await;
+        assert!(
+            matches!(outcome, Outcome::Succeeded { .. }),
+            "{tag}: {outcome:?}"
+        );
+        assert_eq!(
+            server.keys_seen(&key),
+            keys(&key, &["create:1", "create:2", "confirm:1"]),
+            "{tag}"
+        );
+        assert_eq!(server.charges(&key), 1, "{tag}");
+    }
+
+    // A create refused with 400 and Stripe-Should-Retry: false is final: invalid.
+    let key = unique("st-400-final");
+    server.script_creates(
+        &key,
+        &[Scripted::Refuse(400, "invalid_request_error", Some(false))],
+    );
+    let outcome = until_final(&processor, &pay(&key)).await;
+    match &outcome {
+        Outcome::Rejected {
+            kind: payment_worker::payment::RejectionKind::Invalid,
+            reason,
+        } => assert!(reason.starts_with("gateway_rejected: HTTP 400"), "{reason}"),
+        other => panic!("expected invalid: {other:?}"),
+    }
+    assert_eq!(server.keys_seen(&key), keys(&key, &["create:1"]));
+    assert!(server.intents(&key).is_empty());
+}
