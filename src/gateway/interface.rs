@@ -161,19 +161,6 @@ impl GatewayError {
     }
 }
 
-/// Stripe-compatible servers that lack parts of Stripe's API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum StripeCompat {
-    /// Stripe itself.
-    #[default]
-    #[value(help = None::<&str>)]
-    Stripe,
-    /// localstripe, the test fake: no `off_session` on a confirm, no `created`
-    /// filter on the list (the whole list is paged), no `GET /v1/account`.
-    #[value(help = None::<&str>)]
-    Localstripe,
-}
-
 /// A charge a two-phase gateway made ready and nobody confirmed (Stripe: a
 /// PaymentIntent awaiting its confirm). It charges nothing; left alone it is an
 /// orphan, which `audit` lists and `audit --repair` cancels.

@@ -8,8 +8,7 @@ mod transport;
 
 pub use client::HttpGateway;
 pub use interface::{
-    Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway, StripeCompat,
-    Unconfirmed,
+    Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway, Unconfirmed,
 };
-pub use stripe::{stripe_amount, StripeGateway, StripeOptions};
+pub use stripe::{stripe_amount, StripeCompat, StripeGateway, StripeOptions};
 pub use transport::GatewayTransport;

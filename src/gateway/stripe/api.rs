@@ -11,7 +11,19 @@ use serde::Deserialize;
 
 use super::super::client::{describe, reason_from_body, record_status, trace_headers};
 use super::super::transport::GatewayTransport;
-use crate::gateway::interface::StripeCompat;
+
+/// Stripe-compatible servers that lack parts of Stripe's API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum StripeCompat {
+    /// Stripe itself.
+    #[default]
+    #[value(help = None::<&str>)]
+    Stripe,
+    /// localstripe, the test fake: no `off_session` on a confirm, no `created`
+    /// filter on the list (the whole list is paged), no `GET /v1/account`.
+    #[value(help = None::<&str>)]
+    Localstripe,
+}
 
 /// A PaymentIntent id as Stripe makes them; anything else never reaches a URL path.
 pub(super) fn is_intent_id(id: &str) -> bool {

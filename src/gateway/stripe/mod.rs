@@ -3,7 +3,11 @@
 mod adapter;
 mod amount;
 mod api;
+mod intent_state;
+mod lookup;
+mod phases;
 mod records;
 
 pub use adapter::{StripeGateway, StripeOptions};
 pub use amount::stripe_amount;
+pub use api::StripeCompat;
