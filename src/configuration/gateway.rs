@@ -98,20 +98,6 @@ pub struct GatewayAccess {
 }
 
 impl GatewayAccess {
-    /// The `charges` gateway at `url`, no credentials, no extra TLS.
-    pub fn charges(url: impl Into<String>) -> Self {
-        Self {
-            kind: GatewayKind::Charges,
-            url: Some(url.into()),
-            api_key: None,
-            api_key_file: None,
-            ca_cert: None,
-            client_cert: None,
-            client_key: None,
-            stripe: StripeSettings::default(),
-        }
-    }
-
     /// `GATEWAY_URL`, or the default of the gateway's kind.
     pub fn url(&self) -> &str {
         match (&self.url, self.kind) {
