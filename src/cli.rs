@@ -179,6 +179,8 @@ pub struct Cli {
 }
 
 /// Every `payment-worker` command.
+// Parsed once per process: boxing the larger settings would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a consumer-group member; SIGTERM drains, commits and leaves the group.
@@ -324,6 +326,12 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
     }
     if let Some(failure) = error.downcast_ref::<CommandFailure>() {
         return failure.exit_code();
+    }
+    if error
+        .downcast_ref::<crate::configuration::SecretError>()
+        .is_some_and(crate::configuration::SecretError::is_usage)
+    {
+        return exit_status::USAGE;
     }
     if error
         .downcast_ref::<crate::audit::ViolationsFound>()

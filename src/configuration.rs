@@ -10,7 +10,15 @@ use sqlx::ConnectOptions;
 use crate::redaction::redact_url;
 use crate::token::{TokenMode, TokenPolicy};
 
+mod gateway;
 mod kafka_passthrough;
+mod secrets;
+
+pub use gateway::{
+    GatewayAccess, GatewayKind, StripeCompat, StripeSettings, DEFAULT_CHARGES_URL,
+    DEFAULT_STRIPE_API_VERSION, DEFAULT_STRIPE_URL,
+};
+pub use secrets::{read_secret, Secret, SecretError};
 
 use kafka_passthrough::{check_passthrough_key, is_secret_setting, KafkaSettingParser};
 pub use kafka_passthrough::{environment_passthrough, WorkerOwnedKafkaSetting};
@@ -278,18 +286,12 @@ impl StoreSettings {
     }
 }
 
-/// The payment gateway: where it is and how long to wait for it.
+/// The payment gateway: which, where, with which credentials, and how long to wait for it.
 #[derive(Clone, clap::Args)]
 pub struct GatewaySettings {
-    /// Base URL of the payment gateway.
-    #[arg(
-        id = "gateway_url",
-        long = "gateway-url",
-        env = "GATEWAY_URL",
-        hide_env_values = true,
-        default_value = "http://127.0.0.1:8080"
-    )]
-    pub url: String,
+    /// Kind, URL, credentials and TLS.
+    #[command(flatten)]
+    pub access: GatewayAccess,
     /// A charge without an answer after this long has an UNKNOWN outcome.
     #[arg(id = "gateway_timeout", long = "gateway-timeout", env = "GATEWAY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -310,9 +312,9 @@ pub struct GatewaySettings {
 impl std::fmt::Debug for GatewaySettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The client refuses a URL with credentials, but only after `run` logged
-        // its settings: the log line must not carry them either.
+        // its settings: the log line must not carry them either (nor the API key).
         f.debug_struct("GatewaySettings")
-            .field("url", &redact_url(&self.url))
+            .field("access", &self.access)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("lookup", &self.lookup)

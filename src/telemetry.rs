@@ -160,10 +160,10 @@ impl OtlpTarget {
     /// HTTP/protobuf: a blocking client verifying against the system roots and the CA
     /// file. Built on a thread of its own: a blocking client may not be created (nor
     /// dropped) on a tokio worker thread.
-    fn http_client(&self) -> Result<otlp_http::blocking::Client, String> {
-        let mut builder = otlp_http::blocking::Client::builder().timeout(self.timeout);
+    fn http_client(&self) -> Result<reqwest::blocking::Client, String> {
+        let mut builder = reqwest::blocking::Client::builder().timeout(self.timeout);
         if let Some(pem) = self.ca_pem()? {
-            let certs = otlp_http::Certificate::from_pem_bundle(&pem)
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
                 .map_err(|e| format!("reading the OTLP CA certificate: {e}"))?;
             builder = builder.tls_certs_merge(certs);
         }

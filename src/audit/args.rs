@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use crate::configuration::StoreSettings;
-use crate::gateway::HttpGateway;
+use crate::configuration::{parse_duration, GatewayAccess, GatewaySettings, StoreSettings};
 
 use super::checks::{audit, AuditOptions};
 
@@ -13,17 +12,17 @@ pub struct AuditArgs {
     /// Where payments and tokens live.
     #[command(flatten)]
     pub stores: StoreSettings,
-    /// The gateway whose ledger (`GET /charges`) is reconciled.
-    #[arg(
-        id = "gateway_url",
-        long = "gateway-url",
-        env = "GATEWAY_URL",
-        default_value = "http://127.0.0.1:8080",
-        hide_env_values = true
-    )]
-    pub gateway_url: String,
+    /// The gateway whose ledger is reconciled (`charges`: `GET /charges`; `stripe`:
+    /// every PaymentIntent whose metadata names a key).
+    #[command(flatten)]
+    pub gateway: GatewayAccess,
+    /// An unconfirmed charge (a Stripe PaymentIntent never confirmed) older than
+    /// the lease plus this is listed as an orphan, and cancelled by `--repair`.
+    #[arg(long = "orphan-margin", default_value = "1m", value_parser = parse_duration)]
+    pub orphan_margin: Duration,
     /// Settle tokens stuck in `processing` where it is safe (committed payment →
-    /// completed; no row and no charge → pending).
+    /// completed; no row and no charge → pending), and cancel orphaned unconfirmed
+    /// charges whose payment is not in progress.
     #[arg(long)]
     pub repair: bool,
     /// Audit only idempotency keys that start with this.
@@ -37,16 +36,19 @@ pub struct AuditArgs {
 /// Prints the report; fails (non-zero exit) when any invariant (docs/CONTRACT.md) is violated.
 pub async fn run(args: AuditArgs) -> anyhow::Result<()> {
     let (pool, tokens) = crate::startup::open_existing_stores(&args.stores).await?;
-    let gateway = HttpGateway::new(
-        &args.gateway_url,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    )?;
+    let settings = GatewaySettings {
+        access: args.gateway.clone(),
+        timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(2),
+        lookup: crate::payment::GatewayLookup::default(),
+    };
+    let gateway = crate::startup::gateway(&settings, &args.stores.database).await?;
     let options = AuditOptions {
         repair: args.repair,
         key_prefix: args.key_prefix.clone(),
+        orphan_margin: args.orphan_margin,
     };
-    let report = audit(&pool, tokens.as_ref(), &gateway, &options).await?;
+    let report = audit(&pool, tokens.as_ref(), gateway.as_ref(), &options).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

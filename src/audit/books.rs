@@ -111,6 +111,7 @@ mod tests {
             status,
             charged_at: chrono::Utc::now(),
             attempts: 1,
+            decline_code: None,
         }
     }
 

@@ -5,7 +5,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::books::reconcile;
-use super::repair::repair_stuck_token;
+use super::repair::{cancel_orphan, repair_stuck_token};
 use super::report::AuditReport;
 use crate::gateway::{LedgerEntry, PaymentGateway};
 use crate::payment::{booked_payments, unresolved_charges, PaymentStatus, UnresolvedCharge};
@@ -21,6 +21,8 @@ pub struct AuditOptions {
     pub repair: bool,
     /// Audit only idempotency keys starting with this (a shared ledger or database).
     pub key_prefix: Option<String>,
+    /// An unconfirmed charge older than the lease plus this is an orphan.
+    pub orphan_margin: std::time::Duration,
 }
 
 impl AuditOptions {
@@ -140,6 +142,32 @@ pub async fn audit(
         );
     }
 
+    // Charges made ready and never confirmed: an orphan once it is older than any
+    // attempt that may still confirm it.
+    let orphan_before = chrono::Utc::now()
+        - chrono::Duration::from_std(lease + options.orphan_margin).unwrap_or_default();
+    let orphans: Vec<_> = gateway
+        .unconfirmed()
+        .await
+        .context("listing the gateway's unconfirmed charges")?
+        .into_iter()
+        .filter(|u| options.wants(&u.idempotency_key) && u.created_at < orphan_before)
+        .collect();
+    for orphan in &orphans {
+        report.orphaned_charges.push(
+            &orphan.idempotency_key,
+            format!(
+                "{} {} {} created {}, never confirmed",
+                orphan.id,
+                orphan.amount_minor,
+                orphan.currency,
+                orphan
+                    .created_at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        );
+    }
+
     // Tombstones can only lack their row where a key was charged without one (a row
     // is written before every charge and only committed final).
     for key in charges.keys().filter(|k| !rows_by_key.contains_key(*k)) {
@@ -205,6 +233,16 @@ pub async fn audit(
             .iter()
             .filter(|r| r.action.resolves() && unsafe_keys.contains(&r.idempotency_key))
             .count();
+        for orphan in &orphans {
+            let final_row = rows_by_key
+                .get(orphan.idempotency_key.as_str())
+                .is_some_and(|row| row.status != PaymentStatus::Processing);
+            let repair = cancel_orphan(orphan, final_row, tokens, gateway).await;
+            if repair.action == super::RepairAction::Cancelled {
+                report.orphans_cancelled += 1;
+            }
+            report.repairs.push(repair);
+        }
         report.token_inconsistencies_repaired = report
             .repairs
             .iter()

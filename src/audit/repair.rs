@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 
-use crate::gateway::PaymentGateway;
+use crate::gateway::{PaymentGateway, Unconfirmed};
 use crate::payment::{find_payment, PaymentStatus};
 use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
 
@@ -24,6 +24,9 @@ pub enum RepairAction {
     LeftForWorker,
     /// The store or the database failed, or the token cannot be reserved any more.
     Failed,
+    /// An orphaned unconfirmed charge (Stripe: a PaymentIntent never confirmed)
+    /// was cancelled, so nothing can confirm it later.
+    Cancelled,
 }
 
 impl RepairAction {
@@ -40,6 +43,7 @@ impl RepairAction {
             Self::AlreadyMoved => "already taken over or completed by a worker",
             Self::LeftForWorker => "left to a worker or an operator",
             Self::Failed => "not repaired",
+            Self::Cancelled => "orphaned unconfirmed charge cancelled",
         }
     }
 }
@@ -189,4 +193,71 @@ pub(super) async fn repair_stuck_token(
             }
         }
     }
+}
+
+/// Cancels an orphaned unconfirmed charge without racing a live confirm: when its
+/// key has a final payment row, every delivery of the key is answered from the row
+/// and nothing confirms it; otherwise the token is taken first (a worker holding
+/// it means the payment is in progress: left alone), the charge cancelled, and the
+/// token given back, so the payment's next attempt looks up (fence > 1) and makes
+/// a new one.
+pub(super) async fn cancel_orphan(
+    orphan: &Unconfirmed,
+    final_row: bool,
+    tokens: &dyn TokenStore,
+    gateway: &dyn PaymentGateway,
+) -> TokenRepair {
+    let Ok(key) = IdempotencyKey::try_from(orphan.idempotency_key.as_str()) else {
+        return TokenRepair {
+            idempotency_key: orphan.idempotency_key.clone(),
+            action: RepairAction::Failed,
+            detail: format!("{}: its key is not a valid idempotency key", orphan.id),
+        };
+    };
+    let cancel = || async {
+        match gateway.cancel_unconfirmed(orphan).await {
+            Ok(()) => repair(&key, RepairAction::Cancelled, orphan.id.clone()),
+            Err(error) => repair(
+                &key,
+                RepairAction::Failed,
+                format!("cancelling {} failed: {error}", orphan.id),
+            ),
+        }
+    };
+    if final_row {
+        return cancel().await;
+    }
+    let owner = format!("audit:{}", Uuid::new_v4().simple());
+    let fence = match tokens.reserve(&key, &owner).await {
+        Ok(Reservation::Reserved { fence }) => fence,
+        Ok(Reservation::InFlight { .. }) => {
+            return repair(
+                &key,
+                RepairAction::LeftForWorker,
+                format!(
+                    "{}: a worker holds the token, the payment is in progress",
+                    orphan.id
+                ),
+            )
+        }
+        Ok(Reservation::Completed { .. } | Reservation::Missing) => {
+            return repair(
+                &key,
+                RepairAction::LeftForWorker,
+                format!("{}: no token to hold while cancelling it", orphan.id),
+            )
+        }
+        Err(error) => {
+            return repair(
+                &key,
+                RepairAction::Failed,
+                format!("reserve failed: {error}"),
+            )
+        }
+    };
+    let done = cancel().await;
+    if let Err(error) = tokens.restore(&key, &Claim { owner, fence }).await {
+        tracing::warn!(idempotency_key = %key, %error, "giving the token back after cancelling an orphan failed; its lease expires");
+    }
+    done
 }

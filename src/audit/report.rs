@@ -86,7 +86,14 @@ pub struct AuditReport {
     /// ledger holds for its key. Listed so they are never forgotten; not counted as
     /// violations themselves (a charge without its row already is one, under I7).
     pub unresolved_charges: Finding,
-    /// What `--repair` did to each stuck token (empty without it).
+    /// Warning: charges a two-phase gateway made ready and nobody confirmed, older
+    /// than the lease plus `--orphan-margin` (Stripe: PaymentIntents awaiting their
+    /// confirm). They charge nothing; `--repair` cancels those whose payment is not
+    /// in progress.
+    pub orphaned_charges: Finding,
+    /// Of `orphaned_charges`, how many `--repair` cancelled.
+    pub orphans_cancelled: usize,
+    /// What `--repair` did to each stuck token and orphaned charge (empty without it).
     pub repairs: Vec<TokenRepair>,
     /// Tokens whose state was corrected (the token-inconsistency count).
     pub token_inconsistencies_repaired: usize,
@@ -103,6 +110,10 @@ impl AuditReport {
     /// Findings that need no operator: they settle on their own.
     pub fn warnings(&self) -> usize {
         self.lease_left_tokens.count
+            + self
+                .orphaned_charges
+                .count
+                .saturating_sub(self.orphans_cancelled)
     }
 
     /// Invariant violations left after the repairs; zero means the books are clean.
@@ -193,6 +204,18 @@ impl AuditReport {
                 "", "", example.idempotency_key, example.detail
             );
         }
+        let _ = writeln!(
+            out,
+            "warning: {:<35} {:>7}",
+            "orphaned unconfirmed charges", self.orphaned_charges.count
+        );
+        for example in &self.orphaned_charges.examples {
+            let _ = writeln!(
+                out,
+                "{:<44} {:>7}  {}: {}",
+                "", "", example.idempotency_key, example.detail
+            );
+        }
         if let Some(table) = &self.token_table {
             let oldest = table.oldest_expired_for.map_or_else(
                 || "none".to_owned(),
@@ -224,8 +247,8 @@ impl AuditReport {
             }
             let _ = writeln!(
                 out,
-                "token inconsistencies repaired: {}",
-                self.token_inconsistencies_repaired
+                "token inconsistencies repaired: {}, orphaned charges cancelled: {}",
+                self.token_inconsistencies_repaired, self.orphans_cancelled
             );
         }
         let repaired_note = if self

@@ -14,7 +14,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 
 use crate::configuration::{
-    DatabaseSettings, GatewaySettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
+    DatabaseSettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
 };
 use crate::devtools::{GatewaySimulator, LocalKafka, SimulatorConfig};
 use crate::gateway::{HttpGateway, PaymentGateway};
@@ -265,12 +265,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  gateway:  simulator at {gateway_url} (2% transient errors)");
     println!("  results:  {}", args.results.as_str());
 
-    let gateway_settings = GatewaySettings {
-        url: gateway_url.clone(),
-        timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(1),
-        lookup: GatewayLookup::Uncertain,
-    };
     let token_settings = TokenSettings {
         store: crate::configuration::TokenStoreKind::Redis,
         mode: crate::token::TokenMode::Implicit,
@@ -283,7 +277,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..args.redis.clone()
     };
     let tokens = startup::token_store(&token_settings, &redis, &pool).await?;
-    let gateway: Arc<dyn PaymentGateway> = startup::gateway(&gateway_settings)?;
+    let gateway: Arc<dyn PaymentGateway> = Arc::new(HttpGateway::new(
+        &gateway_url,
+        Duration::from_secs(5),
+        Duration::from_secs(1),
+    )?);
     let processors: Vec<Arc<Processor>> = (0..args.workers)
         .map(|i| {
             Arc::new(Processor::new(

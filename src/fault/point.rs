@@ -8,6 +8,8 @@ pub enum FaultPoint {
     AfterReserve,
     /// `processing` row inserted (uncommitted), gateway not called.
     AfterInsert,
+    /// Stripe gateway: PaymentIntent created and its id recorded, not confirmed.
+    AfterCreate,
     /// Gateway charged, transaction not committed.
     AfterCharge,
     /// Transaction committed, token not confirmed.
@@ -25,6 +27,7 @@ impl FaultPoint {
         match value {
             "after_reserve" => Some(Self::AfterReserve),
             "after_insert" => Some(Self::AfterInsert),
+            "after_create" => Some(Self::AfterCreate),
             "after_charge" => Some(Self::AfterCharge),
             "after_commit" => Some(Self::AfterCommit),
             "after_answer" => Some(Self::AfterAnswer),
@@ -37,6 +40,7 @@ impl FaultPoint {
         match self {
             Self::AfterReserve => "after_reserve",
             Self::AfterInsert => "after_insert",
+            Self::AfterCreate => "after_create",
             Self::AfterCharge => "after_charge",
             Self::AfterCommit => "after_commit",
             Self::AfterAnswer => "after_answer",

@@ -20,11 +20,11 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
-use reqwest::{StatusCode, Url};
+use reqwest::StatusCode;
 
 use super::interface::{Charge, ChargeRequest, GatewayError, LedgerEntry, PaymentGateway};
-use crate::redaction::{mask_card_numbers, redact_url};
+use super::transport::{checked_base_url, GatewayTransport};
+use crate::redaction::mask_card_numbers;
 use crate::token::IdempotencyKey;
 
 /// A rejection reason is shown to operators; a gateway could send a whole page.
@@ -59,40 +59,31 @@ impl HttpGateway {
         timeout: Duration,
         connect_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let url = Url::parse(base_url)
-            .with_context(|| format!("invalid gateway URL {}", redact_url(base_url)))?;
-        anyhow::ensure!(
-            matches!(url.scheme(), "http" | "https"),
-            "gateway URL must be http or https, got {:?}",
-            url.scheme()
-        );
-        anyhow::ensure!(
-            url.query().is_none() && url.fragment().is_none(),
-            "gateway URL must not carry a query or fragment"
-        );
-        anyhow::ensure!(
-            url.username().is_empty() && url.password().is_none(),
-            "gateway URL must not carry credentials"
-        );
+        Self::with_transport(
+            base_url,
+            timeout,
+            connect_timeout,
+            &GatewayTransport::default(),
+        )
+    }
+
+    /// As [`HttpGateway::new`], with the credentials and TLS of `transport`.
+    pub fn with_transport(
+        base_url: &str,
+        timeout: Duration,
+        connect_timeout: Duration,
+        transport: &GatewayTransport,
+    ) -> anyhow::Result<Self> {
+        let base = checked_base_url(base_url)?;
         anyhow::ensure!(!timeout.is_zero(), "gateway timeout must be positive");
         anyhow::ensure!(
             !connect_timeout.is_zero(),
             "gateway connect timeout must be positive"
         );
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(connect_timeout)
-            // A redirected POST turns into a GET in most clients; a gateway that
-            // redirects a charge is misconfigured and must be seen as such.
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .user_agent(concat!("payment-worker/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .context("building the gateway HTTP client")?;
+        let http = transport.client(&base, timeout, connect_timeout)?;
         Ok(Self {
             http,
-            base: url.as_str().trim_end_matches('/').to_owned(),
+            base,
             timeout,
         })
     }
@@ -228,7 +219,7 @@ fn charge_error(status: StatusCode, reason: String) -> GatewayError {
 
 /// Counts and logs one failed gateway call. The gateway's error text and the
 /// request body stay out of the log: either could echo a payment method.
-fn note_failure(
+pub(super) fn note_failure(
     operation: &'static str,
     key: &IdempotencyKey,
     status: Option<StatusCode>,
@@ -275,7 +266,7 @@ fn note_failure(
 /// cause an operator needs ("connection refused", "dns error", …).
 /// The URL in it is cut to the gateway's origin: a look-up's path ends with the
 /// idempotency key, which may hold a card number, and these texts reach log lines.
-fn describe(error: &reqwest::Error) -> String {
+pub(super) fn describe(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
     if let Some(url) = error.url() {
         text = text.replace(url.as_str(), &url.origin().ascii_serialization());
@@ -290,7 +281,7 @@ fn describe(error: &reqwest::Error) -> String {
 }
 
 /// Prefers the `error`/`message` of a JSON error body, else the text, shortened.
-fn reason_from_body(body: String) -> String {
+pub(super) fn reason_from_body(body: String) -> String {
     let from_json = serde_json::from_str::<serde_json::Value>(&body)
         .ok()
         .and_then(|value| {
@@ -316,7 +307,7 @@ fn reason_from_body(body: String) -> String {
 
 /// The W3C trace context of the current (client) span, so the gateway's spans join
 /// the command's trace.
-fn trace_headers() -> reqwest::header::HeaderMap {
+pub(super) fn trace_headers() -> reqwest::header::HeaderMap {
     let mut headers = reqwest::header::HeaderMap::new();
     for (key, value) in crate::telemetry::current_trace_headers() {
         if let (Ok(name), Ok(value)) = (
@@ -329,7 +320,7 @@ fn trace_headers() -> reqwest::header::HeaderMap {
     headers
 }
 
-fn record_status(status: StatusCode) {
+pub(super) fn record_status(status: StatusCode) {
     tracing::Span::current().record("http.response.status_code", status.as_u16());
 }
 

@@ -1,4 +1,5 @@
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 
 use crate::token::IdempotencyKey;
 
@@ -11,6 +12,20 @@ pub struct ChargeRequest {
     pub currency: String,
     /// What to charge; never logged.
     pub payment_method: String,
+    /// The payment row the charge is for, when there is one: not part of the
+    /// `charges` body; a gateway that keeps metadata (Stripe) attaches it.
+    #[serde(skip)]
+    pub payment_id: Option<Uuid>,
+}
+
+impl ChargeRequest {
+    /// The same request, for the payment row `payment_id`.
+    pub fn for_payment(self, payment_id: Uuid) -> Self {
+        Self {
+            payment_id: Some(payment_id),
+            ..self
+        }
+    }
 }
 
 impl std::fmt::Debug for ChargeRequest {
@@ -20,6 +35,7 @@ impl std::fmt::Debug for ChargeRequest {
             .field("amount_minor", &self.amount_minor)
             .field("currency", &self.currency)
             .field("payment_method", &"<redacted>")
+            .field("payment_id", &self.payment_id)
             .finish()
     }
 }
@@ -51,6 +67,10 @@ pub struct Charge {
     pub transaction_id: String,
     /// Approved or declined.
     pub status: ChargeStatus,
+    /// Why a declined charge was declined, when the gateway says (Stripe's
+    /// `decline_code`, else its `code`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
 }
 
 /// One row of `GET /charges` (the gateway contract, docs/CONTRACT.md), and the answer of `GET /charges/{key}`.
@@ -70,6 +90,9 @@ pub struct LedgerEntry {
     pub charged_at: DateTime<Utc>,
     /// POST requests this entry received (the first included).
     pub attempts: u64,
+    /// Why a declined charge was declined, when the gateway says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
 }
 
 impl LedgerEntry {
@@ -78,6 +101,7 @@ impl LedgerEntry {
         Charge {
             transaction_id: self.transaction_id.clone(),
             status: self.status,
+            decline_code: self.decline_code.clone(),
         }
     }
 
@@ -137,20 +161,61 @@ impl GatewayError {
     }
 }
 
-/// A payment gateway that honours an idempotency key per charge.
+/// A charge a two-phase gateway made ready and nobody confirmed (Stripe: a
+/// PaymentIntent awaiting its confirm). It charges nothing; left alone it is an
+/// orphan, which `audit` lists and `audit --repair` cancels.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Unconfirmed {
+    /// The key it was made for.
+    pub idempotency_key: String,
+    /// The gateway's id of it.
+    pub id: String,
+    /// Amount in minor units.
+    pub amount_minor: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// When the gateway made it.
+    pub created_at: DateTime<Utc>,
+}
+
+/// A payment gateway: charges under an idempotency key, looked up by it. Each
+/// adapter (`client.rs` for the `charges` protocol, `stripe/` for PaymentIntents)
+/// keeps its protocol to itself; the processor, `audit` and the dry run speak to
+/// this trait only.
 #[async_trait::async_trait]
 pub trait PaymentGateway: Send + Sync + 'static {
-    /// `POST /charges` with `Idempotency-Key: key`.
+    /// Charges `request` under `key`, or answers what an earlier attempt under
+    /// `key` already settled (`charges`: `POST /charges` with `Idempotency-Key`).
     async fn charge(
         &self,
         key: &IdempotencyKey,
         request: &ChargeRequest,
     ) -> Result<Charge, GatewayError>;
 
-    /// `GET /charges/{key}`: the charge made under `key`, if any, with the amount and
-    /// currency it was made for, so the caller can tell a reused key.
+    /// The final charge made under `key`, if any, with the amount and currency it
+    /// was made for, so the caller can tell a reused key (`charges`:
+    /// `GET /charges/{key}`). `None`: no charge shows (yet).
     async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<LedgerEntry>, GatewayError>;
 
-    /// `GET /charges`: the whole ledger (audit, tests).
+    /// Every charge the gateway holds for this worker (audit, tests).
     async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError>;
+
+    /// Whether this gateway can take `request` at all, decided before anything
+    /// is sent; `Err` is the refusal (`<reason code>: <explanation>`).
+    fn accepts(&self, _request: &ChargeRequest) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Charges made ready and never confirmed; a one-phase gateway has none.
+    async fn unconfirmed(&self) -> Result<Vec<Unconfirmed>, GatewayError> {
+        Ok(Vec::new())
+    }
+
+    /// Cancels one of [`PaymentGateway::unconfirmed`], so nothing can confirm it
+    /// later.
+    async fn cancel_unconfirmed(&self, _unconfirmed: &Unconfirmed) -> Result<(), GatewayError> {
+        Err(GatewayError::Protocol(
+            "this gateway holds no unconfirmed charges".to_owned(),
+        ))
+    }
 }

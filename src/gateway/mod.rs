@@ -1,9 +1,14 @@
-//! The payment gateway as the worker sees it: the interface and the HTTP client.
-//! (The simulator that answers it in development lives in `devtools`.)
+//! The payment gateway as the worker sees it: the interface, and one adapter per
+//! protocol (`charges`, `stripe`) over a shared transport (credentials, TLS).
+//! (The simulator that answers `charges` in development lives in `devtools`.)
 mod client;
 mod interface;
+mod stripe;
+mod transport;
 
 pub use client::HttpGateway;
 pub use interface::{
-    Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway,
+    Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway, Unconfirmed,
 };
+pub use stripe::{stripe_amount, StripeCompat, StripeGateway, StripeOptions};
+pub use transport::GatewayTransport;

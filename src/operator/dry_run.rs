@@ -8,7 +8,7 @@ use std::time::Duration;
 use rdkafka::message::Message;
 
 use super::topics::{partition_ranges, read_ranges, PartitionRange};
-use crate::configuration::KafkaSettings;
+use crate::configuration::{GatewayKind, KafkaSettings};
 use crate::payment::{Fingerprint, GatewayLookup};
 use crate::token::{TokenMode, TokenState, TokenStore};
 use crate::worker::Inbound;
@@ -64,6 +64,8 @@ pub struct DryRunScope {
     pub limit: Option<usize>,
     /// The workers' `--gateway-lookup`: with `always` every charge is a look-up first.
     pub lookup: GatewayLookup,
+    /// The workers' `--gateway`: what it refuses before anything is sent is `invalid`.
+    pub gateway: GatewayKind,
 }
 
 /// The answer to "what would a replay do": counts per verdict (zeros included).
@@ -207,6 +209,13 @@ async fn examine(
         let mut idempotency_key = None;
         let (verdict, detail) = match Inbound::read(record).command {
             Err(reason) => ("invalid", reason.to_string()),
+            Ok(command) if refused_by(scope.gateway, &command).is_some() => {
+                idempotency_key = Some(command.idempotency_key.as_str().to_owned());
+                (
+                    "invalid",
+                    refused_by(scope.gateway, &command).unwrap_or_default(),
+                )
+            }
             Ok(command) => {
                 idempotency_key = Some(command.idempotency_key.as_str().to_owned());
                 let mut conn = pool.acquire().await?;
@@ -295,6 +304,17 @@ fn token_verdict(
     }
 }
 
+/// Why `gateway` would refuse `command` before sending anything, if it would
+/// (the same rule the adapter applies; nothing is asked of the gateway).
+fn refused_by(gateway: GatewayKind, command: &crate::payment::PaymentCommand) -> Option<String> {
+    match gateway {
+        GatewayKind::Charges => None,
+        GatewayKind::Stripe => {
+            crate::gateway::stripe_amount(command.amount_minor, &command.currency).err()
+        }
+    }
+}
+
 /// Per partition, where a replay starts and, under a limit, where reading stops.
 fn replay_ranges(
     kafka: &KafkaSettings,
@@ -364,6 +384,21 @@ mod tests {
         let mut ranges = vec![range(0, 5), range(1, 5)];
         share_limit(&mut ranges, 0);
         assert!(ranges.iter().all(|r| r.to == r.from));
+    }
+
+    #[test]
+    fn a_command_stripe_cannot_express_is_invalid_for_stripe_only() {
+        let command = |amount, currency| {
+            crate::payment::PaymentCommand::new("k", "acct", amount, currency, "pm_card_visa", None)
+                .unwrap()
+        };
+        let kwd = command(1235, "KWD");
+        assert_eq!(refused_by(GatewayKind::Charges, &kwd), None);
+        assert!(refused_by(GatewayKind::Stripe, &kwd)
+            .unwrap()
+            .starts_with("amount_not_representable:"));
+        assert_eq!(refused_by(GatewayKind::Stripe, &command(1230, "KWD")), None);
+        assert_eq!(refused_by(GatewayKind::Stripe, &command(1235, "USD")), None);
     }
 
     #[test]

@@ -51,6 +51,16 @@ pub struct ReplayArgs {
         default_value = "uncertain"
     )]
     pub gateway_lookup: crate::payment::GatewayLookup,
+    /// With --dry-run: the workers' `--gateway` (`stripe`: a command whose amount
+    /// Stripe cannot express is `invalid`). Nothing is sent to it.
+    #[arg(
+        id = "gateway_kind",
+        long = "gateway",
+        env = "GATEWAY_KIND",
+        value_enum,
+        default_value = "charges"
+    )]
+    pub gateway: crate::configuration::GatewayKind,
     /// Where payments and tokens live (read by `--dry-run` only).
     #[command(flatten)]
     pub stores: StoreSettings,
@@ -162,6 +172,7 @@ async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()>
         },
         limit: args.limit,
         lookup: args.gateway_lookup,
+        gateway: args.gateway,
     };
     let report = dry_run_report(
         kafka,

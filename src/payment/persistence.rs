@@ -321,7 +321,10 @@ pub(crate) async fn record_charge(
     charge: &Charge,
 ) -> Result<(), sqlx::Error> {
     let status = PaymentStatus::from(charge.status);
-    let reason = (status == PaymentStatus::Declined).then_some("declined by gateway");
+    let reason = (status == PaymentStatus::Declined).then(|| match &charge.decline_code {
+        Some(code) => format!("declined by gateway: {code}"),
+        None => "declined by gateway".to_owned(),
+    });
     sqlx::query(
         "UPDATE payments
          SET status = $2, gateway_transaction_id = $3, failure_reason = $4, updated_at = now()

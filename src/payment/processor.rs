@@ -201,6 +201,14 @@ impl Processor {
 
     async fn decide(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
         let key = &command.idempotency_key;
+        // A command this gateway cannot take at all (an amount Stripe cannot
+        // express) is refused before its token or the gateway are touched.
+        if let Err(reason) = self.gateway.accepts(&command.charge_request()) {
+            return Attempt::Final(Outcome::Rejected {
+                kind: RejectionKind::Invalid,
+                reason,
+            });
+        }
         let fingerprint = command.fingerprint();
         // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
         let owner = format!("{}:{}", self.worker_id, Uuid::new_v4().simple());
@@ -496,7 +504,7 @@ impl Processor {
         }
 
         let (charge, lease_kept) = self
-            .with_lease(key, claim, self.obtain_charge(command, lease))
+            .with_lease(key, claim, self.obtain_charge(command, payment_id, lease))
             .await;
         let charge = match charge {
             Ok(charge) => charge,

@@ -3,7 +3,9 @@
 //! line or a span.
 
 mod card_numbers;
+mod secret;
 mod urls;
 
 pub use card_numbers::{contains_card_number, mask_card_numbers, mask_printed_card_numbers};
+pub use secret::Secret;
 pub use urls::redact_url;

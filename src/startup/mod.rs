@@ -14,4 +14,6 @@ pub use stores::{
     check_connection_budget, open_existing_stores, open_stores, purge_round, spawn_token_purge,
     token_store, PURGE_BATCHES_PER_ROUND,
 };
-pub use wiring::{build_processor, gateway, handler};
+pub use wiring::{
+    build_processor, gateway, gateway_connections, handler, stripe_options, transport,
+};

@@ -95,6 +95,7 @@ pub async fn open_existing_stores(
 pub async fn check_connection_budget(
     settings: &StoreSettings,
     pool: &PgPool,
+    gateway_connections: u32,
 ) -> anyhow::Result<()> {
     let (max, reserved): (String, String) = sqlx::query_as(
         "SELECT current_setting('max_connections'), current_setting('superuser_reserved_connections')",
@@ -106,14 +107,21 @@ pub async fn check_connection_budget(
         .parse::<u32>()
         .unwrap_or(u32::MAX)
         .saturating_sub(reserved.parse::<u32>().unwrap_or(0));
-    let needed = settings.connections_needed();
-    let lease_part = match settings.tokens.store {
+    let needed = settings
+        .connections_needed()
+        .saturating_add(gateway_connections);
+    let mut lease_part = match settings.tokens.store {
         TokenStoreKind::Redis => String::new(),
         TokenStoreKind::Postgres => format!(
             " + TOKEN_LEASE_CONNECTIONS {} (the Postgres token store's lease-renewal pool)",
             settings.token_table.lease_connections
         ),
     };
+    if gateway_connections > 0 {
+        lease_part.push_str(&format!(
+            " + STRIPE_RECORD_CONNECTIONS {gateway_connections} (the Stripe gateway's records)"
+        ));
+    }
     anyhow::ensure!(
         needed <= usable,
         "the worker needs {needed} Postgres connections: DATABASE_MAX_CONNECTIONS {} \

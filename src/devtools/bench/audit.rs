@@ -92,6 +92,7 @@ mod tests {
             status: ChargeStatus::Approved,
             charged_at: chrono::Utc::now(),
             attempts: 1,
+            decline_code: None,
         }
     }
 

@@ -97,6 +97,7 @@ impl PaymentGateway for ApprovingGateway {
         Ok(Charge {
             transaction_id: format!("ceiling_{}", Uuid::new_v4().simple()),
             status: ChargeStatus::Approved,
+            decline_code: None,
         })
     }
     async fn lookup(&self, _: &IdempotencyKey) -> Result<Option<LedgerEntry>, GatewayError> {

@@ -114,7 +114,7 @@ impl Bed {
         format!("bench-{}-{phase}", self.run_id)
     }
 
-    fn kafka(&self, phase: &str) -> anyhow::Result<KafkaSettings> {
+    pub(super) fn kafka(&self, phase: &str) -> anyhow::Result<KafkaSettings> {
         let name = self.key_prefix(phase);
         let mut kafka = KafkaSettings::local(self.local.bootstrap_servers(), name.clone());
         kafka.commands_topic = format!("{name}.commands");

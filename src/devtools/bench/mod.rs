@@ -14,6 +14,7 @@ mod results;
 mod round_trips;
 mod rss;
 mod runner;
+mod stripe;
 mod table;
 
 pub use report::{percentile, BenchReport};

@@ -252,6 +252,13 @@ pub struct BenchReport {
     pub eos_ratio_20ms: f64,
     /// Both exactly-once ratios meet their target (not counted in `all_pass`).
     pub pass_eos_ratio: bool,
+    /// The `stripe` phase (the Stripe adapter against localstripe): payments/s.
+    pub stripe_tps: f64,
+    /// `stripe_tps` as a share of `e2e_tps_0ms`, the `charges` adapter in the same
+    /// run. No target: localstripe handles one request at a time.
+    pub ratio_stripe_to_charges: f64,
+    /// Why the `stripe` phase did not run (localstripe missing), when it did not.
+    pub stripe_skipped: Option<String>,
     /// Every phase's books balanced and every command was answered.
     pub audit_ok: bool,
     /// Every `pass_*` above holds.
@@ -282,6 +289,7 @@ impl BenchReport {
         };
         self.ratio_0ms = ratio(self.e2e_tps_0ms, self.ceiling_tps);
         self.ratio_20ms_to_sequential = ratio(self.e2e_tps_20ms, self.sequential_bound_20ms);
+        self.ratio_stripe_to_charges = ratio(self.stripe_tps, self.e2e_tps_0ms);
         let postgres_ms = |cost: Option<&CpuCost>| {
             cost.and_then(|c| c.ms_per_operation.get("postgres").copied())
                 .unwrap_or(0.0)

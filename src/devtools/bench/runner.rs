@@ -492,6 +492,14 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
     report.baseline_tps_20ms = baseline.payments_per_s;
     report.phases.push(baseline);
 
+    super::stripe::stripe_phase(
+        bed,
+        report,
+        (e2e_commands / 100).clamp(100, 300),
+        &mut audit,
+    )
+    .await?;
+
     report.round_trips = super::round_trips::per_fresh_payment(bed, 200).await?;
     eprintln!(
         "{:<16} {:.1} Postgres / {:.1} Redis / {:.1} gateway per fresh payment",

@@ -195,6 +195,28 @@ impl BenchReport {
                 verdict(share >= TARGET_EOS_RATIO),
             );
         }
+        match &self.stripe_skipped {
+            None => {
+                row(
+                    "stripe adapter against localstripe (payments/s)",
+                    format!("{:.0}", self.stripe_tps),
+                    "",
+                    "",
+                );
+                row(
+                    "  ratio: stripe ÷ charges at 0 ms (localstripe is serial)",
+                    format!("{:.3}", self.ratio_stripe_to_charges),
+                    "",
+                    "",
+                );
+            }
+            Some(_) => row(
+                "stripe adapter against localstripe",
+                "skipped".to_owned(),
+                "",
+                "",
+            ),
+        }
         row(
             "bench process peak RSS, all in one (MiB)",
             format!("{:.1}", self.bench_process_peak_rss_mib),

@@ -150,6 +150,7 @@ impl Shared {
             status,
             charged_at: chrono::Utc::now(),
             attempts: 1,
+            decline_code: None,
         };
         let charge = charge_of(&public);
         ledger
@@ -191,10 +192,7 @@ impl Shared {
 }
 
 fn charge_of(entry: &LedgerEntry) -> Charge {
-    Charge {
-        transaction_id: entry.transaction_id.clone(),
-        status: entry.status,
-    }
+    entry.charge()
 }
 
 #[cfg(test)]
@@ -217,6 +215,7 @@ mod tests {
                         amount_minor: 100,
                         currency: "USD".into(),
                         payment_method: "pm_card_visa".into(),
+                        payment_id: None,
                     };
                     match shared.decide(&key, &request) {
                         Decision::Answer { charge, .. } => charge,

@@ -143,6 +143,7 @@ impl PaymentCommand {
             amount_minor: self.amount_minor,
             currency: self.currency.clone(),
             payment_method: self.payment_method.clone(),
+            payment_id: None,
         }
     }
 }

@@ -8,6 +8,7 @@ impl Processor {
     pub(super) async fn obtain_charge(
         &self,
         command: &PaymentCommand,
+        payment_id: Uuid,
         lease: &Lease<'_>,
     ) -> Result<Charge, Settlement> {
         let claim = lease.claim;
@@ -55,7 +56,8 @@ impl Processor {
                 ))));
             }
         }
-        match self.gateway.charge(key, &command.charge_request()).await {
+        let request = command.charge_request().for_payment(payment_id);
+        match self.gateway.charge(key, &request).await {
             Ok(charge) => Ok(charge),
             Err(
                 cause @ (GatewayError::Timeout

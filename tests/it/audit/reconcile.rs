@@ -430,6 +430,7 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
         AuditOptions {
             repair: true,
             key_prefix: None,
+            ..AuditOptions::default()
         },
     )
     .await;
@@ -454,6 +455,7 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
         AuditOptions {
             repair: false,
             key_prefix: Some("ok-".into()),
+            ..AuditOptions::default()
         },
     )
     .await;
@@ -541,6 +543,7 @@ async fn repair_works_on_the_postgres_token_store_too() {
                 &AuditOptions {
                     repair,
                     key_prefix: None,
+                    ..AuditOptions::default()
                 },
             )
             .await

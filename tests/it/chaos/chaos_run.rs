@@ -157,33 +157,7 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let results_end = deployment
         .high_watermarks(&deployment.settings.results_topic.clone())
         .await;
-    let replay_env: HashMap<String, String> = [
-        ("KAFKA_BROKERS", deployment.settings.brokers.as_str()),
-        ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    let (status, output) = procs::run_to_end(
-        "replay",
-        procs::binary(
-            &[
-                "replay",
-                "--to-beginning",
-                "--group",
-                &deployment.settings.group_id,
-            ],
-            &replay_env,
-        ),
-        Duration::from_secs(120),
-    )
-    .await;
-    assert!(status.success(), "replay failed:\n{}", output.join("\n"));
-    let rewound = deployment.committed().await;
-    assert!(
-        rewound.values().all(|o| *o == 0),
-        "the group starts over at 0: {rewound:?}"
-    );
+    deployment.rewind_to_beginning().await;
     deployment.start_workers();
     let replayed = deployment
         .wait_until_settled(records.len(), results_end, Duration::from_secs(180))

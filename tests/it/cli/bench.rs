@@ -74,6 +74,8 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "eos_ratio_0ms",
         "eos_tps_20ms",
         "eos_ratio_20ms",
+        "stripe_tps",
+        "ratio_stripe_to_charges",
     ] {
         assert!(
             report[key].as_f64().is_some_and(|v| v > 0.0),
@@ -116,6 +118,7 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
             "eos-0ms",
             "eos-20ms",
             "baseline-20ms",
+            "stripe-localstripe",
             "half-load",
             "worker-process"
         ]

@@ -1,7 +1,10 @@
-//! The gateway simulator, and the processor against gateway answers real gateways give.
+//! The gateway simulator, the processor against gateway answers real gateways
+//! give, the Stripe adapter, and the credentials and TLS every adapter uses.
 
 mod answers;
+mod credentials;
 mod metrics;
 mod sim_binary;
 mod simulator;
+mod stripe;
 mod unknown_charges;

@@ -29,7 +29,7 @@ async fn the_gateway_sim_binary_speaks_the_protocol() {
         .strip_prefix("gateway-sim listening on ")
         .unwrap_or_else(|| panic!("{line:?}"));
     let base = format!("http://{addr}/charges");
-    let http = reqwest::Client::new();
+    let http = crate::support::helpers::http();
     let post = |key: &str, body: serde_json::Value| {
         http.post(&base)
             .header("Idempotency-Key", key)

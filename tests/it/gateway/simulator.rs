@@ -18,6 +18,7 @@ fn request(amount_minor: i64, payment_method: &str) -> ChargeRequest {
         amount_minor,
         currency: "USD".into(),
         payment_method: payment_method.into(),
+        payment_id: None,
     }
 }
 
@@ -79,7 +80,7 @@ async fn same_key_with_another_body_is_refused_with_422() {
             other => panic!("expected 422, got {other:?}"),
         }
     }
-    let raw = reqwest::Client::new()
+    let raw = crate::support::helpers::http()
         .post(format!("{}/charges", sim.url()))
         .header("Idempotency-Key", "ord-2")
         .json(&serde_json::json!({"amount_minor": 1, "currency": "USD", "payment_method": "x"}))
@@ -123,20 +124,22 @@ async fn lookup_and_ledger_agree() {
         assert_eq!(entry.attempts, 1);
     }
     // Raw JSON field names are the gateway protocol (docs/CONTRACT.md).
-    let raw: serde_json::Value = reqwest::get(format!("{}/charges/ord-0", gw.base_url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let raw: serde_json::Value =
+        crate::support::helpers::http_get(format!("{}/charges/ord-0", gw.base_url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
     assert_eq!(raw["transaction_id"], charges[0].1.transaction_id.as_str());
     assert_eq!(raw["status"], "approved");
-    let raw: serde_json::Value = reqwest::get(format!("{}/charges", gw.base_url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let raw: serde_json::Value =
+        crate::support::helpers::http_get(format!("{}/charges", gw.base_url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
     let first = &raw[0];
     for field in [
         "idempotency_key",
@@ -331,7 +334,7 @@ async fn connection_refused_is_unavailable_quickly() {
 #[tokio::test]
 async fn bad_requests_are_400_and_never_echo_the_payment_method() {
     let sim = start(SimulatorConfig::default());
-    let http = reqwest::Client::new();
+    let http = crate::support::helpers::http();
     let url = format!("{}/charges", sim.url());
     let body =
         serde_json::json!({"amount_minor": 1, "currency": "USD", "payment_method": "pm_secret"});

@@ -90,6 +90,7 @@ async fn sigkill_after_each_step_then_a_restart_charges_once() {
                 assert!(ledger.len() == 1 && rows.len() == 1, "{ledger:?} {rows:?}")
             }
             FaultPoint::AfterAnswer => unreachable!("a point of the worker, not of `process`"),
+            FaultPoint::AfterCreate => unreachable!("a point of the Stripe gateway"),
         }
         sigkill(child).await;
 

@@ -3,6 +3,7 @@
 //! database and Redis prefix.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::configuration::KafkaSettings;
@@ -22,14 +23,24 @@ pub(crate) const WORKERS: usize = 3;
 /// Workers ask for this; the group's first assignment after a SIGKILL waits for it.
 pub(crate) const SESSION_TIMEOUT: &str = "6s";
 
+/// The gateway of a deployment: what keeps it alive, how the workers reach it,
+/// and the client the test reads its ledger with.
+pub(crate) struct DeployedGateway {
+    pub(crate) keep: Box<dyn std::any::Any + Send>,
+    /// `GATEWAY_URL`, `GATEWAY_KIND` and whatever else the workers need for it.
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) client: Arc<dyn PaymentGateway>,
+}
+
 /// The deployment of one test: a dev-kafka process, a gateway-sim process and the
 /// worker processes of one consumer group, all sharing one database and Redis prefix.
 pub(crate) struct Deployment {
     pub(crate) partitions: i32,
     pub(crate) _kafka: Proc,
-    pub(crate) _gateway: Proc,
+    /// Keeps the gateway (its process or server) alive.
+    pub(crate) _gateway: Box<dyn std::any::Any + Send>,
     pub(crate) settings: KafkaSettings,
-    pub(crate) gateway: HttpGateway,
+    pub(crate) gateway: Arc<dyn PaymentGateway>,
     pub(crate) worker_env: HashMap<String, String>,
     pub(crate) workers: Vec<Proc>,
     pub(crate) started: usize,
@@ -66,6 +77,36 @@ impl Deployment {
         extra_env: &[(&str, &str)],
     ) -> Self {
         let (gateway_proc, gateway_url) = procs::gateway_sim(gateway_flags).await;
+        let client = HttpGateway::new(
+            &gateway_url,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let gateway = DeployedGateway {
+            keep: Box::new(gateway_proc),
+            env: vec![("GATEWAY_URL".to_owned(), gateway_url)],
+            client: Arc::new(client),
+        };
+        Self::start_with_gateway(
+            (kafka, bootstrap),
+            partitions,
+            database_url,
+            redis_prefix,
+            gateway,
+            extra_env,
+        )
+    }
+
+    /// As `start_on`, with a gateway the caller started.
+    pub(crate) fn start_with_gateway(
+        (kafka, bootstrap): (Proc, String),
+        partitions: i32,
+        database_url: &str,
+        redis_prefix: &str,
+        gateway: DeployedGateway,
+        extra_env: &[(&str, &str)],
+    ) -> Self {
         let settings = KafkaSettings::local(bootstrap.clone(), unique("group"));
         let mut worker_env: HashMap<String, String> = [
             ("KAFKA_BROKERS", bootstrap.as_str()),
@@ -76,29 +117,23 @@ impl Deployment {
             ("DATABASE_MAX_CONNECTIONS", "16"),
             ("REDIS_URL", REDIS_URL),
             ("REDIS_KEY_PREFIX", redis_prefix),
-            ("GATEWAY_URL", gateway_url.as_str()),
             ("LEASE", "5s"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+        worker_env.extend(gateway.env);
         worker_env.extend(
             extra_env
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
-        let gateway = HttpGateway::new(
-            &gateway_url,
-            Duration::from_secs(30),
-            Duration::from_secs(2),
-        )
-        .unwrap();
         Self {
             partitions,
             _kafka: kafka,
-            _gateway: gateway_proc,
+            _gateway: gateway.keep,
             settings,
-            gateway,
+            gateway: gateway.client,
             worker_env,
             workers: Vec::new(),
             started: 0,
@@ -343,6 +378,38 @@ impl Deployment {
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// `payment-worker replay --to-beginning` for the group, its workers stopped:
+    /// every partition starts over at offset 0.
+    pub(crate) async fn rewind_to_beginning(&self) {
+        let replay_env: HashMap<String, String> = [
+            ("KAFKA_BROKERS", self.settings.brokers.as_str()),
+            ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let (status, output) = procs::run_to_end(
+            "replay",
+            procs::binary(
+                &[
+                    "replay",
+                    "--to-beginning",
+                    "--group",
+                    &self.settings.group_id,
+                ],
+                &replay_env,
+            ),
+            Duration::from_secs(120),
+        )
+        .await;
+        assert!(status.success(), "replay failed:\n{}", output.join("\n"));
+        let rewound = self.committed().await;
+        assert!(
+            rewound.values().all(|o| *o == 0),
+            "the group starts over at 0: {rewound:?}"
+        );
     }
 
     pub(crate) async fn ledger(&self) -> Vec<LedgerEntry> {

@@ -113,6 +113,7 @@ fn install_tracing() {
 pub fn ensure_services() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        payment_worker::telemetry::install_crypto_provider();
         install_tracing();
         if !reachable(PG_ADDR) {
             start_postgres();
@@ -127,6 +128,18 @@ pub fn ensure_services() {
 
 /// Where `#[sqlx::test]` makes each test's database (see tests/it/main.rs).
 pub const SQLX_TEST_SERVER: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// An HTTP client for tests. reqwest is built without a crypto provider of its
+/// own (the binary installs ring as the process default): install it first.
+pub fn http() -> reqwest::Client {
+    payment_worker::telemetry::install_crypto_provider();
+    reqwest::Client::new()
+}
+
+/// `GET url` with [`http`].
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http().get(url).send().await
+}
 
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())

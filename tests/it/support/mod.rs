@@ -10,5 +10,8 @@ pub(crate) mod helpers;
 pub(crate) mod pki;
 pub(crate) mod procs;
 pub(crate) mod scripted_gateway;
+pub(crate) mod scripted_stripe;
+pub(crate) mod stripe;
 pub(crate) mod target_seed;
+pub(crate) mod tls_front;
 pub(crate) mod txn_broker;

@@ -1,5 +1,6 @@
 //! Test certificates made at test time (rcgen): a CA, a server certificate it
-//! signs for `localhost` and `127.0.0.1`, and an unrelated CA to show that a
+//! signs for `localhost` and `127.0.0.1`, a client certificate it signs (mutual
+//! TLS), and an unrelated CA to show that a
 //! client trusting the wrong authority refuses the server. Written as PEM files in
 //! a private directory (removed on drop), readable by the postgres user when the
 //! tests run as root.
@@ -7,13 +8,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
 
 pub struct TestPki {
     pub dir: PathBuf,
     pub ca_pem: String,
     pub server_cert_pem: String,
     pub server_key_pem: String,
+    pub client_cert_pem: String,
 }
 
 fn authority(name: &str) -> (rcgen::Certificate, KeyPair) {
@@ -44,6 +49,17 @@ impl TestPki {
             .signed_by(&server_key, &ca, &ca_key)
             .expect("server certificate");
 
+        let client_key = KeyPair::generate().expect("client key");
+        let mut params =
+            CertificateParams::new(vec!["payment-worker".to_owned()]).expect("client params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "payment-worker");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client = params
+            .signed_by(&client_key, &ca, &ca_key)
+            .expect("client certificate");
+
         let dir = std::env::temp_dir().join(format!("pw-pki-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         let pki = Self {
@@ -51,11 +67,14 @@ impl TestPki {
             ca_pem: ca.pem(),
             server_cert_pem: server.pem(),
             server_key_pem: server_key.serialize_pem(),
+            client_cert_pem: client.pem(),
         };
         pki.write("ca.pem", &pki.ca_pem);
         pki.write("wrong-ca.pem", &wrong_ca.pem());
         pki.write("server.pem", &pki.server_cert_pem);
         pki.write("server.key", &pki.server_key_pem);
+        pki.write("client.pem", &pki.client_cert_pem);
+        pki.write("client.key", &client_key.serialize_pem());
         pki
     }
 
@@ -83,6 +102,14 @@ impl TestPki {
         self.dir.join("server.key")
     }
 
+    pub fn client_cert(&self) -> PathBuf {
+        self.dir.join("client.pem")
+    }
+
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.join("client.key")
+    }
+
     /// Gives the files to `uid:gid` (a server that must read its own key).
     pub fn chown_all(&self, uid: u32, gid: u32) {
         for entry in std::fs::read_dir(&self.dir).unwrap().flatten() {
@@ -93,6 +120,15 @@ impl TestPki {
 
     /// A rustls server configuration presenting the server certificate.
     pub fn rustls_server(&self) -> Arc<rustls::ServerConfig> {
+        self.server_config(false)
+    }
+
+    /// The same, also asking every client for a certificate this CA signed.
+    pub fn rustls_server_requiring_clients(&self) -> Arc<rustls::ServerConfig> {
+        self.server_config(true)
+    }
+
+    fn server_config(&self, client_auth: bool) -> Arc<rustls::ServerConfig> {
         let certs = rustls_pemfile_certs(&self.server_cert_pem);
         let key = rustls::pki_types::PrivateKeyDer::try_from(pem_der(
             &self.server_key_pem,
@@ -100,13 +136,25 @@ impl TestPki {
         ))
         .expect("server key");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .expect("protocol versions")
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .expect("server config");
-        Arc::new(config)
+            .expect("protocol versions");
+        let builder = if client_auth {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in rustls_pemfile_certs(&self.ca_pem) {
+                roots.add(cert).expect("CA root");
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .expect("client verifier");
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        Arc::new(builder.with_single_cert(certs, key).expect("server config"))
     }
 }
 

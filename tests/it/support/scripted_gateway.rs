@@ -89,7 +89,7 @@ impl ScriptedGateway {
     pub async fn start(ledger: &RunningSimulator) -> Self {
         let front = Arc::new(Front {
             ledger_url: ledger.url(),
-            http: reqwest::Client::new(),
+            http: crate::support::helpers::http(),
             script: Mutex::new(Script::default()),
         });
         let app = Router::new()

@@ -125,7 +125,7 @@ async fn start_gate(simulator: String) -> (String, Arc<Gate>, mpsc::UnboundedRec
     let (arrived, held) = mpsc::unbounded_channel();
     let gate = Arc::new(Gate {
         simulator,
-        http: reqwest::Client::new(),
+        http: crate::support::helpers::http(),
         arrived,
         release: Notify::new(),
         held_once: AtomicBool::new(false),

@@ -359,7 +359,7 @@ async fn the_binary_exports_spans_and_metrics_over_otlp() {
         .unwrap();
     stack.wait_for_results(1, Duration::from_secs(60)).await;
     for path in ["healthz", "readyz"] {
-        let response = reqwest::get(format!("http://{health}/{path}"))
+        let response = crate::support::helpers::http_get(format!("http://{health}/{path}"))
             .await
             .unwrap();
         assert_eq!(response.status(), 200, "/{path}");

@@ -116,7 +116,7 @@ async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_p
         .count();
     assert_eq!(panics, 3, "{}", run.tail(40));
     // The partition task lived on: ready, and committed past the record.
-    let ready = reqwest::get(format!("http://127.0.0.1:{health}/readyz"))
+    let ready = crate::support::helpers::http_get(format!("http://127.0.0.1:{health}/readyz"))
         .await
         .unwrap();
     assert_eq!(ready.status(), 200);
@@ -152,7 +152,7 @@ async fn a_stalled_poll_loop_fails_healthz_then_ends_the_process_non_zero() {
     let deadline = Instant::now() + Duration::from_secs(40);
     while run.is_running() {
         assert!(Instant::now() < deadline, "still running: {}", run.tail(20));
-        match reqwest::get(&url).await {
+        match crate::support::helpers::http_get(&url).await {
             Ok(answer) if answer.status() == 200 => healthy = true,
             Ok(answer) if answer.status() == 503 => failing = true,
             _ => {}
@@ -514,7 +514,7 @@ async fn readyz_answers_while_every_payment_connection_waits_on_a_slow_gateway()
         assert!(Instant::now() < deadline, "{}", run.tail(30));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ready = reqwest::get(format!("http://127.0.0.1:{health}/readyz"))
+    let ready = crate::support::helpers::http_get(format!("http://127.0.0.1:{health}/readyz"))
         .await
         .unwrap();
     let status = ready.status();

@@ -1,0 +1,104 @@
+//! Secrets given as a setting (`NAME`) or as a file holding it (`NAME_FILE`, as
+//! container orchestrators mount them). Read once, at start; the value never
+//! reaches a `Debug`, a `Display`, an error message or `--help`.
+
+use std::path::{Path, PathBuf};
+
+pub use crate::redaction::Secret;
+
+/// Why a secret setting could not be read. Names the settings and the file, never
+/// what the file holds.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// Both forms were given: which one wins would be a guess.
+    #[error("{name} and {name}_FILE are both set; give one of them")]
+    BothGiven {
+        /// The setting's name (`GATEWAY_API_KEY`).
+        name: &'static str,
+    },
+    /// The file could not be read.
+    #[error("{name}_FILE {}: cannot be read ({kind})", path.display())]
+    Unreadable {
+        /// The setting's name.
+        name: &'static str,
+        /// The file named.
+        path: PathBuf,
+        /// What the operating system said, without the contents.
+        kind: std::io::ErrorKind,
+    },
+    /// The setting or its file is empty (a file of whitespace counts as empty).
+    #[error("{name} is empty")]
+    Empty {
+        /// The setting's name.
+        name: &'static str,
+    },
+}
+
+impl SecretError {
+    /// A usage error (exit status 2): the command line itself is contradictory.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::BothGiven { .. })
+    }
+}
+
+/// The secret `name` from its value or from the file `name_FILE` names (read now,
+/// the trailing line break trimmed: editors and `echo` add one); `None` when
+/// neither is set. Both set is refused rather than one silently winning.
+pub fn read_secret(
+    name: &'static str,
+    value: Option<&Secret>,
+    file: Option<&Path>,
+) -> Result<Option<Secret>, SecretError> {
+    let secret = match (value, file) {
+        (Some(_), Some(_)) => return Err(SecretError::BothGiven { name }),
+        (None, None) => return Ok(None),
+        (Some(value), None) => value.clone(),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|error| SecretError::Unreadable {
+                name,
+                path: path.to_owned(),
+                kind: error.kind(),
+            })?;
+            Secret::from(text.trim_end_matches(['\n', '\r']))
+        }
+    };
+    if secret.expose().trim().is_empty() {
+        return Err(SecretError::Empty { name });
+    }
+    Ok(Some(secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_comes_from_its_value_or_its_file_never_both() {
+        let dir = std::env::temp_dir().join(format!("pw-secret-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, "sk_test_from_file\r\n").unwrap();
+        let given = Secret::from("sk_test_given");
+
+        let read = read_secret("GATEWAY_API_KEY", None, Some(&file)).unwrap();
+        assert_eq!(read.unwrap().expose(), "sk_test_from_file");
+        let read = read_secret("GATEWAY_API_KEY", Some(&given), None).unwrap();
+        assert_eq!(read.unwrap().expose(), "sk_test_given");
+        assert!(read_secret("GATEWAY_API_KEY", None, None)
+            .unwrap()
+            .is_none());
+
+        let both = read_secret("GATEWAY_API_KEY", Some(&given), Some(&file)).unwrap_err();
+        assert!(both.is_usage());
+        let missing = read_secret("GATEWAY_API_KEY", None, Some(&dir.join("nope"))).unwrap_err();
+        assert!(!missing.is_usage());
+        std::fs::write(&file, "\n").unwrap();
+        let empty = read_secret("GATEWAY_API_KEY", None, Some(&file)).unwrap_err();
+        for error in [both, missing, empty] {
+            let text = format!("{error} {error:?}");
+            assert!(!text.contains("sk_test"), "{text}");
+        }
+        assert_eq!(format!("{given:?}"), "<redacted>");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,145 @@
+//! Where a payment stands at Stripe: its recorded PaymentIntents retrieved (or
+//! found by listing when a create's answer was lost), the latest attempt first.
+
+use super::adapter::{records_unavailable, status_of, StripeGateway, LIST_WINDOW_SKEW};
+use super::api::{is_intent_id, IntentStatus, PaymentIntent};
+use super::intent_state::{approved, declined, manual_capture, state, IntentState, Standing};
+use super::records::IntentRecord;
+use crate::gateway::client::note_failure;
+use crate::gateway::interface::{Charge, GatewayError};
+use crate::token::IdempotencyKey;
+
+impl StripeGateway {
+    /// The PaymentIntent of one create attempt: retrieved by its recorded id, or,
+    /// when the create's answer was lost, found by listing its time window.
+    /// `None`: that create made none that can be found.
+    pub(super) async fn intent_of(
+        &self,
+        key: &IdempotencyKey,
+        record: &IntentRecord,
+    ) -> Result<Option<PaymentIntent>, GatewayError> {
+        let intent = match &record.payment_intent_id {
+            Some(id) if is_intent_id(id) => match self.api.retrieve(id).await {
+                Ok(Some(intent)) => intent,
+                Ok(None) => {
+                    return Err(GatewayError::UnreadableAnswer(format!(
+                        "PaymentIntent {id} recorded for this payment is unknown to this API key \
+                         (another account or mode?)"
+                    )))
+                }
+                Err(failure) => {
+                    let error = GatewayError::Unavailable(format!(
+                        "retrieving PaymentIntent {id} failed: {failure}"
+                    ));
+                    note_failure("lookup", key, status_of(&failure), &error);
+                    return Err(error);
+                }
+            },
+            Some(id) => {
+                return Err(GatewayError::Protocol(format!(
+                    "recorded PaymentIntent id {id:?} is not one"
+                )))
+            }
+            None => match self.find_lost_create(key, record).await? {
+                Some(intent) => intent,
+                None => return Ok(None),
+            },
+        };
+        if intent.livemode.is_some_and(|live| live != record.livemode) {
+            return Err(GatewayError::UnreadableAnswer(format!(
+                "PaymentIntent {} is in the other mode than the payment's",
+                intent.id
+            )));
+        }
+        Ok(Some(intent))
+    }
+
+    /// Lists the PaymentIntents created around a create attempt whose answer was
+    /// lost and keeps the one whose metadata names this key and attempt.
+    pub(super) async fn find_lost_create(
+        &self,
+        key: &IdempotencyKey,
+        record: &IntentRecord,
+    ) -> Result<Option<PaymentIntent>, GatewayError> {
+        let margin = (LIST_WINDOW_SKEW + self.timeout).as_secs() as i64;
+        let at = record.requested_at.timestamp();
+        let listed = self
+            .api
+            .list(Some((at - margin, at + margin)))
+            .await
+            .map_err(|failure| {
+                let error = GatewayError::Unavailable(format!(
+                    "listing PaymentIntents to find a create whose answer was lost failed: {failure}"
+                ));
+                note_failure("lookup", key, status_of(&failure), &error);
+                error
+            })?;
+        let attempt = record.create_attempt.to_string();
+        let Some(found) = listed.into_iter().find(|intent| {
+            intent.metadata("idempotency_key") == Some(key.as_str())
+                && intent.metadata("create_attempt") == Some(attempt.as_str())
+        }) else {
+            return Ok(None);
+        };
+        tracing::info!(idempotency_key = %key, payment_intent = %found.id, "found a PaymentIntent whose create answer was lost");
+        self.records
+            .record_intent(key.as_str(), record.create_attempt, &found.id)
+            .await
+            .map_err(records_unavailable)?;
+        Ok(Some(found))
+    }
+
+    /// Reads the key's PaymentIntents, the latest attempt first, and says where
+    /// the payment stands. A declined one still alive is cancelled here.
+    pub(super) async fn standing(
+        &self,
+        key: &IdempotencyKey,
+        records: &[IntentRecord],
+    ) -> Result<Standing, GatewayError> {
+        for record in records {
+            let Some(intent) = self.intent_of(key, record).await? else {
+                continue;
+            };
+            match state(&intent, record.decline_code.as_deref()) {
+                IntentState::Charged => return Ok(Standing::Settled(approved(&intent), intent)),
+                IntentState::Declined(code) => {
+                    let charge = self.settle_decline(key, record, &intent, code).await;
+                    return Ok(Standing::Settled(charge, intent));
+                }
+                IntentState::InProgress => return Ok(Standing::InProgress),
+                IntentState::Confirmable => {
+                    return Ok(Standing::Confirmable(record.clone(), intent))
+                }
+                IntentState::ManualCapture => return Err(manual_capture(&intent)),
+                IntentState::Dead => {}
+            }
+        }
+        Ok(Standing::Nothing)
+    }
+
+    /// A decline is recorded, then the PaymentIntent cancelled, so nothing can
+    /// confirm it later (best effort: either failing leaves the decline standing).
+    pub(super) async fn settle_decline(
+        &self,
+        key: &IdempotencyKey,
+        record: &IntentRecord,
+        intent: &PaymentIntent,
+        code: String,
+    ) -> Charge {
+        if record.decline_code.is_none() {
+            if let Err(error) = self
+                .records
+                .record_decline(key.as_str(), record.create_attempt, &code)
+                .await
+            {
+                tracing::warn!(idempotency_key = %key, %error, "recording a decline failed");
+            }
+        }
+        if intent.status != IntentStatus::Canceled {
+            if let Err(failure) = self.api.cancel(&intent.id).await {
+                tracing::warn!(idempotency_key = %key, payment_intent = %intent.id, %failure, "cancelling a declined PaymentIntent failed; audit lists it");
+            }
+        }
+        declined(&intent.id, code)
+    }
+}

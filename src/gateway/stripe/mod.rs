@@ -1,0 +1,13 @@
+//! `--gateway stripe`: Stripe's PaymentIntents as the gateway. A charge is Stripe's
+//! own two phases: create a PaymentIntent and record it, then confirm it.
+mod adapter;
+mod amount;
+mod api;
+mod intent_state;
+mod lookup;
+mod phases;
+mod records;
+
+pub use adapter::{StripeGateway, StripeOptions};
+pub use amount::stripe_amount;
+pub use api::StripeCompat;
