@@ -298,8 +298,7 @@ async fn three_workers_on_a_redis_paused_twice_leave_no_token_stuck() {
     )
     .await;
 
-    let client = redis::Client::open(redis.url.as_str()).unwrap();
-    let mut conn = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let mut conn = crate::support::helpers::observer_connection(redis.url.as_str()).await;
     let tokens = token_statuses(&mut conn, &prefix).await;
     let stuck: Vec<_> = tokens
         .iter()

@@ -200,15 +200,25 @@ pub struct TestRedis {
 impl TestRedis {
     pub async fn new() -> Self {
         ensure_services();
-        let client = redis::Client::open(REDIS_URL).expect("redis url");
-        let conn = redis::aio::ConnectionManager::new(client)
-            .await
-            .expect("redis connection");
         Self {
             prefix: unique("pwt"),
-            conn,
+            conn: observer_connection(REDIS_URL).await,
         }
     }
+}
+
+/// A connection for a test's own look at Redis (planting, scanning, flushing a
+/// prefix): with redis-rs's default half-second answer timeout, a SCAN on a machine
+/// running six tests at once was seen to time out, failing a test for its
+/// instrument's sake. The worker's own connections keep their settings.
+pub async fn observer_connection(url: &str) -> redis::aio::ConnectionManager {
+    let client = redis::Client::open(url).expect("redis url");
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(5)));
+    redis::aio::ConnectionManager::new_with_config(client, config)
+        .await
+        .expect("redis connection")
 }
 
 // ---------------------------------------------------------------------------
