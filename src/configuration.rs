@@ -52,8 +52,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 #[derive(Clone, clap::Args)]
 pub struct DatabaseSettings {
     /// Postgres URL (`sslmode`, `sslrootcert` honoured); with `--migrate auto` the
-    /// database is created when missing. Read it through [`DatabaseSettings::url`],
-    /// which takes DATABASE_URL_FILE into account.
+    /// database is created when missing.
+    // Read it through `DatabaseSettings::url`, which takes DATABASE_URL_FILE into account.
     #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
     pub url: String,
     /// File holding the Postgres URL (e.g. a mounted Secret), read once at start (a
@@ -156,8 +156,8 @@ pub enum MigrateMode {
 pub struct RedisSettings {
     /// Redis URL: `redis://` or `rediss://` (TLS) for one node; `redis+cluster://h1:p1,h2:p2`
     /// (or `rediss+cluster://`) for a Redis Cluster; `redis+sentinel://h1:p1,h2:p2,h3:p3/<master>`
-    /// (or `rediss+sentinel://`) for the master a group of Sentinels names. Read it
-    /// through [`RedisSettings::url`], which takes REDIS_URL_FILE into account.
+    /// (or `rediss+sentinel://`) for the master a group of Sentinels names.
+    // Read it through `RedisSettings::url`, which takes REDIS_URL_FILE into account.
     #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL, hide_env_values = true)]
     pub url: String,
     /// File holding the Redis URL, read once at start (a trailing line break is

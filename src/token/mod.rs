@@ -10,10 +10,8 @@ mod store;
 pub use key::{IdempotencyKey, InvalidKey};
 pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
-pub use redis_connection::{
-    ClientIdentity, RedisConnection, RedisTarget, ScanTarget, SentinelService,
-};
-pub use redis_sentinel::SentinelConnection;
+pub use redis_connection::{ClientIdentity, RedisConnection, RedisTarget, ScanTarget};
+pub use redis_sentinel::{SentinelConnection, SentinelService};
 
 pub use store::{
     Claim, Housekeeping, IssueOutcome, LockOutcome, Reservation, SettleInTransaction, TokenError,

@@ -17,7 +17,7 @@ use redis::{
     AsyncConnectionConfig, ClientTlsConfig, Cmd, Pipeline, RedisFuture, TlsCertificates, Value,
 };
 
-use super::redis_sentinel::SentinelConnection;
+use super::redis_sentinel::{SentinelConnection, SentinelService};
 use crate::redaction::{redact_url, Secret};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -53,39 +53,6 @@ pub struct ClientIdentity {
 impl std::fmt::Debug for ClientIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ClientIdentity(<redacted>)")
-    }
-}
-
-/// What a Sentinel URL asks the sentinels for: the master's name, the database,
-/// whether its nodes speak TLS, the credentials for the master and its replicas
-/// (`user:password@` of the URL), and whether the sentinels get them too
-/// (`?sentinel_auth=same`, for sentinels with the data nodes' password).
-#[derive(Clone)]
-pub struct SentinelService {
-    /// The master's name in the sentinels' configuration.
-    pub master: String,
-    /// The database number (`/<master>/<db>`).
-    pub db: i64,
-    /// `rediss+sentinel://`: sentinels and data nodes over TLS.
-    pub tls: bool,
-    /// User name for the master.
-    pub username: Option<String>,
-    /// Password for the master.
-    pub password: Option<Secret>,
-    /// The sentinels take the same credentials.
-    pub sentinel_auth: bool,
-}
-
-impl std::fmt::Debug for SentinelService {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelService")
-            .field("master", &self.master)
-            .field("db", &self.db)
-            .field("tls", &self.tls)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("sentinel_auth", &self.sentinel_auth)
-            .finish()
     }
 }
 
@@ -259,7 +226,7 @@ impl RedisTarget {
 
     /// The TLS material given: a CA and/or a client certificate (`None`: neither,
     /// the system roots verify the servers).
-    pub(super) fn certificates(&self) -> Option<TlsCertificates> {
+    fn certificates(&self) -> Option<TlsCertificates> {
         if self.ca_pem.is_none() && self.client_identity.is_none() {
             return None;
         }
@@ -290,14 +257,19 @@ impl RedisTarget {
                     .set_response_timeout(Some(RESPONSE_TIMEOUT));
                 // Boxed: its future nests the sentinels' look-up, and unboxed it
                 // deepens every start-up future past the compiler's layout limit.
-                let conn = Box::pin(SentinelConnection::connect(self, service, config))
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "cannot reach the Redis master {:?} through the sentinels {shown}",
-                            service.master
-                        )
-                    })?;
+                let conn = Box::pin(SentinelConnection::connect(
+                    &self.nodes,
+                    service,
+                    self.certificates(),
+                    config,
+                ))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot reach the Redis master {:?} through the sentinels {shown}",
+                        service.master
+                    )
+                })?;
                 Ok(RedisConnection::Sentinel(conn))
             } else if self.cluster {
                 let mut builder = ClusterClient::builder(self.nodes.clone())

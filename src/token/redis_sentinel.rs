@@ -18,13 +18,46 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisFuture,
-    RedisResult, ServerErrorKind, TlsMode, Value,
+    RedisResult, ServerErrorKind, TlsCertificates, TlsMode, Value,
 };
 
-use super::redis_connection::{RedisTarget, SentinelService};
+use crate::redaction::Secret;
 
 /// How long asking the sentinels for the master and connecting to it may take.
 const FIND_MASTER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a Sentinel URL asks the sentinels for: the master's name, the database,
+/// whether its nodes speak TLS, the credentials for the master and its replicas
+/// (`user:password@` of the URL), and whether the sentinels get them too
+/// (`?sentinel_auth=same`, for sentinels with the data nodes' password).
+#[derive(Clone)]
+pub struct SentinelService {
+    /// The master's name in the sentinels' configuration.
+    pub master: String,
+    /// The database number (`/<master>/<db>`).
+    pub db: i64,
+    /// `rediss+sentinel://`: sentinels and data nodes over TLS.
+    pub tls: bool,
+    /// User name for the master.
+    pub username: Option<String>,
+    /// Password for the master.
+    pub password: Option<Secret>,
+    /// The sentinels take the same credentials.
+    pub sentinel_auth: bool,
+}
+
+impl std::fmt::Debug for SentinelService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelService")
+            .field("master", &self.master)
+            .field("db", &self.db)
+            .field("tls", &self.tls)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("sentinel_auth", &self.sentinel_auth)
+            .finish()
+    }
+}
 
 /// The current master's connection, replaced when the master changes.
 #[derive(Clone)]
@@ -41,13 +74,15 @@ struct Shared {
 }
 
 impl SentinelConnection {
-    /// Asks the sentinels of `target` for `service`'s master and connects to it.
+    /// Asks the `sentinels` (`redis://host:port` URLs) for `service`'s master and
+    /// connects to it, with `certificates` for TLS when given.
     pub(super) async fn connect(
-        target: &RedisTarget,
+        sentinels: &[String],
         service: &SentinelService,
+        certificates: Option<TlsCertificates>,
         config: AsyncConnectionConfig,
     ) -> anyhow::Result<Self> {
-        let mut sentinels = sentinel_client(target, service)?;
+        let mut sentinels = sentinel_client(sentinels, service, certificates)?;
         let connection = find_master(&mut sentinels, &config).await?;
         Ok(Self {
             shared: Arc::new(Shared {
@@ -183,11 +218,11 @@ fn sentinel_address(node: &str, tls: bool) -> anyhow::Result<ConnectionAddr> {
 }
 
 fn sentinel_client(
-    target: &RedisTarget,
+    sentinels: &[String],
     service: &SentinelService,
+    certificates: Option<TlsCertificates>,
 ) -> anyhow::Result<SentinelClient> {
-    let addresses = target
-        .nodes
+    let addresses = sentinels
         .iter()
         .map(|node| sentinel_address(node, service.tls))
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -215,7 +250,7 @@ fn sentinel_client(
             .set_client_to_redis_tls_mode(TlsMode::Secure)
             .set_client_to_sentinel_tls_mode(TlsMode::Secure);
     }
-    if let Some(certificates) = target.certificates() {
+    if let Some(certificates) = certificates {
         anyhow::ensure!(
             service.tls,
             "REDIS_CA_CERT and REDIS_CLIENT_CERT need TLS: use rediss+sentinel://"
