@@ -18,10 +18,12 @@ pub use gateway::{
     GatewayAccess, GatewayKind, StripeCompat, StripeSettings, DEFAULT_CHARGES_URL,
     DEFAULT_STRIPE_API_VERSION, DEFAULT_STRIPE_URL,
 };
-pub use secrets::{read_secret, Secret, SecretError};
+pub use secrets::{read_secret, Secret, SecretError, SecretFile, SecretFileParser};
 
-use kafka_passthrough::{check_passthrough_key, is_secret_setting, KafkaSettingParser};
-pub use kafka_passthrough::{environment_passthrough, WorkerOwnedKafkaSetting};
+use kafka_passthrough::{
+    check_passthrough_key, is_secret_setting, KafkaConfigFileParser, KafkaSettingParser,
+};
+pub use kafka_passthrough::{environment_passthrough, KafkaConfigFile, WorkerOwnedKafkaSetting};
 
 /// `DATABASE_URL` when none is given: the local `payments` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments";
@@ -51,8 +53,21 @@ pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 pub struct DatabaseSettings {
     /// Postgres URL (`sslmode`, `sslrootcert` honoured); with `--migrate auto` the
     /// database is created when missing.
+    // Read it through `DatabaseSettings::url`, which takes DATABASE_URL_FILE into account.
     #[arg(id = "database_url", long = "database-url", env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
     pub url: String,
+    /// File holding the Postgres URL (e.g. a mounted Secret), read once at start (a
+    /// trailing line break is ignored); instead of DATABASE_URL.
+    #[arg(
+        id = "database_url_file",
+        long = "database-url-file",
+        env = "DATABASE_URL_FILE",
+        value_name = "PATH",
+        value_parser = SecretFileParser::new("DATABASE_URL"),
+        conflicts_with = "database_url",
+        hide_env_values = true
+    )]
+    pub url_file: Option<SecretFile>,
     /// Pool size. Each in-flight payment holds one connection for its transaction.
     #[arg(
         long = "database-max-connections",
@@ -66,7 +81,8 @@ pub struct DatabaseSettings {
 impl std::fmt::Debug for DatabaseSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatabaseSettings")
-            .field("url", &redact_url(&self.url))
+            .field("url", &redact_url(self.url()))
+            .field("url_file", &self.url_file.as_ref().map(SecretFile::path))
             .field("max_connections", &self.max_connections)
             .finish()
     }
@@ -77,18 +93,27 @@ impl DatabaseSettings {
     pub fn with_url(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
+            url_file: None,
             max_connections: 48,
+        }
+    }
+
+    /// The Postgres URL: DATABASE_URL_FILE's contents when given, else DATABASE_URL.
+    pub fn url(&self) -> &str {
+        match &self.url_file {
+            Some(file) => file.contents().expose(),
+            None => &self.url,
         }
     }
 
     /// The connection options `DATABASE_URL` names (no connection is made);
     /// statements are logged by the tracing spans, not by sqlx.
     pub fn connect_options(&self) -> anyhow::Result<PgConnectOptions> {
-        let mut options: PgConnectOptions = self
-            .url
+        let url = self.url();
+        let mut options: PgConnectOptions = url
             .parse()
-            .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.url)))?;
-        if requires_tls_with_a_root_certificate(&self.url) {
+            .with_context(|| format!("invalid DATABASE_URL {}", redact_url(url)))?;
+        if requires_tls_with_a_root_certificate(url) {
             // libpq verifies the server against `sslrootcert` under `sslmode=require`
             // (as `verify-ca`); sqlx alone would encrypt without verifying anything,
             // so a URL written for psql would silently trust any server.
@@ -130,9 +155,23 @@ pub enum MigrateMode {
 #[derive(Clone, clap::Args)]
 pub struct RedisSettings {
     /// Redis URL: `redis://` or `rediss://` (TLS) for one node; `redis+cluster://h1:p1,h2:p2`
-    /// (or `rediss+cluster://`) for a Redis Cluster.
+    /// (or `rediss+cluster://`) for a Redis Cluster; `redis+sentinel://h1:p1,h2:p2,h3:p3/<master>`
+    /// (or `rediss+sentinel://`) for the master a group of Sentinels names.
+    // Read it through `RedisSettings::url`, which takes REDIS_URL_FILE into account.
     #[arg(id = "redis_url", long = "redis-url", env = "REDIS_URL", default_value = DEFAULT_REDIS_URL, hide_env_values = true)]
     pub url: String,
+    /// File holding the Redis URL, read once at start (a trailing line break is
+    /// ignored); instead of REDIS_URL.
+    #[arg(
+        id = "redis_url_file",
+        long = "redis-url-file",
+        env = "REDIS_URL_FILE",
+        value_name = "PATH",
+        value_parser = SecretFileParser::new("REDIS_URL"),
+        conflicts_with = "redis_url",
+        hide_env_values = true
+    )]
+    pub url_file: Option<SecretFile>,
     /// Treat a comma-separated REDIS_URL (`redis://h1:p1,redis://h2:p2`) as the seed
     /// nodes of a Redis Cluster.
     #[arg(id = "redis_cluster", long = "redis-cluster", env = "REDIS_CLUSTER")]
@@ -141,6 +180,24 @@ pub struct RedisSettings {
     /// system roots).
     #[arg(id = "redis_ca_cert", long = "redis-ca-cert", env = "REDIS_CA_CERT")]
     pub ca_cert: Option<std::path::PathBuf>,
+    /// PEM certificate (chain) this worker presents to Redis (`rediss://`, mutual TLS).
+    #[arg(
+        id = "redis_client_cert",
+        long = "redis-client-cert",
+        env = "REDIS_CLIENT_CERT",
+        value_name = "PATH",
+        requires = "redis_client_key"
+    )]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// PEM private key of REDIS_CLIENT_CERT.
+    #[arg(
+        id = "redis_client_key",
+        long = "redis-client-key",
+        env = "REDIS_CLIENT_KEY",
+        value_name = "PATH",
+        requires = "redis_client_cert"
+    )]
+    pub client_key: Option<std::path::PathBuf>,
     /// Key prefix; each key is `<prefix>:token:{<idempotency key>}` (hash-tagged for Redis Cluster).
     #[arg(
         id = "redis_key_prefix",
@@ -154,11 +211,37 @@ pub struct RedisSettings {
 impl std::fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSettings")
-            .field("url", &redact_url(&self.url))
+            .field("url", &redact_url(self.url()))
+            .field("url_file", &self.url_file.as_ref().map(SecretFile::path))
             .field("cluster", &self.cluster)
             .field("ca_cert", &self.ca_cert)
+            .field("client_cert", &self.client_cert)
+            .field("client_key", &self.client_key)
             .field("key_prefix", &self.key_prefix)
             .finish()
+    }
+}
+
+impl RedisSettings {
+    /// Settings for the Redis at `url`: no TLS files, keys under `key_prefix`.
+    pub fn with_url(url: impl Into<String>, key_prefix: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            url_file: None,
+            cluster: false,
+            ca_cert: None,
+            client_cert: None,
+            client_key: None,
+            key_prefix: key_prefix.into(),
+        }
+    }
+
+    /// The Redis URL: REDIS_URL_FILE's contents when given, else REDIS_URL.
+    pub fn url(&self) -> &str {
+        match &self.url_file {
+            Some(file) => file.contents().expose(),
+            None => &self.url,
+        }
     }
 }
 
@@ -390,6 +473,18 @@ pub struct KafkaSettings {
     /// group and bootstrap settings) are refused.
     #[arg(id = "kafka_config", long = "kafka-config", value_parser = KafkaSettingParser)]
     pub extra: Vec<(String, String)>,
+    /// A librdkafka properties file (`key=value` lines, `#` comments), read once at
+    /// start: pass-through settings that hold secrets, such as `sasl.password` or
+    /// `sasl.oauthbearer.client.secret`. A setting may not also be given as
+    /// KAFKA_CONFIG_* or --kafka-config.
+    #[arg(
+        id = "kafka_config_file",
+        long = "kafka-config-file",
+        env = "KAFKA_CONFIG_FILE",
+        value_name = "PATH",
+        value_parser = KafkaConfigFileParser
+    )]
+    pub config_file: Option<KafkaConfigFile>,
     /// The `KAFKA_CONFIG_*` environment variables as librdkafka settings, read once
     /// when these settings are made (parsed, or [`KafkaSettings::local`]): the
     /// environment is read at the edge, never by a client builder or `Debug`.
@@ -431,27 +526,56 @@ impl KafkaSettings {
             group_instance_id: None,
             group_protocol: GroupProtocol::Classic,
             extra: Vec::new(),
+            config_file: None,
             from_environment: environment_passthrough(),
         }
     }
 
-    /// The `KAFKA_CONFIG_*` settings read from the environment, then the
-    /// `--kafka-config` pairs (a later pair wins in librdkafka).
+    /// The `KAFKA_CONFIG_*` settings read from the environment, then those of
+    /// KAFKA_CONFIG_FILE, then the `--kafka-config` pairs (a later pair wins in
+    /// librdkafka; `check_passthrough` refuses a setting given in the file and
+    /// elsewhere).
     pub fn passthrough(&self) -> Vec<(String, String)> {
+        let from_file = self
+            .config_file
+            .iter()
+            .flat_map(|file| file.settings().iter());
         self.from_environment
             .iter()
+            .chain(from_file)
             .chain(&self.extra)
             .cloned()
             .collect()
     }
 
-    /// Refuses passed-through settings the worker owns (`--kafka-config` is checked
-    /// when parsed; this catches `KAFKA_CONFIG_*` too). Every Kafka client the worker
-    /// builds for `run` checks it first.
+    /// Refuses passed-through settings the worker owns (`--kafka-config` and the
+    /// file are checked when parsed; this catches `KAFKA_CONFIG_*` too), and a
+    /// setting given both in KAFKA_CONFIG_FILE and as `KAFKA_CONFIG_*` or
+    /// `--kafka-config` (which one should win would be a guess). Every Kafka client
+    /// the worker builds for `run` checks it first.
     pub fn check_passthrough(&self) -> Result<(), WorkerOwnedKafkaSetting> {
         self.passthrough()
             .iter()
-            .try_for_each(|(key, _)| check_passthrough_key(key))
+            .try_for_each(|(key, _)| check_passthrough_key(key))?;
+        let Some(file) = &self.config_file else {
+            return Ok(());
+        };
+        let normalised = |key: &str| key.trim().to_ascii_lowercase();
+        match self
+            .from_environment
+            .iter()
+            .chain(&self.extra)
+            .find(|(key, _)| {
+                file.settings()
+                    .iter()
+                    .any(|(in_file, _)| normalised(in_file) == normalised(key))
+            }) {
+            Some((key, _)) => Err(WorkerOwnedKafkaSetting {
+                key: key.clone(),
+                reason: "it is also in KAFKA_CONFIG_FILE: give each setting once",
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -479,6 +603,10 @@ impl std::fmt::Debug for KafkaSettings {
             .field("session_timeout", &self.session_timeout)
             .field("group_instance_id", &self.group_instance_id)
             .field("group_protocol", &self.group_protocol)
+            .field(
+                "config_file",
+                &self.config_file.as_ref().map(KafkaConfigFile::path),
+            )
             .field("extra", &extra)
             .finish()
     }

@@ -8,7 +8,14 @@
 //! `OTEL_TRACES_SAMPLER(_ARG)` and `OTEL_METRIC_EXPORT_INTERVAL` are honoured by the SDK.
 //! Over gRPC and over HTTP an `https://` endpoint is verified against the system roots
 //! plus the CA in `OTEL_EXPORTER_OTLP_CERTIFICATE` (or the per-signal
-//! `…_TRACES_CERTIFICATE`, `…_METRICS_CERTIFICATE`) when given.
+//! `…_TRACES_CERTIFICATE`, `…_METRICS_CERTIFICATE`) when given, and the client
+//! presents `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` with `…_CLIENT_KEY` (per signal
+//! too) when the receiver asks for one. `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip` or
+//! `none`, per signal too) is honoured by the exporters.
+//!
+//! `OTEL_METRICS_EXPORTER` picks where metrics go: `otlp` (the default, when an
+//! endpoint is set), `prometheus` (text at `/metrics` on the health listener,
+//! `telemetry/prometheus.rs`), both (`otlp,prometheus`) or `none`.
 
 use std::sync::OnceLock;
 
@@ -31,6 +38,7 @@ pub const SERVICE_NAME: &str = "payment-worker";
 pub const COMMAND_SPAN: &str = "process";
 
 mod log_fields;
+pub mod prometheus;
 pub use log_fields::LogFields;
 
 /// Held by `main`; `shutdown` flushes buffered spans and metrics.
@@ -43,9 +51,68 @@ fn env_set(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.trim().is_empty())
 }
 
+fn sdk_disabled() -> bool {
+    std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
 fn otlp_wanted(signal_endpoint: &str) -> bool {
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
-    !disabled && (env_set("OTEL_EXPORTER_OTLP_ENDPOINT") || env_set(signal_endpoint))
+    !sdk_disabled() && (env_set("OTEL_EXPORTER_OTLP_ENDPOINT") || env_set(signal_endpoint))
+}
+
+/// Where metrics go, from `OTEL_METRICS_EXPORTER` (a comma-separated list of
+/// `otlp`, `prometheus`, `none`; unset means `otlp`). OTLP still needs an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct MetricExporters {
+    otlp: bool,
+    prometheus: bool,
+}
+
+fn metric_exporters(say_what_is_ignored: bool) -> MetricExporters {
+    if sdk_disabled() {
+        return MetricExporters::default();
+    }
+    let listed = std::env::var("OTEL_METRICS_EXPORTER").unwrap_or_default();
+    let mut exporters = MetricExporters::default();
+    if listed.trim().is_empty() {
+        exporters.otlp = true;
+    }
+    for name in listed.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name.to_ascii_lowercase().as_str() {
+            "otlp" => exporters.otlp = true,
+            "prometheus" => exporters.prometheus = true,
+            "none" => {}
+            other if say_what_is_ignored => eprintln!(
+                "payment-worker: OTEL_METRICS_EXPORTER {other:?} is not supported (otlp, prometheus or none); ignored"
+            ),
+            _ => {}
+        }
+    }
+    exporters.otlp = exporters.otlp && otlp_wanted("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
+    exporters
+}
+
+/// Warnings raised before logging starts (while the command line is parsed) wait
+/// here for [`init`].
+static EARLY_WARNINGS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Logs `message` at `warn`; raised before logging has started (a setting read
+/// while the command line is parsed), it is held and logged as logging starts.
+pub fn warn_at_start(message: String) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::warn!("{message}");
+    } else if let Ok(mut held) = EARLY_WARNINGS.lock() {
+        held.push(message);
+    }
+}
+
+fn log_early_warnings() {
+    let held = match EARLY_WARNINGS.lock() {
+        Ok(mut held) => std::mem::take(&mut *held),
+        Err(_) => return,
+    };
+    for message in held {
+        tracing::warn!("{message}");
+    }
 }
 
 fn resource() -> Resource {
@@ -96,11 +163,16 @@ fn protocol(signal: &str) -> Option<String> {
     .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
 }
 
+/// A certificate (chain) and its private key, PEM.
+type PemPair = (Vec<u8>, Vec<u8>);
+
 /// Where a signal is exported and which extra CA verifies it, from the standard
 /// variables (the per-signal one first).
 struct OtlpTarget {
     https: bool,
     ca_file: Option<String>,
+    client_certificate: Option<String>,
+    client_key: Option<String>,
     timeout: std::time::Duration,
 }
 
@@ -119,6 +191,14 @@ impl OtlpTarget {
             format!("OTEL_EXPORTER_OTLP_{signal}_CERTIFICATE"),
             "OTEL_EXPORTER_OTLP_CERTIFICATE".to_owned(),
         ]);
+        let client_certificate = first_set([
+            format!("OTEL_EXPORTER_OTLP_{signal}_CLIENT_CERTIFICATE"),
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE".to_owned(),
+        ]);
+        let client_key = first_set([
+            format!("OTEL_EXPORTER_OTLP_{signal}_CLIENT_KEY"),
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY".to_owned(),
+        ]);
         // The SDK's own default (10 s) when unset or unreadable.
         let timeout_ms = first_set([
             format!("OTEL_EXPORTER_OTLP_{signal}_TIMEOUT"),
@@ -129,13 +209,29 @@ impl OtlpTarget {
         Self {
             https: endpoint.is_some_and(|e| e.trim().to_ascii_lowercase().starts_with("https://")),
             ca_file,
+            client_certificate,
+            client_key,
             timeout: std::time::Duration::from_millis(timeout_ms),
         }
     }
 
-    /// Whether this export needs our TLS set-up (an `https://` endpoint or a CA file).
+    /// Whether this export needs our TLS set-up (an `https://` endpoint, a CA file or
+    /// a client certificate).
     fn wants_tls(&self) -> bool {
-        self.https || self.ca_file.is_some()
+        self.https || self.ca_file.is_some() || self.client_certificate.is_some()
+    }
+
+    /// The client certificate (chain) and its key, PEM, when both are set.
+    fn client_identity(&self) -> Result<Option<PemPair>, String> {
+        let read = |path: &str| std::fs::read(path).map_err(|e| format!("reading {path}: {e}"));
+        match (&self.client_certificate, &self.client_key) {
+            (Some(cert), Some(key)) => Ok(Some((read(cert)?, read(key)?))),
+            (None, None) => Ok(None),
+            _ => Err(
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY go together"
+                    .to_owned(),
+            ),
+        }
     }
 
     fn ca_pem(&self) -> Result<Option<Vec<u8>>, String> {
@@ -149,10 +245,13 @@ impl OtlpTarget {
     fn grpc_tls(
         &self,
     ) -> Result<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig, String> {
-        use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
+        use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
         let mut config = ClientTlsConfig::new().with_native_roots();
         if let Some(pem) = self.ca_pem()? {
             config = config.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let Some((cert, key)) = self.client_identity()? {
+            config = config.identity(Identity::from_pem(cert, key));
         }
         Ok(config)
     }
@@ -167,11 +266,39 @@ impl OtlpTarget {
                 .map_err(|e| format!("reading the OTLP CA certificate: {e}"))?;
             builder = builder.tls_certs_merge(certs);
         }
+        if let Some((mut pem, key)) = self.client_identity()? {
+            pem.push(b'\n');
+            pem.extend(key);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| format!("reading the OTLP client certificate and key: {e}"))?;
+            builder = builder.identity(identity);
+        }
         std::thread::spawn(move || builder.build())
             .join()
             .map_err(|_| "building the OTLP HTTP client panicked".to_owned())?
             .map_err(|e| format!("building the OTLP HTTP client: {e}"))
     }
+}
+
+/// `OTEL_EXPORTER_OTLP_{signal}_COMPRESSION` or `OTEL_EXPORTER_OTLP_COMPRESSION`: the
+/// SDK applies `gzip` itself; any other value than `gzip` or `none` would be skipped
+/// by it with a warning few read, so the exporter is refused instead.
+fn check_compression(signal: &str) -> Result<(), String> {
+    for name in [
+        format!("OTEL_EXPORTER_OTLP_{signal}_COMPRESSION"),
+        "OTEL_EXPORTER_OTLP_COMPRESSION".to_owned(),
+    ] {
+        let Some(value) = std::env::var(&name).ok().filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        return match value.trim().to_ascii_lowercase().as_str() {
+            "gzip" | "none" => Ok(()),
+            other => Err(format!(
+                "{name}={other:?} is not supported: use gzip or none"
+            )),
+        };
+    }
+    Ok(())
 }
 
 /// One signal's exporter: plain endpoints leave the transport to the SDK (from the
@@ -180,6 +307,7 @@ impl OtlpTarget {
 macro_rules! otlp_exporter {
     ($exporter:ty, $signal:literal) => {{
         use opentelemetry_otlp::{WithHttpConfig, WithTonicConfig};
+        check_compression($signal)?;
         let target = OtlpTarget::of($signal);
         let builder = <$exporter>::builder();
         let exporter = if !target.wants_tls() {
@@ -226,21 +354,28 @@ fn tracer_provider() -> Option<SdkTracerProvider> {
 }
 
 fn meter_provider() -> Option<SdkMeterProvider> {
-    if !otlp_wanted("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") {
+    let exporters = metric_exporters(true);
+    if !exporters.otlp && !exporters.prometheus {
         return None;
     }
-    match metric_exporter() {
-        Ok(exporter) => Some(
-            SdkMeterProvider::builder()
-                .with_resource(resource())
-                .with_periodic_exporter(exporter)
-                .build(),
-        ),
-        Err(error) => {
-            eprintln!("payment-worker: OTLP metric exporter not started: {error}");
-            None
+    let mut builder = SdkMeterProvider::builder().with_resource(resource());
+    if exporters.otlp {
+        match metric_exporter() {
+            Ok(exporter) => builder = builder.with_periodic_exporter(exporter),
+            Err(error) => {
+                eprintln!("payment-worker: OTLP metric exporter not started: {error}");
+                if !exporters.prometheus {
+                    return None;
+                }
+            }
         }
     }
+    if exporters.prometheus {
+        let reader = prometheus::PrometheusReader::new();
+        prometheus::install(reader.clone());
+        builder = builder.with_reader(reader);
+    }
+    Some(builder.build())
 }
 
 /// Makes ring the process-wide rustls provider. The OTLP HTTP client is built without
@@ -250,9 +385,11 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Whether metrics leave the process (so collecting them is worth its cost).
+/// Whether metrics leave the process, over OTLP or at `/metrics` (so collecting
+/// them is worth its cost).
 pub fn metrics_exported() -> bool {
-    otlp_wanted("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    let exporters = metric_exporters(false);
+    exporters.otlp || exporters.prometheus
 }
 
 /// Installs the global subscriber, propagator and providers. Call inside the tokio
@@ -314,6 +451,7 @@ pub fn init(default_filter: &str) -> Telemetry {
         .with(logs)
         .with(traces)
         .try_init();
+    log_early_warnings();
     Telemetry {
         tracer_provider,
         meter_provider,

@@ -1,8 +1,16 @@
-//! Kafka settings passed through to librdkafka (`--kafka-config`, `KAFKA_CONFIG_*`):
-//! read, refused when the worker owns them, and told apart when they are secrets.
+//! Kafka settings passed through to librdkafka (`--kafka-config`, `KAFKA_CONFIG_*`,
+//! `KAFKA_CONFIG_FILE`): read, refused when the worker owns them, and told apart
+//! when they are secrets.
 
-/// Every `KAFKA_CONFIG_*` environment variable as a librdkafka setting (`_`
-/// becomes `.`, lower-cased).
+use std::path::{Path, PathBuf};
+
+use super::secrets::read_secret;
+
+/// The environment variable naming the properties file; not a librdkafka setting.
+const CONFIG_FILE_VARIABLE: &str = "KAFKA_CONFIG_FILE";
+
+/// Every `KAFKA_CONFIG_*` environment variable but `KAFKA_CONFIG_FILE` as a
+/// librdkafka setting (`_` becomes `.`, lower-cased).
 ///
 /// Read as OS strings: `std::env::vars` panics on any variable that is not UTF-8,
 /// however unrelated to Kafka. One of ours that is not UTF-8 keeps its bytes as
@@ -11,6 +19,9 @@ pub fn environment_passthrough() -> Vec<(String, String)> {
     std::env::vars_os()
         .filter_map(|(k, v)| {
             let name = k.to_string_lossy();
+            if name == CONFIG_FILE_VARIABLE {
+                return None;
+            }
             name.strip_prefix("KAFKA_CONFIG_").map(|rest| {
                 (
                     rest.to_ascii_lowercase().replace('_', "."),
@@ -136,6 +147,91 @@ impl clap::builder::TypedValueParser for KafkaSettingParser {
     }
 }
 
+/// `KAFKA_CONFIG_FILE`: a librdkafka properties file, read (through `read_secret`)
+/// and checked when the command line is parsed. `Debug` shows the path and the
+/// setting names, never a value.
+#[derive(Clone)]
+pub struct KafkaConfigFile {
+    path: PathBuf,
+    settings: Vec<(String, String)>,
+}
+
+impl KafkaConfigFile {
+    /// The file named.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its settings, in file order.
+    pub fn settings(&self) -> &[(String, String)] {
+        &self.settings
+    }
+}
+
+impl std::fmt::Debug for KafkaConfigFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<&str> = self.settings.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("KafkaConfigFile")
+            .field("path", &self.path)
+            .field("keys", &keys)
+            .finish()
+    }
+}
+
+/// The properties format librdkafka's own tools and kcat read: one `key=value` per
+/// line, blank lines and lines starting with `#` or `!` skipped, spaces around the
+/// key and before the value ignored. Errors name the line and the key, never a value.
+fn parse_properties(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut settings: Vec<(String, String)> = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with('!') {
+            continue;
+        }
+        let at = number + 1;
+        let (key, value) = trimmed.split_once('=').ok_or_else(|| {
+            format!("line {at} is not key=value (the line is not shown: it may hold a secret)")
+        })?;
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(format!("line {at} has no key"));
+        }
+        check_passthrough_key(key).map_err(|e| format!("line {at}: {e}"))?;
+        if settings.iter().any(|(k, _)| k.eq_ignore_ascii_case(key)) {
+            return Err(format!("line {at}: {key:?} is given twice"));
+        }
+        settings.push((key.to_owned(), value.trim_start().to_owned()));
+    }
+    Ok(settings)
+}
+
+/// `--kafka-config-file` / `KAFKA_CONFIG_FILE`.
+#[derive(Clone)]
+pub(super) struct KafkaConfigFileParser;
+
+impl clap::builder::TypedValueParser for KafkaConfigFileParser {
+    type Value = KafkaConfigFile;
+
+    fn parse_ref(
+        &self,
+        _: &clap::Command,
+        _: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let refuse = |why: String| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n"))
+        };
+        let path = PathBuf::from(value);
+        let text = read_secret("KAFKA_CONFIG", None, Some(&path))
+            .map_err(|e| refuse(e.to_string()))?
+            .ok_or_else(|| refuse(format!("{CONFIG_FILE_VARIABLE}: no file named")))?;
+        let settings = parse_properties(text.expose())
+            .map_err(|why| refuse(format!("{CONFIG_FILE_VARIABLE} {}: {why}", path.display())))?;
+        Ok(KafkaConfigFile { path, settings })
+    }
+}
+
 pub(super) fn is_secret_setting(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
     [
@@ -148,4 +244,35 @@ pub(super) fn is_secret_setting(key: &str) -> bool {
     ]
     .iter()
     .any(|s| key.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_properties;
+
+    #[test]
+    fn a_properties_file_is_read_as_librdkafka_settings_without_showing_values() {
+        let text = "# managed Kafka\r\n\nsecurity.protocol = SASL_SSL\r\n  ! a comment\nsasl.password=p=w d \n";
+        let settings = parse_properties(text).unwrap();
+        assert_eq!(
+            settings,
+            [
+                ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
+                ("sasl.password".to_owned(), "p=w d ".to_owned()),
+            ]
+        );
+        for (bad, expected) in [
+            ("sasl.password hunter2-secret", "line 1 is not key=value"),
+            ("a=1\nenable.auto.commit=true", "line 2"),
+            (
+                "sasl.username=u\nSASL.USERNAME=hunter2-secret",
+                "given twice",
+            ),
+            ("=hunter2-secret", "no key"),
+        ] {
+            let error = parse_properties(bad).unwrap_err();
+            assert!(error.contains(expected), "{error}");
+            assert!(!error.contains("hunter2-secret"), "{error}");
+        }
+    }
 }

@@ -1,6 +1,11 @@
 //! Secrets given as a setting (`NAME`) or as a file holding it (`NAME_FILE`, as
 //! container orchestrators mount them). Read once, at start; the value never
 //! reaches a `Debug`, a `Display`, an error message or `--help`.
+//!
+//! `read_secret` is the one way a secret file is read. The gateway's key is read
+//! where its client is made; `DATABASE_URL_FILE`, `REDIS_URL_FILE` and
+//! `KAFKA_CONFIG_FILE` are read by [`SecretFileParser`] while the command line is
+//! parsed, so every command gets them the same way and none reads them twice.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +13,7 @@ pub use crate::redaction::Secret;
 
 /// Why a secret setting could not be read. Names the settings and the file, never
 /// what the file holds.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum SecretError {
     /// Both forms were given: which one wins would be a guess.
     #[error("{name} and {name}_FILE are both set; give one of them")]
@@ -59,6 +64,7 @@ pub fn read_secret(
                 path: path.to_owned(),
                 kind: error.kind(),
             })?;
+            warn_when_others_may_read(name, path);
             Secret::from(text.trim_end_matches(['\n', '\r']))
         }
     };
@@ -66,6 +72,91 @@ pub fn read_secret(
         return Err(SecretError::Empty { name });
     }
     Ok(Some(secret))
+}
+
+/// A secret file any user of the machine may read is a leak waiting to happen (a
+/// Kubernetes Secret volume is 0644 unless its `defaultMode` says otherwise): said
+/// once, at start, and the worker goes on.
+fn warn_when_others_may_read(name: &'static str, path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(metadata) = std::fs::metadata(path) else {
+        return;
+    };
+    if metadata.permissions().mode() & 0o004 != 0 {
+        crate::telemetry::warn_at_start(format!(
+            "{name}_FILE {} is readable by every user of this machine: give it mode 0400 \
+             or 0440 (Kubernetes: defaultMode: 0440 on the Secret volume)",
+            path.display()
+        ));
+    }
+}
+
+/// A `NAME_FILE` setting: the file named and what it held when the command line
+/// was parsed. `Debug` shows the path only.
+#[derive(Clone)]
+pub struct SecretFile {
+    path: PathBuf,
+    contents: Secret,
+}
+
+impl SecretFile {
+    /// The file named.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What it held, its trailing line break trimmed.
+    pub fn contents(&self) -> &Secret {
+        &self.contents
+    }
+}
+
+impl std::fmt::Debug for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads a `NAME_FILE` setting's file when the command line is parsed ([`read_secret`]).
+/// A file that cannot be read, or an empty one, is a usage error naming the setting
+/// and the path; both `NAME` and `NAME_FILE` given is refused by clap
+/// (`conflicts_with`) before this runs.
+#[derive(Clone)]
+pub struct SecretFileParser {
+    name: &'static str,
+}
+
+impl SecretFileParser {
+    /// The parser of `name`'s file form (`name` without `_FILE`).
+    pub fn new(name: &'static str) -> Self {
+        Self { name }
+    }
+}
+
+impl clap::builder::TypedValueParser for SecretFileParser {
+    type Value = SecretFile;
+
+    fn parse_ref(
+        &self,
+        _: &clap::Command,
+        _: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let path = PathBuf::from(value);
+        match read_secret(self.name, None, Some(&path)) {
+            Ok(Some(contents)) => Ok(SecretFile { path, contents }),
+            Ok(None) => Err(clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("{}_FILE: no file named\n", self.name),
+            )),
+            Err(error) => Err(clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("{error}\n"),
+            )),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -233,11 +233,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("payment-worker demo (run {run_id})");
     println!(
         "  postgres: {}",
-        crate::redaction::redact_url(&args.database.url)
+        crate::redaction::redact_url(args.database.url())
     );
     println!(
         "  redis:    {}",
-        crate::redaction::redact_url(&args.redis.url)
+        crate::redaction::redact_url(args.redis.url())
     );
     let pool = startup::connect_and_migrate(&args.database).await?;
 

@@ -78,7 +78,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> {
     let options = settings.connect_options()?;
     let name = options.get_database().unwrap_or("postgres").to_owned();
-    let unreachable = || format!("cannot reach Postgres at {}", redact_url(&settings.url));
+    let unreachable = || format!("cannot reach Postgres at {}", redact_url(settings.url()));
     // A server that accepts and never answers (a black-holing firewall, a hung
     // host) would hold the start-up forever: bounded like the pool's acquire.
     let mut admin = tokio::time::timeout(
@@ -149,7 +149,7 @@ pub async fn connect_with_size(settings: &DatabaseSettings, size: u32) -> anyhow
         .with_context(|| {
             format!(
                 "cannot connect to Postgres at {}",
-                redact_url(&settings.url)
+                redact_url(settings.url())
             )
         })
 }
@@ -172,7 +172,7 @@ pub async fn open_database(
     match mode {
         MigrateMode::Auto => connect_and_migrate(settings)
             .await
-            .map_err(|error| explain_missing_rights(error, &settings.url)),
+            .map_err(|error| explain_missing_rights(error, settings.url())),
         MigrateMode::Skip => {
             let pool = connect(settings).await?;
             ensure_schema_present(&pool).await?;

@@ -14,19 +14,31 @@ use crate::configuration::{
 use crate::redaction::redact_url;
 use crate::token::{PostgresTokenStore, RedisTokenStore, TokenStore};
 
-/// The Redis nodes to connect to, as `REDIS_URL`, `REDIS_CLUSTER` and `REDIS_CA_CERT`
-/// say (the CA file is read here: configuration stays data).
+/// The Redis nodes to connect to, as `REDIS_URL` (or its file), `REDIS_CLUSTER`,
+/// `REDIS_CA_CERT` and `REDIS_CLIENT_CERT`/`REDIS_CLIENT_KEY` say (the TLS files are
+/// read here: configuration stays data).
 fn redis_target(redis: &RedisSettings) -> anyhow::Result<crate::token::RedisTarget> {
-    let ca_pem = match &redis.ca_cert {
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("reading REDIS_CA_CERT {}", path.display()))?,
-        ),
-        None => None,
+    let read = |setting: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("reading {setting} {}", path.display()))
     };
-    Ok(crate::token::RedisTarget::parse(&redis.url, redis.cluster)
-        .with_context(|| format!("invalid REDIS_URL {}", redact_url(&redis.url)))?
-        .with_ca_pem(ca_pem))
+    let ca_pem = redis
+        .ca_cert
+        .as_deref()
+        .map(|path| read("REDIS_CA_CERT", path))
+        .transpose()?;
+    let identity = match (&redis.client_cert, &redis.client_key) {
+        (Some(cert), Some(key)) => Some(crate::token::ClientIdentity {
+            cert_pem: read("REDIS_CLIENT_CERT", cert)?,
+            key_pem: read("REDIS_CLIENT_KEY", key)?,
+        }),
+        (None, None) => None,
+        _ => anyhow::bail!("REDIS_CLIENT_CERT and REDIS_CLIENT_KEY go together"),
+    };
+    let url = redis.url();
+    Ok(crate::token::RedisTarget::parse(url, redis.cluster)
+        .with_context(|| format!("invalid REDIS_URL {}", redact_url(url)))?
+        .with_ca_pem(ca_pem)
+        .with_client_identity(identity))
 }
 
 /// The token store `settings.store` names: Redis (connected here) or the
@@ -130,7 +142,7 @@ pub async fn check_connection_budget(
          clients together. Lower DATABASE_MAX_CONNECTIONS (payments beyond it wait their \
          turn before reserving their token) or raise the server's max_connections",
         settings.database.max_connections,
-        redact_url(&settings.database.url),
+        redact_url(settings.database.url()),
     );
     Ok(())
 }

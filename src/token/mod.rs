@@ -4,12 +4,14 @@ mod postgres_purge;
 mod postgres_statements;
 mod redis;
 mod redis_connection;
+mod redis_sentinel;
 mod store;
 
 pub use key::{IdempotencyKey, InvalidKey};
 pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
-pub use redis_connection::{RedisConnection, RedisTarget, ScanTarget};
+pub use redis_connection::{ClientIdentity, RedisConnection, RedisTarget, ScanTarget};
+pub use redis_sentinel::{SentinelConnection, SentinelService};
 
 pub use store::{
     Claim, Housekeeping, IssueOutcome, LockOutcome, Reservation, SettleInTransaction, TokenError,

@@ -1,7 +1,10 @@
-//! Where the Redis token store sends its commands: one node (`redis://`, `rediss://`)
-//! or a Redis Cluster (`redis+cluster://h1:p1,h2:p2`, or a comma-separated list of
-//! nodes with `REDIS_CLUSTER=true`). The cluster client routes each script by its key's
-//! slot and follows `MOVED`/`ASK`; scans go to every master in turn.
+//! Where the Redis token store sends its commands: one node (`redis://`, `rediss://`),
+//! a Redis Cluster (`redis+cluster://h1:p1,h2:p2`, or a comma-separated list of
+//! nodes with `REDIS_CLUSTER=true`), or the master a group of Sentinels names
+//! (`redis+sentinel://h1:p1,h2:p2,h3:p3/<master>`, `redis_sentinel.rs`). The cluster
+//! client routes each script by its key's slot and follows `MOVED`/`ASK`; scans go
+//! to every master in turn. Over TLS the servers are verified against the system
+//! roots or `REDIS_CA_CERT`, and a client certificate is presented when given.
 
 use std::time::Duration;
 
@@ -10,24 +13,47 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
+use redis::{
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, Pipeline, RedisFuture, TlsCertificates, Value,
+};
 
-use crate::redaction::redact_url;
+use super::redis_sentinel::{SentinelConnection, SentinelService};
+use crate::redaction::{redact_url, Secret};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The parsed `REDIS_URL`: its nodes (each a `redis://` or `rediss://` URL), whether
-/// they form a cluster, and the CA that verifies their TLS certificates (system
-/// roots when none is given).
+/// The parsed `REDIS_URL`: its nodes (each a `redis://` or `rediss://` URL; the
+/// sentinels for a Sentinel URL), whether they form a cluster or which master the
+/// sentinels are asked for, the CA that verifies their TLS certificates (system
+/// roots when none is given) and the certificate this client presents.
 #[derive(Clone)]
 pub struct RedisTarget {
-    /// The node URLs (the seed nodes of a cluster).
+    /// The node URLs (the seed nodes of a cluster, the sentinels of a master).
     pub nodes: Vec<String>,
     /// Whether the nodes are a Redis Cluster.
     pub cluster: bool,
+    /// The master the nodes (sentinels) are asked for.
+    pub sentinel: Option<SentinelService>,
     /// PEM of the CA that signs the servers' certificates (`None`: system roots).
     pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate (chain) and its key, PEM (mutual TLS).
+    pub client_identity: Option<ClientIdentity>,
+}
+
+/// A client certificate and its private key, PEM. `Debug` shows neither.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    /// The certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The private key.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientIdentity(<redacted>)")
+    }
 }
 
 impl std::fmt::Debug for RedisTarget {
@@ -36,9 +62,84 @@ impl std::fmt::Debug for RedisTarget {
         f.debug_struct("RedisTarget")
             .field("nodes", &nodes)
             .field("cluster", &self.cluster)
+            .field("sentinel", &self.sentinel)
             .field("custom_ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.client_identity.is_some())
             .finish()
     }
+}
+
+/// `redis[s]+sentinel://[user:pass@]h1:p1,h2:p2/<master>[/<db>][?sentinel_auth=same]`.
+fn parse_sentinel(scheme: &str, rest: &str) -> anyhow::Result<RedisTarget> {
+    anyhow::ensure!(
+        matches!(scheme, "redis" | "rediss"),
+        "unsupported Redis URL scheme {scheme:?}+sentinel"
+    );
+    let (credentials, rest) = match rest.rsplit_once('@') {
+        Some((credentials, rest)) => (Some(credentials), rest),
+        None => (None, rest),
+    };
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut path = path.split('/').filter(|p| !p.is_empty());
+    let master = path
+        .next()
+        .context("a Sentinel URL names its master: redis+sentinel://h1:p1,h2:p2/<master>")?;
+    let db = match path.next() {
+        Some(db) => db
+            .parse::<i64>()
+            .with_context(|| format!("database {db:?} is not a number"))?,
+        None => 0,
+    };
+    let master = master.to_owned();
+    let mut sentinel_auth = false;
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match (name.as_ref(), value.as_ref()) {
+            ("sentinel_auth", "same") => sentinel_auth = true,
+            ("sentinel_auth", "none") => sentinel_auth = false,
+            (name, _) => anyhow::bail!("unknown Sentinel URL parameter {name:?}"),
+        }
+    }
+    // redis-rs decodes the percent-escapes of user and password as it does for
+    // every `redis://` URL.
+    let (username, password) = match credentials {
+        Some(credentials) => {
+            let info = redis::IntoConnectionInfo::into_connection_info(format!(
+                "redis://{credentials}@sentinel"
+            ))
+            .map_err(|_| anyhow::anyhow!("the URL's user or password cannot be read"))?;
+            let settings = info.redis_settings();
+            (
+                settings.username().map(str::to_owned),
+                settings.password().map(Secret::from),
+            )
+        }
+        None => (None, None),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|host| format!("{scheme}://{host}"))
+        .collect();
+    anyhow::ensure!(
+        !nodes.is_empty(),
+        "a Sentinel URL needs at least one sentinel"
+    );
+    Ok(RedisTarget {
+        nodes,
+        cluster: false,
+        sentinel: Some(SentinelService {
+            master,
+            db,
+            tls: scheme == "rediss",
+            username,
+            password,
+            sentinel_auth,
+        }),
+        ca_pem: None,
+        client_identity: None,
+    })
 }
 
 impl RedisTarget {
@@ -47,6 +148,13 @@ impl RedisTarget {
     /// else is one node.
     pub fn parse(url: &str, cluster: bool) -> anyhow::Result<Self> {
         let url = url.trim();
+        if let Some((scheme, rest)) = url.split_once("+sentinel://") {
+            anyhow::ensure!(
+                !cluster,
+                "REDIS_CLUSTER=true with a Sentinel URL: a Redis Cluster has no sentinels"
+            );
+            return parse_sentinel(scheme, rest);
+        }
         if let Some((scheme, rest)) = url.split_once("+cluster://") {
             anyhow::ensure!(
                 matches!(scheme, "redis" | "rediss"),
@@ -67,7 +175,9 @@ impl RedisTarget {
             return Ok(Self {
                 nodes,
                 cluster: true,
+                sentinel: None,
                 ca_pem: None,
+                client_identity: None,
             });
         }
         let parts: Vec<&str> = url
@@ -96,7 +206,9 @@ impl RedisTarget {
         Ok(Self {
             nodes,
             cluster,
+            sentinel: None,
             ca_pem: None,
+            client_identity: None,
         })
     }
 
@@ -106,10 +218,24 @@ impl RedisTarget {
         self
     }
 
+    /// The same target presenting this client certificate.
+    pub fn with_client_identity(mut self, identity: Option<ClientIdentity>) -> Self {
+        self.client_identity = identity;
+        self
+    }
+
+    /// The TLS material given: a CA and/or a client certificate (`None`: neither,
+    /// the system roots verify the servers).
     fn certificates(&self) -> Option<TlsCertificates> {
-        self.ca_pem.as_ref().map(|pem| TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
+        if self.ca_pem.is_none() && self.client_identity.is_none() {
+            return None;
+        }
+        Some(TlsCertificates {
+            client_tls: self.client_identity.as_ref().map(|id| ClientTlsConfig {
+                client_cert: id.cert_pem.clone(),
+                client_key: id.key_pem.clone(),
+            }),
+            root_cert: self.ca_pem.clone(),
         })
     }
 
@@ -125,7 +251,27 @@ impl RedisTarget {
     pub async fn connect(&self) -> anyhow::Result<RedisConnection> {
         let shown = self.shown();
         let connecting = async {
-            if self.cluster {
+            if let Some(service) = &self.sentinel {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
+                // Boxed: its future nests the sentinels' look-up, and unboxed it
+                // deepens every start-up future past the compiler's layout limit.
+                let conn = Box::pin(SentinelConnection::connect(
+                    &self.nodes,
+                    service,
+                    self.certificates(),
+                    config,
+                ))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot reach the Redis master {:?} through the sentinels {shown}",
+                        service.master
+                    )
+                })?;
+                Ok(RedisConnection::Sentinel(conn))
+            } else if self.cluster {
                 let mut builder = ClusterClient::builder(self.nodes.clone())
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
@@ -186,6 +332,8 @@ pub enum RedisConnection {
     Single(ConnectionManager),
     /// A Redis Cluster, commands routed by slot.
     Cluster(ClusterConnection),
+    /// The master a group of Sentinels names, followed through failovers.
+    Sentinel(SentinelConnection),
 }
 
 /// A node a scan must cover: the only node, or one cluster master by address.
@@ -276,6 +424,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Sentinel(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -288,6 +437,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
             Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -295,6 +445,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             Self::Single(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
+            Self::Sentinel(conn) => conn.get_db(),
         }
     }
 }
@@ -321,5 +472,41 @@ mod tests {
             RedisTarget::parse("redis+cluster://u:secret@h1:1", false).unwrap()
         );
         assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
+    fn sentinel_url_forms() {
+        let t = RedisTarget::parse(
+            "rediss+sentinel://app:p%40ss@s1:26379,s2:26380,s3/payments/2?sentinel_auth=same",
+            false,
+        )
+        .unwrap();
+        assert!(!t.cluster);
+        assert_eq!(
+            t.nodes,
+            ["rediss://s1:26379", "rediss://s2:26380", "rediss://s3"]
+        );
+        let service = t.sentinel.as_ref().unwrap();
+        assert_eq!(service.master, "payments");
+        assert_eq!(service.db, 2);
+        assert!(service.tls && service.sentinel_auth);
+        assert_eq!(service.username.as_deref(), Some("app"));
+        assert_eq!(service.password.as_ref().unwrap().expose(), "p@ss");
+        let shown = format!("{t:?}");
+        assert!(
+            !shown.contains("p@ss") && !shown.contains("p%40ss"),
+            "{shown}"
+        );
+
+        let t = RedisTarget::parse("redis+sentinel://:pw@s1:1/mymaster", false).unwrap();
+        let service = t.sentinel.unwrap();
+        assert!(!service.tls && !service.sentinel_auth);
+        assert_eq!((service.master.as_str(), service.db), ("mymaster", 0));
+        assert_eq!(service.username, None);
+        assert!(RedisTarget::parse("redis+sentinel://s1:1", false).is_err());
+        assert!(RedisTarget::parse("redis+sentinel://s1:1/m/x", false).is_err());
+        assert!(RedisTarget::parse("redis+sentinel://s1:1/m?other=1", false).is_err());
+        assert!(RedisTarget::parse("redis+sentinel://s1:1/m", true).is_err());
+        assert!(RedisTarget::parse("http+sentinel://s1:1/m", false).is_err());
     }
 }

@@ -3,7 +3,8 @@
 //! Liveness is "the poll loop polled recently": a worker whose poll thread is
 //! stuck still answers HTTP, so a constant "ok" would hide exactly the failure an
 //! orchestrator must restart. Readiness is "a member of the group, not draining,
-//! and both stores answer".
+//! and both stores answer". With `OTEL_METRICS_EXPORTER=prometheus` the same
+//! listener serves `/metrics` (Prometheus text, `telemetry/prometheus.rs`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,16 +174,36 @@ impl Drop for HealthServer {
     }
 }
 
-/// Serves `/healthz` and `/readyz` on `listen`; nothing when `listen` is `None`.
+/// `/metrics`: what the meter provider holds now, as Prometheus text.
+async fn metrics() -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    const TEXT: [(&str, &str); 1] = [("content-type", "text/plain; version=0.0.4; charset=utf-8")];
+    match crate::telemetry::prometheus::scrape() {
+        Some(Ok(text)) => (StatusCode::OK, TEXT, text),
+        Some(Err(error)) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, error),
+        None => (
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "metrics are not served here: set OTEL_METRICS_EXPORTER=prometheus".to_owned(),
+        ),
+    }
+}
+
+/// Serves `/healthz`, `/readyz` and (when enabled) `/metrics` on `listen`; nothing
+/// when `listen` is `None`.
 pub async fn serve_health(
     listen: Option<SocketAddr>,
     checks: HealthChecks,
 ) -> anyhow::Result<HealthServer> {
     let Some(listen) = listen else {
+        if crate::telemetry::prometheus::enabled() {
+            tracing::warn!(
+                "OTEL_METRICS_EXPORTER asks for prometheus but HEALTH_LISTEN is not set: /metrics is not served"
+            );
+        }
         return Ok(HealthServer { task: None });
     };
     let live = checks.clone();
-    let app = axum::Router::new()
+    let mut app = axum::Router::new()
         .route(
             "/healthz",
             axum::routing::get(move || {
@@ -197,6 +218,9 @@ pub async fn serve_health(
                 async move { checks.readyz().await }
             }),
         );
+    if crate::telemetry::prometheus::enabled() {
+        app = app.route("/metrics", axum::routing::get(metrics));
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the health endpoint on {listen}"))?;

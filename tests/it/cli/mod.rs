@@ -8,4 +8,5 @@ mod docs;
 mod kafka_commands;
 mod manifest;
 mod product_build;
+mod secret_files;
 mod walkthrough;

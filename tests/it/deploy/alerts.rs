@@ -157,6 +157,18 @@ fn every_alert_fires_and_stays_quiet_in_a_unit_test_and_links_its_runbook() {
         .filter_map(|l| l.strip_prefix('#'))
         .map(|l| anchor(l.trim_start_matches('#')))
         .collect();
+    // Every runbook_url is absolute, under the one base the rules share.
+    let bases: BTreeSet<String> = rules
+        .values()
+        .filter_map(|r| r["annotations"]["runbook_url"].as_str())
+        .filter_map(|u| u.split_once('#').map(|(base, _)| base.to_owned()))
+        .collect();
+    assert_eq!(bases.len(), 1, "runbook bases: {bases:?}");
+    let base = bases.first().unwrap();
+    assert!(
+        base.starts_with("https://") && base.ends_with("/OPERATIONS.md"),
+        "{base}"
+    );
     for (name, rule) in &rules {
         assert!(fires.contains(name), "no unit test where {name} fires");
         assert!(
@@ -178,7 +190,7 @@ fn every_alert_fires_and_stays_quiet_in_a_unit_test_and_links_its_runbook() {
         );
         let url = annotations["runbook_url"].as_str().unwrap_or_default();
         let (file, fragment) = url.split_once('#').expect("runbook_url has an anchor");
-        assert_eq!(file, "docs/OPERATIONS.md", "{name}");
+        assert_eq!(file, base, "{name}");
         assert!(
             anchors.contains(fragment),
             "{name}: no section #{fragment} in docs/OPERATIONS.md"

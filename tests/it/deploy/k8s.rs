@@ -1,7 +1,9 @@
-//! The Kubernetes manifests (`deploy/k8s/`) validate offline against the Kubernetes
-//! schemas shipped by `kubernetes-validate`, and agree with each other, with the
-//! compose file's partition count and with the worker's own limits (drain deadline,
-//! health endpoints, memory).
+//! The Kubernetes manifests (`deploy/k8s/`: `base/` and the overlays `dev` and
+//! `production`) render (`kustomize.rs`, compared with `kubectl kustomize` where it
+//! is installed), validate offline against the Kubernetes schemas shipped by
+//! `kubernetes-validate` (KEDA's kinds are checked field by field), and agree with
+//! each other, with the compose file's partition count and with the worker's own
+//! limits (drain deadline, health endpoints, memory, secrets as files).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -23,17 +25,13 @@ fn documents(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn manifests() -> Vec<(PathBuf, Value)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("deploy/k8s"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    files
-        .into_iter()
-        .flat_map(|f| documents(&f).into_iter().map(move |d| (f.clone(), d)))
-        .collect()
+/// The overlays an operator applies; each is rendered and checked whole.
+const OVERLAYS: &[&str] = &["deploy/k8s/overlays/dev", "deploy/k8s/overlays/production"];
+
+/// An overlay as the reader renders it, each document with the kustomization
+/// directory it came from.
+fn manifests(overlay: &str) -> Vec<(PathBuf, Value)> {
+    crate::deploy::kustomize::render(&root().join(overlay))
 }
 
 fn by_kind<'a>(manifests: &'a [(PathBuf, Value)], kind: &str) -> Vec<&'a Value> {
@@ -44,28 +42,81 @@ fn by_kind<'a>(manifests: &'a [(PathBuf, Value)], kind: &str) -> Vec<&'a Value> 
         .collect()
 }
 
-/// Kinds the Kubernetes schemas do not cover: checked field by field below.
-const NOT_IN_THE_KUBERNETES_SCHEMAS: &[&str] = &["Kustomization", "ScaledObject"];
+/// Kinds the Kubernetes schemas do not cover (KEDA's): checked field by field below.
+const NOT_IN_THE_KUBERNETES_SCHEMAS: &[&str] = &["ScaledObject", "TriggerAuthentication"];
+
+fn sorted(mut documents: Vec<Value>) -> Vec<Value> {
+    documents.sort_by_key(|d| {
+        (
+            d["kind"].as_str().unwrap_or_default().to_owned(),
+            d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    });
+    documents
+}
 
 #[test]
-fn kubernetes_manifests_validate_against_the_schemas_offline() {
-    let manifests = manifests();
-    let files: BTreeSet<String> = manifests
-        .iter()
-        .filter(|(_, m)| !NOT_IN_THE_KUBERNETES_SCHEMAS.contains(&m["kind"].as_str().unwrap_or("")))
-        .map(|(f, _)| f.strip_prefix(root()).unwrap().display().to_string())
-        .collect();
-    assert!(files.len() >= 5, "{files:?}");
-    let mut args = vec!["-m", "kubernetes_validate", "--strict", "--quiet"];
-    args.extend(files.iter().map(String::as_str));
-    run("python3", &args, KUBERNETES_VALIDATE);
+fn every_overlay_renders_and_validates_against_the_schemas_offline() {
+    for overlay in OVERLAYS {
+        let manifests = manifests(overlay);
+        assert!(
+            manifests.len() >= 9,
+            "{overlay}: {} documents",
+            manifests.len()
+        );
+        // kustomize itself, where it is installed (kubectl kustomize), renders the same.
+        let kustomized = Command::new("kubectl")
+            .args(["kustomize", overlay])
+            .current_dir(root())
+            .output();
+        match kustomized {
+            Ok(output) if output.status.success() => {
+                let text = String::from_utf8(output.stdout).unwrap();
+                let theirs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+                    .map(|d| Value::deserialize(d).unwrap())
+                    .filter(|v| !v.is_null())
+                    .collect();
+                let ours: Vec<Value> = manifests.iter().map(|(_, d)| d.clone()).collect();
+                assert_eq!(
+                    sorted(ours),
+                    sorted(theirs),
+                    "{overlay}: the test's reader and kustomize render differently"
+                );
+            }
+            Ok(output) => panic!(
+                "kubectl kustomize {overlay} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+            Err(_) => {
+                eprintln!("kubectl not installed: {overlay} rendered by the test's reader only")
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("k8s-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut files = Vec::new();
+        for (n, (_, document)) in manifests.iter().enumerate() {
+            if NOT_IN_THE_KUBERNETES_SCHEMAS.contains(&document["kind"].as_str().unwrap_or("")) {
+                continue;
+            }
+            let file = dir.join(format!("{n}.yaml"));
+            std::fs::write(&file, serde_yaml::to_string(document).unwrap()).unwrap();
+            files.push(file.display().to_string());
+        }
+        let mut args = vec!["-m", "kubernetes_validate", "--strict", "--quiet"];
+        args.extend(files.iter().map(String::as_str));
+        run("python3", &args, KUBERNETES_VALIDATE);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     // The validator rejects what Kubernetes would: a misspelt probe field.
     let broken =
         std::env::temp_dir().join(format!("deployment-{}.yaml", uuid::Uuid::new_v4().simple()));
     std::fs::write(
         &broken,
-        read("deploy/k8s/deployment.yaml").replace("failureThreshold:", "failureTreshold:"),
+        read("deploy/k8s/base/deployment.yaml").replace("failureThreshold:", "failureTreshold:"),
     )
     .unwrap();
     let output = Command::new("python3")
@@ -98,17 +149,64 @@ fn commands_topic_partitions() -> u64 {
 
 #[test]
 fn kubernetes_manifests_agree_with_each_other() {
-    let manifests = manifests();
+    for overlay in OVERLAYS {
+        agree(overlay, &manifests(overlay));
+    }
+    // The production StatefulSet runs the base's pod, plus its static membership.
+    let base = documents(&root().join("deploy/k8s/base/deployment.yaml")).remove(0);
+    let mut statefulset =
+        documents(&root().join("deploy/k8s/overlays/production/statefulset.yaml")).remove(0);
+    let env = statefulset["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence_mut()
+        .unwrap();
+    let instance = env.remove(0);
+    assert_eq!(instance["name"], "KAFKA_GROUP_INSTANCE_ID");
+    assert_eq!(
+        instance["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.name")
+    );
+    assert_eq!(
+        statefulset["spec"]["template"], base["spec"]["template"],
+        "the StatefulSet's pod drifted from the Deployment's"
+    );
+    // The base kustomization lists every base manifest.
+    let listed: BTreeSet<String> = yaml("deploy/k8s/base/kustomization.yaml")["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.as_str().map(str::to_owned))
+        .collect();
+    let present: BTreeSet<String> = std::fs::read_dir(root().join("deploy/k8s/base"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, present, "base kustomization resources");
+}
+
+fn agree(overlay: &str, manifests: &[(PathBuf, Value)]) {
     let one = |kind: &str| -> &Value {
-        let found = by_kind(&manifests, kind);
-        assert_eq!(found.len(), 1, "exactly one {kind}");
+        let found = by_kind(manifests, kind);
+        assert_eq!(found.len(), 1, "{overlay}: exactly one {kind}");
         found[0]
     };
-    let deployment = one("Deployment");
+    let workloads: Vec<&Value> = ["Deployment", "StatefulSet"]
+        .iter()
+        .flat_map(|k| by_kind(manifests, k))
+        .collect();
+    assert_eq!(workloads.len(), 1, "{overlay}: one workload");
+    let workload = workloads[0];
     let config = &one("ConfigMap")["data"];
-    let secrets = by_kind(&manifests, "Secret");
-    let name = deployment["metadata"]["name"].as_str().unwrap();
-    let pod = &deployment["spec"]["template"]["spec"];
+    let secrets = by_kind(manifests, "Secret");
+    let secret_key = |name: &str, key: &str| {
+        secrets
+            .iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{overlay}: no Secret {name}"))["stringData"][key]
+            .is_string()
+    };
+    let name = workload["metadata"]["name"].as_str().unwrap();
+    let pod = &workload["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     assert_eq!(container["args"][0].as_str(), Some("run"));
 
@@ -145,27 +243,21 @@ fn kubernetes_manifests_agree_with_each_other() {
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
     assert!(
         grace >= drain + 20,
-        "terminationGracePeriodSeconds {grace} < drain {drain} s + 20 s flush"
+        "{overlay}: grace {grace} < drain {drain} s + 20 s"
     );
 
     // Memory: room above the benchmark's peak RSS target of 150 MiB.
     let limit = container["resources"]["limits"]["memory"].as_str().unwrap();
     let mib: u64 = limit.strip_suffix("Mi").unwrap().parse().unwrap();
     assert!(mib >= 150, "memory limit {limit}");
-    assert!(container["resources"]["requests"]["cpu"].is_string());
 
-    // Configuration from the ConfigMap, credentials only from Secrets.
-    let env_from = container["envFrom"].as_sequence().unwrap();
-    let secret_names: BTreeSet<&str> = secrets
+    // Settings from the ConfigMap, credentials only as files from Secrets, mounted
+    // readable by the worker's group only.
+    assert!(container["envFrom"]
+        .as_sequence()
+        .unwrap()
         .iter()
-        .map(|s| s["metadata"]["name"].as_str().unwrap())
-        .collect();
-    assert!(env_from
-        .iter()
-        .any(|e| e["configMapRef"]["name"] == config_name(&manifests)));
-    assert!(env_from.iter().any(|e| e["secretRef"]["name"]
-        .as_str()
-        .is_some_and(|n| secret_names.contains(n))));
+        .any(|e| e["configMapRef"]["name"] == config_name(manifests)));
     for (key, value) in config.as_mapping().unwrap() {
         let value = value.as_str().unwrap_or_default();
         assert!(
@@ -173,28 +265,50 @@ fn kubernetes_manifests_agree_with_each_other() {
             "credentials in the ConfigMap: {key:?}"
         );
     }
-    let worker_secret = secrets
+    let env = container["env"].as_sequence().unwrap();
+    let env_value = |name: &str| -> String {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{overlay}: no {name}"))
+            .to_owned()
+    };
+    assert!(env
         .iter()
-        .find(|s| {
-            env_from
-                .iter()
-                .any(|e| e["secretRef"]["name"] == s["metadata"]["name"])
-        })
-        .unwrap();
-    for key in ["DATABASE_URL", "REDIS_URL"] {
+        .all(|e| !e["valueFrom"]["secretKeyRef"].is_mapping()));
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    let mounts = container["volumeMounts"].as_sequence().unwrap();
+    for setting in ["DATABASE_URL_FILE", "REDIS_URL_FILE", "KAFKA_CONFIG_FILE"] {
+        let path = env_value(setting);
+        let mount = mounts
+            .iter()
+            .find(|m| path.starts_with(m["mountPath"].as_str().unwrap()))
+            .unwrap_or_else(|| panic!("{overlay}: {setting} {path} is not mounted"));
+        let volume = volumes.iter().find(|v| v["name"] == mount["name"]).unwrap();
+        let secret = volume["secret"]["secretName"].as_str().unwrap();
+        let file = path.rsplit('/').next().unwrap();
         assert!(
-            worker_secret["stringData"][key].is_string(),
-            "worker Secret lacks {key}"
+            secret_key(secret, file),
+            "{overlay}: Secret {secret} lacks {file}"
+        );
+        assert_eq!(
+            volume["secret"]["defaultMode"].as_u64(),
+            Some(0o440),
+            "{setting}"
         );
     }
+    assert_eq!(
+        pod["securityContext"]["fsGroup"],
+        pod["securityContext"]["runAsGroup"]
+    );
     // Each pod names itself in telemetry, so the workers' series stay apart.
-    let env = container["env"].as_sequence().unwrap();
     assert!(env.iter().any(|e| e["name"] == "OTEL_RESOURCE_ATTRIBUTES"
         && e["value"]
             .as_str()
             .is_some_and(|v| v.contains("service.instance.id=$(POD_NAME)"))));
 
-    // The migration Job: `migrate`, with a database URL from a Secret that exists.
+    // The migration Job: `migrate` with the workers' image, named after its release,
+    // its database URL a file from a Secret that exists.
     let job = one("Job");
     let migrate = &job["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(migrate["args"][0].as_str(), Some("migrate"));
@@ -202,20 +316,23 @@ fn kubernetes_manifests_agree_with_each_other() {
         migrate["image"], container["image"],
         "the Job migrates with the workers' release"
     );
-    let secret_ref = &migrate["env"]
-        .as_sequence()
+    let tag = container["image"]
+        .as_str()
         .unwrap()
-        .iter()
-        .find(|e| e["name"] == "DATABASE_URL")
-        .unwrap()["valueFrom"]["secretKeyRef"];
-    let secret = secrets
-        .iter()
-        .find(|s| s["metadata"]["name"] == secret_ref["name"])
-        .expect("the Job's Secret");
-    assert!(secret["stringData"][secret_ref["key"].as_str().unwrap()].is_string());
+        .rsplit(':')
+        .next()
+        .unwrap();
+    assert_eq!(
+        job["metadata"]["name"].as_str(),
+        Some(format!("payment-worker-migrate-{tag}").as_str()),
+        "{overlay}: the migration Job is named after its release"
+    );
+    let job_volume = &job["spec"]["template"]["spec"]["volumes"][0]["secret"];
+    let job_secret = job_volume["secretName"].as_str().unwrap();
+    assert!(secret_key(job_secret, "DATABASE_URL"));
 
-    // The budget selects the workers.
-    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    // The budget selects the workers, and never blocks a drain while they are unready.
+    let labels = &workload["spec"]["template"]["metadata"]["labels"];
     let budget = one("PodDisruptionBudget");
     for (key, value) in budget["spec"]["selector"]["matchLabels"]
         .as_mapping()
@@ -230,14 +347,49 @@ fn kubernetes_manifests_agree_with_each_other() {
     assert!(budget["spec"]["maxUnavailable"]
         .as_u64()
         .is_some_and(|n| n >= 1));
+    assert_eq!(
+        budget["spec"]["unhealthyPodEvictionPolicy"].as_str(),
+        Some("AlwaysAllow")
+    );
 
-    // KEDA scales this Deployment on this group's lag, up to one member per partition.
+    // The NetworkPolicy selects the workers: ingress to the health port only, egress
+    // to DNS, Kafka, Postgres, Redis (and Sentinel), the gateway and the collector only.
+    let policy = one("NetworkPolicy");
+    for (key, value) in policy["spec"]["podSelector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+    {
+        assert_eq!(&labels[key.as_str().unwrap()], value);
+    }
+    let ingress = policy["spec"]["ingress"].as_sequence().unwrap();
+    let ingress_ports: BTreeSet<String> = ingress
+        .iter()
+        .flat_map(|rule| rule["ports"].as_sequence().unwrap().iter())
+        .map(|p| serde_yaml::to_string(&p["port"]).unwrap().trim().to_owned())
+        .collect();
+    assert_eq!(ingress_ports, BTreeSet::from(["health".to_owned()]));
+    let egress_ports: BTreeSet<u64> = policy["spec"]["egress"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .inspect(|rule| assert!(rule["to"].is_sequence(), "an egress rule open to anywhere"))
+        .flat_map(|rule| rule["ports"].as_sequence().unwrap().iter())
+        .filter_map(|p| p["port"].as_u64())
+        .collect();
+    assert_eq!(
+        egress_ports,
+        BTreeSet::from([53, 9092, 9093, 5432, 6379, 26379, 8080, 443, 4317, 4318])
+    );
+
+    // KEDA scales this workload on this group's lag, up to one member per
+    // partition, logged in through a TriggerAuthentication over existing Secret keys.
     let scaled = one("ScaledObject");
     assert_eq!(scaled["apiVersion"].as_str(), Some("keda.sh/v1alpha1"));
     assert_eq!(
         scaled["spec"]["scaleTargetRef"]["name"].as_str(),
         Some(name)
     );
+    assert_eq!(scaled["spec"]["scaleTargetRef"]["kind"], workload["kind"]);
     assert_eq!(
         scaled["spec"]["maxReplicaCount"].as_u64(),
         Some(commands_topic_partitions())
@@ -251,33 +403,47 @@ fn kubernetes_manifests_agree_with_each_other() {
     assert_eq!(metadata["consumerGroup"], config["KAFKA_GROUP_ID"]);
     assert_eq!(metadata["topic"], config["COMMANDS_TOPIC"]);
     assert_eq!(metadata["bootstrapServers"], config["KAFKA_BROKERS"]);
-    assert!(metadata["lagThreshold"]
-        .as_str()
-        .is_some_and(|t| t.parse::<u64>().is_ok_and(|n| n > 0)));
     assert_eq!(metadata["allowIdleConsumers"].as_str(), Some("false"));
-    assert!(
-        deployment["spec"]["replicas"].is_null(),
-        "KEDA owns the replica count"
+    let authentication = one("TriggerAuthentication");
+    assert_eq!(
+        trigger["authenticationRef"]["name"],
+        authentication["metadata"]["name"]
     );
-
-    // kustomization.yaml lists every manifest.
-    let kustomization = yaml("deploy/k8s/kustomization.yaml");
-    let listed: BTreeSet<&str> = kustomization["resources"]
+    let parameters: BTreeSet<&str> = authentication["spec"]["secretTargetRef"]
         .as_sequence()
         .unwrap()
         .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    let present: BTreeSet<String> = manifests
-        .iter()
-        .filter(|(_, m)| m["kind"] != "Kustomization")
-        .map(|(f, _)| f.file_name().unwrap().to_string_lossy().into_owned())
+        .map(|r| {
+            assert!(secret_key(
+                r["name"].as_str().unwrap(),
+                r["key"].as_str().unwrap()
+            ));
+            r["parameter"].as_str().unwrap()
+        })
         .collect();
     assert_eq!(
-        listed,
-        present.iter().map(String::as_str).collect(),
-        "kustomization resources"
+        parameters,
+        BTreeSet::from(["sasl", "username", "password", "tls"])
     );
+    assert!(
+        workload["spec"]["replicas"].is_null(),
+        "KEDA owns the replica count"
+    );
+
+    // A StatefulSet's pods are static members named after themselves.
+    if workload["kind"] == "StatefulSet" {
+        let instance = env
+            .iter()
+            .find(|e| e["name"] == "KAFKA_GROUP_INSTANCE_ID")
+            .expect("static membership");
+        assert_eq!(
+            instance["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+            Some("metadata.name")
+        );
+        let service = one("Service");
+        assert_eq!(workload["spec"]["serviceName"], service["metadata"]["name"]);
+        assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    }
 }
 
 fn config_name(manifests: &[(PathBuf, Value)]) -> Value {

@@ -4,6 +4,7 @@
 pub(crate) mod alerts;
 mod compose;
 mod k8s;
+mod kustomize;
 mod least_privilege;
 mod postgres_tls;
 mod reworded_migrations;

@@ -4,7 +4,11 @@
 //! the namespace of `deploy/otel-collector.yaml`), and every metric queried by
 //! `deploy/grafana/payment-worker.json` and `deploy/prometheus/alerts.yml` must be
 //! among them. The lag a member reports for a partition it no longer holds falls to
-//! zero, so the queries' `max by (partition)` reads the owner's value.
+//! zero, so the queries' `max by (partition)` reads the owner's value. The same
+//! worker also serves Prometheus text at `/metrics` (`OTEL_METRICS_EXPORTER=otlp,prometheus`):
+//! scraped after the payments, it passes `promtool check metrics` and holds exactly
+//! the families the collector would show, so the dashboard and the alerts work
+//! without a collector.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -274,12 +278,16 @@ async fn a_worker_exports_every_metric_the_dashboard_and_the_alerts_query() {
     produce(&stack, &records).await;
 
     // The held and the corrupt command give up quickly: retries_exhausted.
+    let health = crate::support::procs::free_port();
+    let health_listen = format!("127.0.0.1:{health}");
     let child = spawn_worker(
         &stack,
         otlp,
         &gateway,
         "worker-1",
         &[
+            ("HEALTH_LISTEN", &health_listen),
+            ("OTEL_METRICS_EXPORTER", "otlp,prometheus"),
             ("RETRY_BUDGET", "3s"),
             ("PAYMENT_WORKER_FAULT", "panic:after_reserve"),
             ("PAYMENT_WORKER_FAULT_KEY", &panic_key),
@@ -347,7 +355,15 @@ async fn a_worker_exports_every_metric_the_dashboard_and_the_alerts_query() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
 
+    let scraped = crate::support::helpers::http()
+        .get(format!("http://{health_listen}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scraped.status(), 200);
+    let scraped = scraped.text().await.unwrap();
     stop(child).await;
+    scrape_matches_the_collector(&scraped, &exported(&received.lock().unwrap()), &queried);
 
     let received = received.lock().unwrap();
     let names = exported(&received);
@@ -431,6 +447,46 @@ async fn a_worker_exports_every_metric_the_dashboard_and_the_alerts_query() {
     assert!(
         bounds.iter().filter(|b| **b < 0.1).count() >= 4,
         "duration buckets are too coarse for payments: {bounds:?}"
+    );
+}
+
+/// `/metrics` as Prometheus reads it: `promtool check metrics` accepts it, its series
+/// are the ones the collector would show for what the same worker exported over
+/// OTLP, and every metric the dashboard and the alerts query is among them.
+fn scrape_matches_the_collector(
+    scraped: &str,
+    collector: &BTreeMap<String, String>,
+    queried: &BTreeSet<String>,
+) {
+    let file = std::env::temp_dir().join(format!("pw-metrics-{}.txt", uuid::Uuid::new_v4()));
+    std::fs::write(&file, scraped).unwrap();
+    let output = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .expect("promtool (apt-get install prometheus)");
+    std::fs::remove_file(&file).ok();
+    assert!(
+        output.status.success(),
+        "promtool check metrics refused /metrics:\n{}{}\n{scraped}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let series: BTreeSet<String> = scraped
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect();
+    let collector: BTreeSet<String> = collector.keys().cloned().collect();
+    assert_eq!(
+        series, collector,
+        "/metrics and the collector's view of the OTLP export differ"
+    );
+    let missing: Vec<&String> = queried.iter().filter(|q| !series.contains(*q)).collect();
+    assert!(
+        missing.is_empty(),
+        "queried but not at /metrics: {missing:?}"
     );
 }
 

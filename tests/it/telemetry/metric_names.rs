@@ -1,6 +1,7 @@
-//! How the collector's Prometheus exporter names OpenTelemetry metrics, and which
-//! metric names the dashboard and the alert rules query. `metric_export.rs` applies
-//! both to what a real worker exports.
+//! How the collector's Prometheus exporter names OpenTelemetry metrics (the
+//! worker's `/metrics` uses the same function), and which metric names the
+//! dashboard and the alert rules query. `metric_export.rs` applies both to what a
+//! real worker exports, over OTLP and at `/metrics`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -12,117 +13,9 @@ pub(crate) fn read(relative: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PrometheusKind {
-    Counter,
-    Gauge,
-    Histogram,
-    Summary,
-}
-
-/// The word the exporter appends for an OpenTelemetry (UCUM) unit.
-fn unit_word(unit: &str) -> String {
-    let known = match unit {
-        "d" => "days",
-        "h" => "hours",
-        "min" => "minutes",
-        "s" => "seconds",
-        "ms" => "milliseconds",
-        "us" => "microseconds",
-        "ns" => "nanoseconds",
-        "By" => "bytes",
-        "KiBy" => "kibibytes",
-        "MiBy" => "mebibytes",
-        "GiBy" => "gibibytes",
-        "KBy" => "kilobytes",
-        "MBy" => "megabytes",
-        "GBy" => "gigabytes",
-        "m" => "meters",
-        "V" => "volts",
-        "A" => "amperes",
-        "J" => "joules",
-        "W" => "watts",
-        "g" => "grams",
-        "Cel" => "celsius",
-        "Hz" => "hertz",
-        "%" => "percent",
-        "1" => "",
-        other if other.starts_with('{') => "",
-        other => {
-            return other
-                .split(|c: char| !c.is_ascii_alphanumeric())
-                .filter(|t| !t.is_empty())
-                .collect::<Vec<_>>()
-                .join("_")
-        }
-    };
-    known.to_owned()
-}
-
-/// The word after `per_` for the denominator of a unit such as `By/s`.
-fn per_unit_word(unit: &str) -> String {
-    match unit {
-        "s" => "second".to_owned(),
-        "m" => "minute".to_owned(),
-        "h" => "hour".to_owned(),
-        "d" => "day".to_owned(),
-        "w" => "week".to_owned(),
-        "mo" => "month".to_owned(),
-        "y" => "year".to_owned(),
-        other => unit_word(other),
-    }
-}
-
-/// The metric family name the collector's Prometheus exporter shows: the name's
-/// words joined by `_` (dots and other punctuation become separators), the unit
-/// appended unless already a word of the name, `_total` on counters, `_ratio` on
-/// unit-`1` gauges, and the exporter's `namespace` in front.
-pub(crate) fn prometheus_name(
-    name: &str,
-    unit: &str,
-    kind: PrometheusKind,
-    namespace: Option<&str>,
-) -> String {
-    let mut words: Vec<String> = name
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let (main_unit, per_unit) = unit.split_once('/').unwrap_or((unit, ""));
-    let main = unit_word(main_unit);
-    if !main.is_empty() && !words.contains(&main) {
-        words.push(main);
-    }
-    let per = if per_unit.is_empty() {
-        String::new()
-    } else {
-        per_unit_word(per_unit)
-    };
-    if !per.is_empty() && !words.contains(&per) {
-        words.push("per".to_owned());
-        words.push(per);
-    }
-    match kind {
-        PrometheusKind::Counter => {
-            words.retain(|w| w != "total");
-            words.push("total".to_owned());
-        }
-        PrometheusKind::Gauge if unit == "1" => {
-            words.retain(|w| w != "ratio");
-            words.push("ratio".to_owned());
-        }
-        _ => {}
-    }
-    if let Some(namespace) = namespace.filter(|n| !n.is_empty()) {
-        words.insert(0, namespace.to_owned());
-    }
-    let joined = words.join("_");
-    if joined.starts_with(|c: char| c.is_ascii_digit()) {
-        format!("_{joined}")
-    } else {
-        joined
-    }
-}
+/// The collector's renaming, as the worker's own `/metrics` applies it too: one
+/// implementation, checked against the collector's behaviour below.
+pub(crate) use payment_worker::telemetry::prometheus::{prometheus_name, PrometheusKind};
 
 /// Every series name Prometheus shows for a family (histograms and summaries have
 /// several).

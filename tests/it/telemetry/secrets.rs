@@ -31,12 +31,7 @@ fn debug_of_the_settings_redacts_secrets() {
         "{shown}"
     );
 
-    let redis = RedisSettings {
-        url: "redis://default:hunter2-redis@cache:6379/0".into(),
-        cluster: false,
-        ca_cert: None,
-        key_prefix: "pw".into(),
-    };
+    let redis = RedisSettings::with_url("redis://default:hunter2-redis@cache:6379/0", "pw");
     let shown = format!("{redis:?}");
     assert!(!shown.contains("hunter2-redis"), "{shown}");
     assert!(shown.contains("***") && shown.contains("cache"), "{shown}");

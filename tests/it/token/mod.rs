@@ -5,4 +5,5 @@ pub(crate) mod contract;
 mod postgres;
 mod postgres_store;
 mod redis;
+mod redis_sentinel;
 mod redis_topologies;

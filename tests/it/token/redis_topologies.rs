@@ -5,7 +5,6 @@
 //! tokens on each master, and a worker charges 1,000 commands once each.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,54 +21,12 @@ use crate::support::helpers::{quick_worker_settings, unique, Stack};
 use crate::support::pki::{path_str, TestPki};
 use crate::support::procs::free_port;
 use crate::support::procs::{run_to_end, Proc};
+use crate::support::redis_servers::{base_args, redis_server, TempDir, TlsRedis};
 use crate::token::contract::{self as contract, key, policy, Backend, RawToken};
 
 /// Race rounds here: the single-node suite runs the full count; these servers only
 /// have to show the same contract holds over TLS and across slots.
 const ROUNDS: usize = 100;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("{label}-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-async fn redis_server(name: &str, args: &[String]) -> Proc {
-    let mut command = std::process::Command::new("redis-server");
-    command.args(args);
-    let mut proc = Proc::spawn(name, command);
-    proc.wait_for(Duration::from_secs(30), |l| {
-        l.contains("Ready to accept connections").then_some(())
-    })
-    .await;
-    proc
-}
-
-fn base_args(dir: &std::path::Path) -> Vec<String> {
-    [
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        path_str(dir),
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
-}
 
 /// The token store's contract, read back through a connection of the same topology.
 struct TopologyBackend {
@@ -166,29 +123,8 @@ async fn whole_contract(servers: &TopologyBackend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_token_contract_holds_over_tls() {
     let pki = TestPki::new();
-    let dir = TempDir::new("pw-redis-tls");
-    let port = free_port();
-    let mut args = base_args(&dir.0);
-    args.extend(
-        [
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--tls-cert-file",
-            path_str(&pki.server_cert()),
-            "--tls-key-file",
-            path_str(&pki.server_key()),
-            "--tls-ca-cert-file",
-            path_str(&pki.ca()),
-            "--tls-auth-clients",
-            "no",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned()),
-    );
-    let _server = redis_server("redis-tls", &args).await;
-    let url = format!("rediss://localhost:{port}");
+    let server = TlsRedis::start(&pki, false).await;
+    let url = server.url();
     let ca = std::fs::read(pki.ca()).unwrap();
 
     let target = RedisTarget::parse(&url, false)
@@ -352,6 +288,12 @@ async fn the_token_contract_holds_on_a_three_master_cluster() {
     assert_eq!(found, stuck, "the scan must cover every master");
 
     // `audit` itself, pointed at the cluster, reports all of them (exit code 3).
+    assert_eq!(audit_stuck_tokens(&cluster.url(), &prefix).await, 30);
+}
+
+/// `payment-worker audit --json` against the Redis at `redis_url` (keys under
+/// `prefix`): how many stuck tokens it reports. It exits 3 for them.
+pub(crate) async fn audit_stuck_tokens(redis_url: &str, prefix: &str) -> u64 {
     let db = crate::support::helpers::TestDb::new().await;
     let simulator = payment_worker::devtools::GatewaySimulator::bind(
         "127.0.0.1:0".parse().unwrap(),
@@ -361,8 +303,8 @@ async fn the_token_contract_holds_on_a_three_master_cluster() {
     .spawn();
     let env: HashMap<String, String> = [
         ("DATABASE_URL", db.url.clone()),
-        ("REDIS_URL", cluster.url()),
-        ("REDIS_KEY_PREFIX", prefix.clone()),
+        ("REDIS_URL", redis_url.to_owned()),
+        ("REDIS_KEY_PREFIX", prefix.to_owned()),
         ("GATEWAY_URL", simulator.url()),
     ]
     .into_iter()
@@ -373,7 +315,9 @@ async fn the_token_contract_holds_on_a_three_master_cluster() {
     let output = audit.output().unwrap();
     assert_eq!(output.status.code(), Some(3), "{output:?}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(report["stuck_tokens"]["count"], 30, "{report}");
+    report["stuck_tokens"]["count"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{report}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -420,4 +364,77 @@ async fn a_worker_on_a_cluster_charges_each_of_1000_commands_once() {
         distinct.len(),
         "one completed token per key"
     );
+}
+
+/// A Redis that asks every client for a certificate its CA signed: `tokens issue`
+/// given REDIS_CLIENT_CERT and REDIS_CLIENT_KEY is served, the same command
+/// without them is refused and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_requiring_client_certificates_serves_the_worker_with_one_only() {
+    let pki = TestPki::new();
+    let server = TlsRedis::start(&pki, true).await;
+    let db = crate::support::helpers::TestDb::new().await;
+    let prefix = unique("pwmtls");
+    let env = |with_certificate: bool| {
+        let mut env: HashMap<String, String> = [
+            ("DATABASE_URL", db.url.clone()),
+            ("REDIS_URL", server.url()),
+            ("REDIS_CA_CERT", path_str(&pki.ca()).to_owned()),
+            ("REDIS_KEY_PREFIX", prefix.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        if with_certificate {
+            env.insert(
+                "REDIS_CLIENT_CERT".into(),
+                path_str(&pki.client_cert()).into(),
+            );
+            env.insert(
+                "REDIS_CLIENT_KEY".into(),
+                path_str(&pki.client_key()).into(),
+            );
+        }
+        env
+    };
+    let issue = |key: &'static str, env: HashMap<String, String>| async move {
+        run_to_end(
+            "tokens-issue",
+            crate::support::procs::binary(&["tokens", "issue", key], &env),
+            Duration::from_secs(60),
+        )
+        .await
+    };
+
+    let (status, lines) = issue("mtls-anonymous", env(false)).await;
+    assert!(
+        !status.success(),
+        "served without a certificate:\n{}",
+        lines.join("\n")
+    );
+    let (status, lines) = issue("mtls-presented", env(true)).await;
+    assert!(status.success(), "{}", lines.join("\n"));
+
+    // What the server holds, read with the client certificate.
+    let identity = payment_worker::token::ClientIdentity {
+        cert_pem: std::fs::read(pki.client_cert()).unwrap(),
+        key_pem: std::fs::read(pki.client_key()).unwrap(),
+    };
+    let target = RedisTarget::parse(&server.url(), false)
+        .unwrap()
+        .with_ca_pem(Some(std::fs::read(pki.ca()).unwrap()))
+        .with_client_identity(Some(identity));
+    let conn = target.connect().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:token:*"))
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap();
+    assert_eq!(keys, [format!("{prefix}:token:{{mtls-presented}}")]);
+
+    // Without the certificate the store cannot even connect.
+    let anonymous = RedisTarget::parse(&server.url(), false)
+        .unwrap()
+        .with_ca_pem(Some(std::fs::read(pki.ca()).unwrap()));
+    assert!(anonymous.connect().await.is_err());
 }

@@ -7,6 +7,7 @@ mod corpus_cases;
 mod exactly_once;
 mod failures;
 mod kafka_connectivity;
+mod oauthbearer;
 mod operator_tools;
 mod oversized_dead_letters;
 mod poison;
