@@ -11,6 +11,11 @@
 # libssl-dev and pkg-config (all in this image); zstd is built from source. zlib and
 # libssl are linked dynamically. `migrations/` is embedded at compile time by `sqlx::migrate!`.
 FROM rust:1.95-bookworm AS builder
+# The production build carries Kafka OIDC (feature kafka-oidc): librdkafka with
+# libcurl, built through CMake.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends cmake \
+    && rm -rf /var/lib/apt/lists/*
 # `--version` names the commit; the build context carries no .git.
 ARG PAYMENT_WORKER_COMMIT=unknown
 ENV PAYMENT_WORKER_COMMIT=${PAYMENT_WORKER_COMMIT}
@@ -22,14 +27,15 @@ COPY migrations ./migrations
 COPY native ./native
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --no-default-features --bin payment-worker \
+    cargo build --release --locked --no-default-features --features kafka-oidc --bin payment-worker \
     && cp target/release/payment-worker /usr/local/bin/payment-worker \
     && cargo build --release --locked --bin payment-worker \
     && cp target/release/payment-worker /usr/local/bin/payment-worker-devtools \
     # The runtime has glibc, libssl and CA certificates but no zlib, which
     # librdkafka links: carried over from here.
     && mkdir -p /runtime-libs \
-    && cp "$(ldd /usr/local/bin/payment-worker | awk '/libz\.so/ { print $3 }')" /runtime-libs/
+    && for lib in $(ldd /usr/local/bin/payment-worker /usr/local/bin/payment-worker-devtools \
+                    | awk '/libz\.so/ { print $3 }' | sort -u); do cp "$lib" /runtime-libs/; done
 
 # The development tools' image: the default build (gateway-sim for docker-compose).
 FROM gcr.io/distroless/cc-debian12:nonroot AS devtools

@@ -42,12 +42,23 @@ pub mod exit_status {
     pub const INTERRUPTED: u8 = crate::startup::INTERRUPTED_EXIT_STATUS;
 }
 
-/// `--version`: the release and the commit it was built from.
+/// `--version`: the release, the commit it was built from, and Kafka OIDC when this
+/// build carries it (feature `kafka-oidc`).
+#[cfg(not(feature = "kafka-oidc"))]
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",
     env!("PAYMENT_WORKER_COMMIT"),
     ")"
+);
+/// `--version`: the release, the commit it was built from, and Kafka OIDC when this
+/// build carries it (feature `kafka-oidc`).
+#[cfg(feature = "kafka-oidc")]
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PAYMENT_WORKER_COMMIT"),
+    "; kafka-oidc)"
 );
 
 /// Every exit status and what it means, for `--help` and the manual.

@@ -421,7 +421,8 @@ fn dockerfile_base_images_are_pinned() {
             .is_some_and(|i| i.starts_with("gcr.io/distroless/cc-debian12:")),
         "the runtime is distroless (no shell, no package manager): {images:?}"
     );
-    assert!(dockerfile.contains("cargo build --release --locked --no-default-features"));
+    assert!(dockerfile
+        .contains("cargo build --release --locked --no-default-features --features kafka-oidc"));
     assert!(dockerfile.contains(r#"ENTRYPOINT ["payment-worker"]"#));
 }
 

@@ -228,6 +228,17 @@ impl Drop for Proc {
 pub fn binary(args: &[&str], env: &HashMap<String, String>) -> Command {
     // PW_TEST_BINARY runs another build (e.g. the base commit's) for a before/after comparison.
     let program = std::env::var("PW_TEST_BINARY").unwrap_or_else(|_| BINARY.to_owned());
+    command_of(program, args, env)
+}
+
+/// A development tool (`dev-kafka`, `gateway-sim`) of the suite's own build: the
+/// test bed, never the build under test (which may be a production build without
+/// them).
+fn tool(args: &[&str]) -> Command {
+    command_of(BINARY.to_owned(), args, &HashMap::new())
+}
+
+fn command_of(program: String, args: &[&str], env: &HashMap<String, String>) -> Command {
     let mut command = Command::new(program);
     command.args(args).env_clear();
     if let Ok(path) = std::env::var("PATH") {
@@ -268,7 +279,7 @@ pub async fn spawn_announced(name: &str, command: Command, announcement: &str) -
 /// `payment-worker dev-kafka`: a mock cluster in its own process.
 pub async fn dev_kafka(partitions: i32) -> (Proc, String) {
     let partitions = partitions.to_string();
-    let command = binary(&["dev-kafka", "--partitions", &partitions], &HashMap::new());
+    let command = tool(&["dev-kafka", "--partitions", &partitions]);
     spawn_announced("dev-kafka", command, "dev-kafka bootstrap ").await
 }
 
@@ -276,7 +287,7 @@ pub async fn dev_kafka(partitions: i32) -> (Proc, String) {
 pub async fn gateway_sim(flags: &[&str]) -> (Proc, String) {
     let mut args = vec!["gateway-sim", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(flags);
-    let command = binary(&args, &HashMap::new());
+    let command = tool(&args);
     let (proc, addr) = spawn_announced("gateway-sim", command, "gateway-sim listening on ").await;
     (proc, format!("http://{addr}"))
 }
