@@ -1,4 +1,4 @@
-//! The chaos run: ten (fifty with `CHAOS_LARGE=1`) SIGKILLs of random workers at
+//! The chaos run: ten (fifty with `CHAOS_LARGE=1`, or `CHAOS_KILLS`) SIGKILLs of random workers at
 //! random moments, Redis data loss twice, a Postgres restart, then a replay of the
 //! whole topic; the invariants checked against what the systems hold.
 
@@ -24,7 +24,7 @@ struct ChaosSize {
 }
 
 fn chaos_size() -> ChaosSize {
-    if std::env::var("CHAOS_LARGE").is_ok_and(|v| v == "1") {
+    let mut size = if std::env::var("CHAOS_LARGE").is_ok_and(|v| v == "1") {
         ChaosSize {
             commands: 10_000,
             kills: 50,
@@ -34,7 +34,17 @@ fn chaos_size() -> ChaosSize {
             commands: 2000,
             kills: 10,
         }
+    };
+    // `scripts/interop-tansu` runs a smaller one on a slower broker. At least three
+    // kill rounds: two lose Redis, one restarts Postgres.
+    let number = |name: &str| std::env::var(name).ok().map(|v| v.parse::<usize>());
+    if let Some(commands) = number("CHAOS_COMMANDS") {
+        size.commands = commands.expect("CHAOS_COMMANDS must be a number");
     }
+    if let Some(kills) = number("CHAOS_KILLS") {
+        size.kills = kills.expect("CHAOS_KILLS must be a number").max(3);
+    }
+    size
 }
 
 fn chaos_seed() -> u64 {
@@ -157,27 +167,7 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     let results_end = deployment
         .high_watermarks(&deployment.settings.results_topic.clone())
         .await;
-    let replay_env: HashMap<String, String> = [
-        ("KAFKA_BROKERS", deployment.settings.brokers.as_str()),
-        ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    let (status, output) = procs::run_to_end(
-        "replay",
-        procs::binary(
-            &[
-                "replay",
-                "--to-beginning",
-                "--group",
-                &deployment.settings.group_id,
-            ],
-            &replay_env,
-        ),
-        Duration::from_secs(120),
-    )
-    .await;
+    let (status, output) = deployment.replay_to_beginning().await;
     assert!(status.success(), "replay failed:\n{}", output.join("\n"));
     let rewound = deployment.committed().await;
     assert!(
