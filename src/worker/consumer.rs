@@ -246,6 +246,7 @@ fn poll_loop(
         reached = %super::member::offsets_list(&reached),
         "drained for shutdown"
     );
+    partitions.commits.leaving(&reached);
     if partitions.transactions.is_some() {
         partitions.commit_transaction(&consumer);
     } else {

@@ -626,28 +626,35 @@ impl MemberContext {
         lost: bool,
         started: Instant,
     ) {
+        let commits = &self.partitions.commits;
+        // A revoke while leaving finds its partitions drained by the shutdown already.
+        let leaving = commits.take_leaving(ids);
+        let mut offsets = leaving.clone();
+        offsets.extend(reached);
         let commit = if lost {
             // The group moved on without this member: the commit would be refused.
             Err(KafkaError::ConsumerCommit(
                 RDKafkaErrorCode::UnknownMemberId,
             ))
         } else {
-            self.partitions.commits.commit_now(consumer)
+            commits.commit_final(consumer, &offsets)
         };
         match commit {
             Ok(()) => tracing::info!(
                 partitions = ids.len(),
                 drained_ms = started.elapsed().as_millis() as u64,
-                reached = %offsets_list(&reached),
+                reached = %offsets_list(&offsets),
                 "drained and committed"
             ),
-            // Nothing drained (e.g. the final revoke while closing): nothing to keep.
-            Err(error) if reached.is_empty() => {
+            // Nothing drained (the final revoke while closing): nothing to keep.
+            Err(error) if offsets.is_empty() => {
                 tracing::debug!(%error, "commit after an empty drain failed")
             }
             Err(error) => {
-                tracing::warn!(%error, partitions = reached.len(), reached = %offsets_list(&reached), "commit after the drain failed; kept for a later retry");
-                self.partitions.commits.remember(reached);
+                tracing::warn!(%error, partitions = offsets.len(), reached = %offsets_list(&offsets), "commit after the drain failed; kept for a later retry");
+                // The leave goes on committing what the shutdown drained.
+                commits.leaving(&leaving);
+                commits.remember(offsets);
             }
         }
     }
