@@ -31,6 +31,11 @@ const COMMIT_SWEEP: Duration = Duration::from_secs(1);
 const COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// How often the committer looks for progress.
 const COMMIT_LOOK: Duration = Duration::from_millis(10);
+/// How long a final commit waits for the group's committed offsets. Longer than
+/// tansu 0.6 holds a member's coordinator connection: it serves one request at a
+/// time and keeps a follower's JoinGroup for 3 s, so an OffsetFetch sent meanwhile
+/// is answered after it.
+const GROUP_OFFSETS_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub(super) struct Commits {
@@ -121,23 +126,17 @@ impl Commits {
         for (topic, partition) in offsets.keys() {
             query.add_partition(topic, *partition);
         }
-        let group: HashMap<PartitionId, i64> = match consumer
-            .committed_offsets(query, Duration::from_secs(3))
-        {
-            Ok(list) => list
-                .elements()
-                .iter()
-                .filter_map(|e| match e.offset() {
-                    Offset::Offset(o) => Some(((e.topic().to_owned(), e.partition()), o)),
-                    _ => None,
-                })
-                .collect(),
-            Err(error) => {
-                // A fencing coordinator refuses a stale commit by itself.
-                tracing::warn!(%error, "the group's committed offsets are unknown; committing unchecked");
-                HashMap::new()
-            }
-        };
+        // Unchecked, the commit could undo another member's: it is not sent, and the
+        // next owner answers those commands again (at-least-once allows that).
+        let group: HashMap<PartitionId, i64> = consumer
+            .committed_offsets(query, GROUP_OFFSETS_WAIT)?
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some(((e.topic().to_owned(), e.partition()), o)),
+                _ => None,
+            })
+            .collect();
         let mut list = TopicPartitionList::new();
         for ((topic, partition), offset) in ahead_of_the_group(offsets, &group) {
             list.add_partition_offset(&topic, partition, Offset::Offset(offset))?;

@@ -26,7 +26,8 @@ struct Period {
     generation: i64,
     first_offset: i64,
     first_at: Time,
-    /// The revoke that ended it, if one was logged (none: killed, or still running).
+    /// The revoke (or shutdown drain) that ended it, if one was logged (none: killed,
+    /// or still held when the run ended).
     revoked_at: Option<Time>,
     revoke_generation: Option<i64>,
     lost: bool,
@@ -162,7 +163,10 @@ pub(crate) fn report(results: &[ResultRecord], logs: &[(String, Vec<String>)]) {
                     "the new owner started {:.1}s after the old owner's revoke, below the offset that revoke's drain reached",
                     (new.first_at - revoked).num_milliseconds() as f64 / 1000.0
                 ),
-                None => "the old owner logged no revoke (killed)".to_owned(),
+                None => "two owners at once: the old owner never gave the partition up \
+                         (no revoke in its log: it still held it when the run ended, or it \
+                         was killed)"
+                    .to_owned(),
             };
             eprintln!(
                 "hand-over p{partition}: {} (member {}, gen {} at its first record, gen {} at revoke{}, \
