@@ -113,6 +113,14 @@ impl std::fmt::Display for Refusal<'_> {
                     view.state
                 )
             }
+            Some(view) if !view.alone_and_stable() => write!(
+                f,
+                "this replay is the only member of group {group}, which is still in state \
+                 {} after {waited}s: the broker did not finish the rebalance that would \
+                 give it every partition (it got {assigned} of {partitions}); run replay \
+                 again",
+                view.state
+            ),
             Some(view) => {
                 let again = if *rejoined {
                     ", also after joining it a second time"
@@ -194,6 +202,16 @@ mod tests {
         assert!(text.contains("the broker did not say which"), "{text}");
         assert!(text.contains("session timeout: 6s"), "{text}");
         assert!(text.contains("stop the workers first"), "{text}");
+    }
+
+    #[test]
+    fn a_replay_alone_in_a_group_still_rebalancing_says_so() {
+        let text = refusal(Some(GroupView {
+            state: "PreparingRebalance".into(),
+            others: Vec::new(),
+        }));
+        assert!(text.contains("still in state PreparingRebalance"), "{text}");
+        assert!(!text.contains("left partitions unassigned"), "{text}");
     }
 
     #[test]
