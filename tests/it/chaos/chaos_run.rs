@@ -194,6 +194,11 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
 
     // The replay passed over every key after the last fault and nothing runs now, so
     // a token still `processing` (expired lease or not) would be stuck for good.
+    // Before the replay: positions answered more than once (kills make some).
+    let repeated = by_position(&first_pass)
+        .values()
+        .filter(|answers| answers.len() > 1)
+        .count();
     let mut results = first_pass;
     results.extend(replayed);
     let tokens = token_statuses(&mut redis.conn, &redis.prefix).await;
@@ -226,8 +231,8 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
 
     eprintln!(
         "chaos: seed {seed}: {} kills, Redis flushed twice ({flushed:?} keys), Postgres restarted once; \
-         {} commands, {} charges ({} POSTed more than once), {} payments under a later reservation, \
-         {} dead letters; took {:?}",
+         {} commands ({repeated} answered more than once before the replay), {} charges ({} POSTed \
+         more than once), {} payments under a later reservation, {} dead letters; took {:?}",
         deployment.kills,
         records.len(),
         ledger.len(),
