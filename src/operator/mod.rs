@@ -2,6 +2,7 @@
 //! `dlq redrive`, `healthcheck`, and the outcome `process` prints. They use the worker's Kafka
 //! settings and message formats; the worker itself never calls them.
 mod dry_run;
+mod group_members;
 mod healthcheck;
 mod outcome_view;
 mod produce;

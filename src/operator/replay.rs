@@ -8,9 +8,10 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::dry_run::{dry_run_report, DryRunScope};
+use super::group_members::{describe, GroupView, Refusal};
 use super::topics::partition_count;
 use crate::configuration::{KafkaSettings, StoreSettings};
-use crate::worker::{consumer_config, create_client};
+use crate::worker::{consumer_config, create_client, group_generation};
 
 /// `payment-worker replay`: which group to rewind and to where, or what a dry run reports.
 #[derive(Debug, clap::Args)]
@@ -191,6 +192,64 @@ async fn dry_run(args: &ReplayArgs, kafka: &KafkaSettings) -> anyhow::Result<()>
     Ok(())
 }
 
+/// Waits until the group assigned this replay every partition: only possible once no
+/// other member is left, which takes a dead member's session timeout. Once, after a
+/// session timeout, a replay the broker lists as the group's only member but which
+/// still lacks partitions joins again (a coordinator can complete a rebalance
+/// without assigning them: tansu 0.6 does when the group's leader was dropped
+/// mid-round). A refusal names who else the broker lists in the group.
+fn wait_for_every_partition(
+    consumer: &BaseConsumer,
+    kafka: &KafkaSettings,
+    partitions: i32,
+) -> anyhow::Result<()> {
+    let topic = kafka.commands_topic.as_str();
+    let started = Instant::now();
+    let deadline = started + kafka.session_timeout * 3 + Duration::from_secs(5);
+    let (mut looked, mut rejoined) = (false, false);
+    loop {
+        // Messages fetched meanwhile are dropped at once; nothing is stored.
+        if let Some(Err(error)) = consumer.poll(Duration::from_millis(100)) {
+            tracing::debug!(%error, "poll while waiting for the assignment");
+        }
+        let assigned = consumer.assignment()?.count();
+        if assigned == partitions as usize {
+            return Ok(());
+        }
+        let me = || {
+            group_generation(consumer)
+                .map(|g| g.member_id)
+                .unwrap_or_default()
+        };
+        if !looked && started.elapsed() > kafka.session_timeout {
+            looked = true;
+            let view = describe(consumer, &kafka.group_id, &me());
+            if view.as_ref().is_some_and(GroupView::alone_and_stable) {
+                tracing::warn!(
+                    assigned,
+                    partitions,
+                    "the only member of the group, yet not assigned every partition; joining again"
+                );
+                consumer.unsubscribe();
+                consumer.subscribe(&[topic])?;
+                rejoined = true;
+            }
+        }
+        if Instant::now() >= deadline {
+            let refusal = Refusal {
+                group: &kafka.group_id,
+                assigned,
+                partitions,
+                waited: started.elapsed(),
+                session_timeout: kafka.session_timeout,
+                rejoined,
+                view: describe(consumer, &kafka.group_id, &me()),
+            };
+            anyhow::bail!("{refusal}");
+        }
+    }
+}
+
 /// Joins the group, waits to be assigned every partition (only possible when no
 /// other member is alive), commits the start offsets as a member, and leaves.
 pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Result<Rewound> {
@@ -207,22 +266,7 @@ pub fn rewind_group(kafka: &KafkaSettings, to_offset: Option<i64>) -> anyhow::Re
     config.set("enable.auto.commit", "false");
     let consumer: BaseConsumer = create_client(&config)?;
     consumer.subscribe(&[topic])?;
-    let deadline = Instant::now() + kafka.session_timeout * 3 + Duration::from_secs(5);
-    loop {
-        // Messages fetched meanwhile are dropped at once; nothing is stored.
-        if let Some(Err(error)) = consumer.poll(Duration::from_millis(100)) {
-            tracing::debug!(%error, "poll while waiting for the assignment");
-        }
-        let assigned = consumer.assignment()?.count();
-        if assigned == partitions as usize {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "group {} still has other live members (got {assigned} of {partitions} partitions); stop the workers first",
-            kafka.group_id
-        );
-    }
+    wait_for_every_partition(&consumer, kafka, partitions)?;
     let targets = replay_targets(&consumer, topic, partitions, to_offset)?;
     let mut list = TopicPartitionList::new();
     for (p, restart) in &targets {

@@ -240,7 +240,13 @@ fn poll_loop(
     if let Some(committer) = committer.as_mut() {
         committer.stop();
     }
-    partitions.drain(&partitions.ids());
+    let reached = partitions.drain(&partitions.ids());
+    tracing::info!(
+        partitions = reached.len(),
+        reached = %super::member::offsets_list(&reached),
+        "drained for shutdown"
+    );
+    partitions.commits.leaving(&reached);
     if partitions.transactions.is_some() {
         partitions.commit_transaction(&consumer);
     } else {

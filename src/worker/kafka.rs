@@ -1,8 +1,12 @@
 //! librdkafka client settings.
 
+use std::ffi::CStr;
+
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, FromClientConfig, FromClientConfigAndContext};
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka_sys as rdsys;
 
 use crate::configuration::{GroupProtocol, KafkaSettings};
 
@@ -113,6 +117,48 @@ pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
         config.set("group.instance.id", instance);
     }
     config
+}
+
+/// Who this member is in its group right now, as librdkafka knows it: the member id
+/// the coordinator gave it and the generation of its last join (KIP-848: the member
+/// epoch). Logged with every assignment change, so a partition's owners can be
+/// told apart across the members' logs and the broker's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupGeneration {
+    /// The generation (or member epoch); -1 before the first join.
+    pub generation: i32,
+    /// The member id; empty before the first join.
+    pub member_id: String,
+}
+
+/// The member's current [`GroupGeneration`]; `None` for a client that is not a
+/// group member. rdkafka keeps the handle's accessors to itself, so this asks
+/// librdkafka directly. Served by librdkafka's own thread: callable from a
+/// rebalance callback.
+pub fn group_generation<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Option<GroupGeneration> {
+    use rdkafka::consumer::Consumer;
+    let client = consumer.client().native_ptr();
+    // SAFETY: `client` is the live handle `consumer` owns; the metadata returned is
+    // a copy this function owns and destroys after reading it (NULL: not a group
+    // member), and the member id it points to is read before that.
+    unsafe {
+        let metadata = rdsys::rd_kafka_consumer_group_metadata(client);
+        if metadata.is_null() {
+            return None;
+        }
+        let generation = rdsys::rd_kafka_consumer_group_metadata_generation_id(metadata);
+        let member = rdsys::rd_kafka_consumer_group_metadata_member_id(metadata);
+        let member_id = if member.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(member).to_string_lossy().into_owned()
+        };
+        rdsys::rd_kafka_consumer_group_metadata_destroy(metadata);
+        Some(GroupGeneration {
+            generation,
+            member_id,
+        })
+    }
 }
 
 /// Results and dead letters are acknowledged by every in-sync replica before the

@@ -114,6 +114,16 @@ impl Partitions {
         }
         let mut assigned = self.lock();
         let entry = assigned.entry(id.clone()).or_insert_with(|| {
+            // Where this member's ownership of the partition begins: with the
+            // previous owner's last offset, it tells whether the two overlapped.
+            let member = super::kafka::group_generation(consumer.as_ref());
+            tracing::info!(
+                partition = id.1,
+                offset = message.offset(),
+                generation = member.as_ref().map(|m| m.generation),
+                member_id = member.as_ref().map(|m| m.member_id.as_str()),
+                "first record of the partition"
+            );
             // librdkafka resumes a paused partition only at its broker thread's next
             // wake-up (up to 1 s later), so the inbox holds about a second of work;
             // sized to max_in_flight alone, every pause idled the partition (bench:
@@ -418,6 +428,28 @@ impl ConsumerContext for MemberContext {
     }
 }
 
+/// `0,3,5`: partition numbers for a log line.
+fn partition_list(ids: &[PartitionId]) -> String {
+    let mut numbers: Vec<i32> = ids.iter().map(|(_, p)| *p).collect();
+    numbers.sort_unstable();
+    numbers
+        .iter()
+        .map(i32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `0:120,3:97`: partition and offset pairs for a log line.
+pub(super) fn offsets_list(offsets: &HashMap<PartitionId, i64>) -> String {
+    let mut pairs: Vec<(i32, i64)> = offsets.iter().map(|((_, p), o)| (*p, *o)).collect();
+    pairs.sort_unstable();
+    pairs
+        .iter()
+        .map(|(p, o)| format!("{p}:{o}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn ids_of(list: &TopicPartitionList) -> Vec<PartitionId> {
     list.elements()
         .iter()
@@ -514,9 +546,13 @@ impl MemberContext {
         let held = self.partitions.own(&ids, true);
         self.assigned.store(held, Ordering::SeqCst);
         self.partitions.liveness.set_in_group(true);
+        let member = super::kafka::group_generation(consumer);
         tracing::info!(
             partitions = held,
             added = ids.len(),
+            partition_ids = %partition_list(&ids),
+            generation = member.as_ref().map(|m| m.generation),
+            member_id = member.as_ref().map(|m| m.member_id.as_str()),
             cooperative,
             "assigned"
         );
@@ -537,11 +573,15 @@ impl MemberContext {
         if !cooperative || lost {
             self.partitions.liveness.set_in_group(false);
         }
+        let member = super::kafka::group_generation(consumer);
         tracing::info!(
             partitions = ids.len(),
             held,
             lost,
             cooperative,
+            partition_ids = %partition_list(&ids),
+            generation = member.as_ref().map(|m| m.generation),
+            member_id = member.as_ref().map(|m| m.member_id.as_str()),
             "revoked; draining"
         );
         let started = Instant::now();
@@ -586,27 +626,35 @@ impl MemberContext {
         lost: bool,
         started: Instant,
     ) {
+        let commits = &self.partitions.commits;
+        // A revoke while leaving finds its partitions drained by the shutdown already.
+        let leaving = commits.take_leaving(ids);
+        let mut offsets = leaving.clone();
+        offsets.extend(reached);
         let commit = if lost {
             // The group moved on without this member: the commit would be refused.
             Err(KafkaError::ConsumerCommit(
                 RDKafkaErrorCode::UnknownMemberId,
             ))
         } else {
-            self.partitions.commits.commit_now(consumer)
+            commits.commit_final(consumer, &offsets)
         };
         match commit {
             Ok(()) => tracing::info!(
                 partitions = ids.len(),
                 drained_ms = started.elapsed().as_millis() as u64,
+                reached = %offsets_list(&offsets),
                 "drained and committed"
             ),
-            // Nothing drained (e.g. the final revoke while closing): nothing to keep.
-            Err(error) if reached.is_empty() => {
+            // Nothing drained (the final revoke while closing): nothing to keep.
+            Err(error) if offsets.is_empty() => {
                 tracing::debug!(%error, "commit after an empty drain failed")
             }
             Err(error) => {
-                tracing::warn!(%error, partitions = reached.len(), "commit after the drain failed; kept for a later retry");
-                self.partitions.commits.remember(reached);
+                tracing::warn!(%error, partitions = offsets.len(), reached = %offsets_list(&offsets), "commit after the drain failed; kept for a later retry");
+                // The leave goes on committing what the shutdown drained.
+                commits.leaving(&leaving);
+                commits.remember(offsets);
             }
         }
     }

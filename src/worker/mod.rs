@@ -22,7 +22,8 @@ pub use handler::Handler;
 pub use health::{serve_health, HealthChecks, HealthServer, Liveness, PostgresProbe};
 pub use inbound::{record_key, source_of, Inbound, Undecodable};
 pub use kafka::{
-    base_config, consumer_config, create_client, create_client_with_context, producer_config,
+    base_config, consumer_config, create_client, create_client_with_context, group_generation,
+    producer_config, GroupGeneration,
 };
 pub use messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,

@@ -31,6 +31,11 @@ const COMMIT_SWEEP: Duration = Duration::from_secs(1);
 const COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// How often the committer looks for progress.
 const COMMIT_LOOK: Duration = Duration::from_millis(10);
+/// How long a final commit waits for the group's committed offsets. Longer than
+/// tansu 0.6 holds a member's coordinator connection: it serves one request at a
+/// time and keeps a follower's JoinGroup for 3 s, so an OffsetFetch sent meanwhile
+/// is answered after it.
+const GROUP_OFFSETS_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub(super) struct Commits {
@@ -38,6 +43,9 @@ pub(super) struct Commits {
     progress: Arc<AtomicBool>,
     /// Offsets a drain reached whose commit failed.
     unsettled: Mutex<HashMap<PartitionId, i64>>,
+    /// Offsets the shutdown drain reached, until a commit took them: the revokes of
+    /// the leave that follows find those partitions already drained.
+    leaving: Mutex<HashMap<PartitionId, i64>>,
 }
 
 impl Commits {
@@ -96,10 +104,69 @@ impl Commits {
         }
     }
 
-    /// The last commit before leaving. A commit refused because the group is
+    /// A member's last word on partitions it gives up: commits `offsets` (per
+    /// partition, the next offset to process) where they are ahead of what the
+    /// group has committed, and leaves a partition alone where the group's offset is
+    /// already there or past it. A coordinator that fences commits by generation
+    /// (Kafka's) never holds an offset past this member's for a partition it owns;
+    /// one that does not (tansu 0.6) may have handed the partition to another member
+    /// already, and that member's commits must not be undone: moving the offset back
+    /// makes the next owner answer those commands again, and the member that
+    /// committed the higher offset never commits it a second time (librdkafka skips
+    /// an offset it believes committed).
+    pub(super) fn commit_final<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        offsets: &HashMap<PartitionId, i64>,
+    ) -> KafkaResult<()> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let mut query = TopicPartitionList::new();
+        for (topic, partition) in offsets.keys() {
+            query.add_partition(topic, *partition);
+        }
+        // Unchecked, the commit could undo another member's: it is not sent, and the
+        // next owner answers those commands again (at-least-once allows that).
+        let group: HashMap<PartitionId, i64> = consumer
+            .committed_offsets(query, GROUP_OFFSETS_WAIT)?
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some(((e.topic().to_owned(), e.partition()), o)),
+                _ => None,
+            })
+            .collect();
+        let mut list = TopicPartitionList::new();
+        for ((topic, partition), offset) in ahead_of_the_group(offsets, &group) {
+            list.add_partition_offset(&topic, partition, Offset::Offset(offset))?;
+        }
+        if list.count() == 0 {
+            return Ok(());
+        }
+        consumer.commit(&list, CommitMode::Sync)
+    }
+
+    /// Keeps what the shutdown drain reached for the commits of the leave.
+    pub(super) fn leaving(&self, offsets: &HashMap<PartitionId, i64>) {
+        let mut leaving = self.leaving.lock().unwrap_or_else(|p| p.into_inner());
+        leaving.extend(offsets.iter().map(|(id, o)| (id.clone(), *o)));
+    }
+
+    /// Takes what the shutdown drain reached for `ids` (nothing before a shutdown).
+    pub(super) fn take_leaving(&self, ids: &[PartitionId]) -> HashMap<PartitionId, i64> {
+        let mut leaving = self.leaving.lock().unwrap_or_else(|p| p.into_inner());
+        ids.iter()
+            .filter_map(|id| leaving.remove_entry(id))
+            .collect()
+    }
+
+    /// The last commit before leaving: what the shutdown drain reached (see
+    /// [`Commits::commit_final`]). A commit refused because the group is
     /// rebalancing (a member joins or leaves at the same moment) is tried again
     /// until the group has a new generation, for at most `within`; records that
     /// arrive meanwhile are dropped unprocessed (their offsets stay uncommitted).
+    /// A revoke served meanwhile commits its partitions' share itself.
     pub(super) fn commit_before_leaving<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
@@ -107,8 +174,17 @@ impl Commits {
     ) {
         let deadline = Instant::now() + within;
         loop {
-            let error = match self.commit_now(consumer) {
-                Ok(()) => return,
+            let offsets = self
+                .leaving
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let error = match self.commit_final(consumer, &offsets) {
+                Ok(()) => {
+                    let ids: Vec<PartitionId> = offsets.into_keys().collect();
+                    self.take_leaving(&ids);
+                    return;
+                }
                 Err(error) => error,
             };
             let retryable = matches!(
@@ -190,6 +266,31 @@ impl Commits {
             .filter(|(id, offset)| committed.get(id).is_some_and(|c| offset > c))
             .collect()
     }
+}
+
+/// The offsets of `ours` a final commit sends: those ahead of what the group
+/// committed (`group`; a partition absent there has no commit yet). One the group
+/// already passed is left alone, and said so.
+fn ahead_of_the_group(
+    ours: &HashMap<PartitionId, i64>,
+    group: &HashMap<PartitionId, i64>,
+) -> Vec<(PartitionId, i64)> {
+    let mut ahead = Vec::new();
+    for (id, offset) in ours {
+        match group.get(id) {
+            Some(committed) if committed > offset => tracing::warn!(
+                partition = id.1,
+                offset,
+                committed,
+                "the group's committed offset is past this member's: another member \
+                 consumed the partition meanwhile; left as it is"
+            ),
+            Some(committed) if committed == offset => {}
+            _ => ahead.push((id.clone(), *offset)),
+        }
+    }
+    ahead.sort();
+    ahead
 }
 
 /// A drain that may last the whole session timeout gets the member evicted while it
@@ -287,6 +388,20 @@ pub(super) fn leave_group<C: ConsumerContext>(consumer: &BaseConsumer<C>, within
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_final_commit_never_moves_the_group_back() {
+        let id = |p: i32| ("payments.commands".to_owned(), p);
+        let ours: HashMap<PartitionId, i64> =
+            [(id(0), 150), (id(1), 120), (id(2), 90), (id(3), 40)].into();
+        // p0: the group is behind (ours goes); p1: another member committed past
+        // ours (left alone); p2: already committed; p3: nothing committed yet.
+        let group: HashMap<PartitionId, i64> = [(id(0), 106), (id(1), 278), (id(2), 90)].into();
+        assert_eq!(
+            ahead_of_the_group(&ours, &group),
+            vec![(id(0), 150), (id(3), 40)]
+        );
+    }
 
     #[test]
     fn the_drain_bound_is_one_attempt_per_round_of_database_connections() {

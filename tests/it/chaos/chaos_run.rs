@@ -1,4 +1,4 @@
-//! The chaos run: ten (fifty with `CHAOS_LARGE=1`) SIGKILLs of random workers at
+//! The chaos run: ten (fifty with `CHAOS_LARGE=1`, or `CHAOS_KILLS`) SIGKILLs of random workers at
 //! random moments, Redis data loss twice, a Postgres restart, then a replay of the
 //! whole topic; the invariants checked against what the systems hold.
 
@@ -24,7 +24,7 @@ struct ChaosSize {
 }
 
 fn chaos_size() -> ChaosSize {
-    if std::env::var("CHAOS_LARGE").is_ok_and(|v| v == "1") {
+    let mut size = if std::env::var("CHAOS_LARGE").is_ok_and(|v| v == "1") {
         ChaosSize {
             commands: 10_000,
             kills: 50,
@@ -34,7 +34,17 @@ fn chaos_size() -> ChaosSize {
             commands: 2000,
             kills: 10,
         }
+    };
+    // `scripts/interop-tansu` runs a smaller one on a slower broker. At least three
+    // kill rounds: two lose Redis, one restarts Postgres.
+    let number = |name: &str| std::env::var(name).ok().map(|v| v.parse::<usize>());
+    if let Some(commands) = number("CHAOS_COMMANDS") {
+        size.commands = commands.expect("CHAOS_COMMANDS must be a number");
     }
+    if let Some(kills) = number("CHAOS_KILLS") {
+        size.kills = kills.expect("CHAOS_KILLS must be a number").max(3);
+    }
+    size
 }
 
 fn chaos_seed() -> u64 {
@@ -178,6 +188,11 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
 
     // The replay passed over every key after the last fault and nothing runs now, so
     // a token still `processing` (expired lease or not) would be stuck for good.
+    // Before the replay: positions answered more than once (kills make some).
+    let repeated = by_position(&first_pass)
+        .values()
+        .filter(|answers| answers.len() > 1)
+        .count();
     let mut results = first_pass;
     results.extend(replayed);
     let tokens = token_statuses(&mut redis.conn, &redis.prefix).await;
@@ -210,8 +225,8 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
 
     eprintln!(
         "chaos: seed {seed}: {} kills, Redis flushed twice ({flushed:?} keys), Postgres restarted once; \
-         {} commands, {} charges ({} POSTed more than once), {} payments under a later reservation, \
-         {} dead letters; took {:?}",
+         {} commands ({repeated} answered more than once before the replay), {} charges ({} POSTed \
+         more than once), {} payments under a later reservation, {} dead letters; took {:?}",
         deployment.kills,
         records.len(),
         ledger.len(),

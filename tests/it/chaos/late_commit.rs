@@ -62,9 +62,9 @@ async fn a_commit_answered_after_the_worker_stopped_waiting_ends_it_and_nothing_
 
     // Armed: the next commit each coordinator handles is answered 30 s late, past
     // the worker's 10 s wait for it.
-    deployment._kafka.signal(Signal::SIGUSR1);
-    deployment
-        ._kafka
+    let broker = deployment.kafka_process();
+    broker.signal(Signal::SIGUSR1);
+    broker
         .wait_for(Duration::from_secs(10), |line| {
             line.contains("txn-broker late commits armed").then_some(())
         })

@@ -6,4 +6,5 @@ mod chaos_run;
 mod exactly_once;
 mod kill_one;
 mod late_commit;
+mod replay_after_kill;
 mod stores;

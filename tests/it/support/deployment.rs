@@ -1,6 +1,11 @@
 //! The deployment of one crash test: a Kafka process (dev-kafka or txn-broker), a
 //! gateway-sim process and the worker processes of one consumer group, sharing one
 //! database and Redis prefix.
+//!
+//! `PW_TEST_KAFKA_BROKERS=host:port` runs the same tests against a broker started
+//! elsewhere (`scripts/interop-tansu`): no dev-kafka is started, and each test
+//! creates its own three topics on that broker, under names no other test or run
+//! uses, through the broker's CreateTopics API.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -22,6 +27,8 @@ pub(crate) const PARTITIONS: i32 = 6;
 pub(crate) const WORKERS: usize = 3;
 /// Workers ask for this; the group's first assignment after a SIGKILL waits for it.
 pub(crate) const SESSION_TIMEOUT: &str = "6s";
+/// Names the bootstrap of an external broker to run the deployments against.
+pub(crate) const EXTERNAL_KAFKA: &str = "PW_TEST_KAFKA_BROKERS";
 
 /// The gateway of a deployment: what keeps it alive, how the workers reach it,
 /// and the client the test reads its ledger with.
@@ -36,7 +43,8 @@ pub(crate) struct DeployedGateway {
 /// worker processes of one consumer group, all sharing one database and Redis prefix.
 pub(crate) struct Deployment {
     pub(crate) partitions: i32,
-    pub(crate) _kafka: Proc,
+    /// The dev-kafka (or txn-broker) of this test; none on an external broker.
+    pub(crate) kafka: Option<Proc>,
     /// Keeps the gateway (its process or server) alive.
     pub(crate) _gateway: Box<dyn std::any::Any + Send>,
     pub(crate) settings: KafkaSettings,
@@ -55,9 +63,21 @@ impl Deployment {
         gateway_flags: &[&str],
         extra_env: &[(&str, &str)],
     ) -> Self {
-        let kafka = procs::dev_kafka(partitions).await;
-        Self::start_on(
+        let (kafka, settings) = match std::env::var(EXTERNAL_KAFKA) {
+            Ok(bootstrap) if !bootstrap.is_empty() => {
+                (None, external_topics(&bootstrap, partitions).await)
+            }
+            _ => {
+                let (kafka, bootstrap) = procs::dev_kafka(partitions).await;
+                (
+                    Some(kafka),
+                    KafkaSettings::local(bootstrap, unique("group")),
+                )
+            }
+        };
+        Self::assemble(
             kafka,
+            settings,
             partitions,
             database_url,
             redis_prefix,
@@ -76,6 +96,27 @@ impl Deployment {
         gateway_flags: &[&str],
         extra_env: &[(&str, &str)],
     ) -> Self {
+        Self::assemble(
+            Some(kafka),
+            KafkaSettings::local(bootstrap, unique("group")),
+            partitions,
+            database_url,
+            redis_prefix,
+            gateway_flags,
+            extra_env,
+        )
+        .await
+    }
+
+    async fn assemble(
+        kafka: Option<Proc>,
+        settings: KafkaSettings,
+        partitions: i32,
+        database_url: &str,
+        redis_prefix: &str,
+        gateway_flags: &[&str],
+        extra_env: &[(&str, &str)],
+    ) -> Self {
         let (gateway_proc, gateway_url) = procs::gateway_sim(gateway_flags).await;
         let client = HttpGateway::new(
             &gateway_url,
@@ -88,8 +129,9 @@ impl Deployment {
             env: vec![("GATEWAY_URL".to_owned(), gateway_url)],
             client: Arc::new(client),
         };
-        Self::start_with_gateway(
-            (kafka, bootstrap),
+        Self::with_gateway(
+            kafka,
+            settings,
             partitions,
             database_url,
             redis_prefix,
@@ -107,30 +149,57 @@ impl Deployment {
         gateway: DeployedGateway,
         extra_env: &[(&str, &str)],
     ) -> Self {
-        let settings = KafkaSettings::local(bootstrap.clone(), unique("group"));
-        let mut worker_env: HashMap<String, String> = [
-            ("KAFKA_BROKERS", bootstrap.as_str()),
-            ("KAFKA_GROUP_ID", settings.group_id.as_str()),
-            ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
-            ("DRAIN_DEADLINE", "3s"),
-            ("DATABASE_URL", database_url),
-            ("DATABASE_MAX_CONNECTIONS", "16"),
-            ("REDIS_URL", REDIS_URL),
-            ("REDIS_KEY_PREFIX", redis_prefix),
-            ("LEASE", "5s"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+        Self::with_gateway(
+            Some(kafka),
+            KafkaSettings::local(bootstrap, unique("group")),
+            partitions,
+            database_url,
+            redis_prefix,
+            gateway,
+            extra_env,
+        )
+    }
+
+    fn with_gateway(
+        kafka: Option<Proc>,
+        settings: KafkaSettings,
+        partitions: i32,
+        database_url: &str,
+        redis_prefix: &str,
+        gateway: DeployedGateway,
+        extra_env: &[(&str, &str)],
+    ) -> Self {
+        let mut worker_env: HashMap<String, String> = kafka_env(&settings);
+        worker_env.extend(
+            [
+                ("KAFKA_GROUP_ID", settings.group_id.as_str()),
+                ("DRAIN_DEADLINE", "3s"),
+                ("DATABASE_URL", database_url),
+                ("DATABASE_MAX_CONNECTIONS", "16"),
+                ("REDIS_URL", REDIS_URL),
+                ("REDIS_KEY_PREFIX", redis_prefix),
+                ("LEASE", "5s"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
         worker_env.extend(gateway.env);
         worker_env.extend(
             extra_env
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
+        // `PW_TEST_WORKER_ENV="K=V K=V"`: settings for an experiment (scripts/
+        // interop-tansu), e.g. `KAFKA_CONFIG_DEBUG=cgrp` or another session timeout.
+        if let Ok(experiment) = std::env::var("PW_TEST_WORKER_ENV") {
+            worker_env.extend(experiment.split_whitespace().filter_map(|pair| {
+                pair.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            }));
+        }
         Self {
             partitions,
-            _kafka: kafka,
+            kafka,
             _gateway: gateway.keep,
             settings,
             gateway: gateway.client,
@@ -139,6 +208,13 @@ impl Deployment {
             started: 0,
             kills: 0,
         }
+    }
+
+    /// The broker process this test started (txn-broker tests signal it).
+    pub(crate) fn kafka_process(&mut self) -> &mut Proc {
+        self.kafka
+            .as_mut()
+            .expect("this test started its own broker process")
     }
 
     pub(crate) fn spawn_worker(&mut self) -> Proc {
@@ -400,14 +476,19 @@ impl Deployment {
     /// `payment-worker replay --to-beginning` for the group, its workers stopped:
     /// every partition starts over at offset 0.
     pub(crate) async fn rewind_to_beginning(&self) {
-        let replay_env: HashMap<String, String> = [
-            ("KAFKA_BROKERS", self.settings.brokers.as_str()),
-            ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        let (status, output) = procs::run_to_end(
+        let (status, output) = self.replay_to_beginning().await;
+        assert!(status.success(), "replay failed:\n{}", output.join("\n"));
+        let rewound = self.committed().await;
+        assert!(
+            rewound.values().all(|o| *o == 0),
+            "the group starts over at 0: {rewound:?}"
+        );
+    }
+
+    /// `payment-worker replay --to-beginning` for the deployment's group, run to its
+    /// end; returns its exit status and output.
+    pub(crate) async fn replay_to_beginning(&self) -> (std::process::ExitStatus, Vec<String>) {
+        procs::run_to_end(
             "replay",
             procs::binary(
                 &[
@@ -416,17 +497,11 @@ impl Deployment {
                     "--group",
                     &self.settings.group_id,
                 ],
-                &replay_env,
+                &kafka_env(&self.settings),
             ),
             Duration::from_secs(120),
         )
-        .await;
-        assert!(status.success(), "replay failed:\n{}", output.join("\n"));
-        let rewound = self.committed().await;
-        assert!(
-            rewound.values().all(|o| *o == 0),
-            "the group starts over at 0: {rewound:?}"
-        );
+        .await
     }
 
     pub(crate) async fn ledger(&self) -> Vec<LedgerEntry> {
@@ -444,6 +519,81 @@ impl Deployment {
             rows: payment_rows(pool).await,
         }
     }
+}
+
+/// The environment any `payment-worker` command needs to reach the deployment's
+/// broker and topics (`replay`, `produce`, the workers): brokers, the three topic
+/// names and the tests' session timeout.
+pub(crate) fn kafka_env(settings: &KafkaSettings) -> HashMap<String, String> {
+    [
+        ("KAFKA_BROKERS", settings.brokers.as_str()),
+        ("COMMANDS_TOPIC", settings.commands_topic.as_str()),
+        ("RESULTS_TOPIC", settings.results_topic.as_str()),
+        ("DLQ_TOPIC", settings.dlq_topic.as_str()),
+        ("KAFKA_SESSION_TIMEOUT", SESSION_TIMEOUT),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+/// Settings for a test on an external broker: a group and three topics of its own
+/// (`partitions` each), created through the broker's CreateTopics API.
+async fn external_topics(bootstrap: &str, partitions: i32) -> KafkaSettings {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+
+    let mut settings = KafkaSettings::local(bootstrap, unique("group"));
+    let run = unique("t");
+    settings.commands_topic = format!("{run}.commands");
+    settings.results_topic = format!("{run}.results");
+    settings.dlq_topic = format!("{run}.dlq");
+    let admin: AdminClient<DefaultClientContext> = worker::base_config(&settings).create().unwrap();
+    let names = [
+        &settings.commands_topic,
+        &settings.results_topic,
+        &settings.dlq_topic,
+    ];
+    let topics: Vec<NewTopic> = names
+        .iter()
+        .map(|name| NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let created = admin
+        .create_topics(&topics, &options)
+        .await
+        .unwrap_or_else(|e| panic!("CreateTopics on {bootstrap}: {e}"));
+    for outcome in created {
+        if let Err((topic, code)) = outcome {
+            panic!("creating {topic} on {bootstrap}: {code}");
+        }
+    }
+    // Created means known to the broker's metadata before any client needs it.
+    let probe: BaseConsumer = worker::base_config(&settings).create().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for name in names {
+        loop {
+            let found = probe
+                .fetch_metadata(Some(name), Duration::from_secs(10))
+                .ok()
+                .and_then(|m| {
+                    m.topics()
+                        .iter()
+                        .find(|t| t.name() == name.as_str())
+                        .map(|t| t.partitions().len() as i32)
+                });
+            if found == Some(partitions) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} not in {bootstrap}'s metadata with {partitions} partitions: {found:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    drop(probe);
+    settings
 }
 
 impl Deployment {

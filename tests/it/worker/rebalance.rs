@@ -135,6 +135,14 @@ impl Run {
         // Logs of the live workers up to here: their final leave is no rebalance.
         let mut logs: Vec<Vec<String>> = self.retired.iter().map(Proc::lines).collect();
         logs.extend(self.deployment.workers.iter().map(Proc::lines));
+        // Who answered a position twice, and at which hand-over (see support::handover).
+        let named: Vec<(String, Vec<String>)> = self
+            .retired
+            .iter()
+            .chain(&self.deployment.workers)
+            .map(|p| (p.name.clone(), p.lines()))
+            .collect();
+        crate::support::handover::report(&results, &named);
         self.deployment.stop_workers().await;
 
         let answers = by_position(&results);
