@@ -9,6 +9,13 @@ use crate::gateway::client::note_failure;
 use crate::gateway::interface::{Charge, ChargeRequest, GatewayError};
 use crate::token::IdempotencyKey;
 
+/// The `Idempotency-Key` of one create or confirm attempt: `<key>:<phase>:<n>`.
+/// Built from the key itself, never from its `Display`, which masks digit runs that
+/// look like card numbers: two keys masked alike would share Stripe's cached answer.
+fn attempt_key(key: &IdempotencyKey, phase: &str, attempt: impl std::fmt::Display) -> String {
+    format!("{}:{phase}:{attempt}", key.as_str())
+}
+
 impl StripeGateway {
     /// The phase-one answer made for this request, or the key was reused.
     pub(super) fn check_for(
@@ -50,7 +57,7 @@ impl StripeGateway {
             .begin_create(key.as_str(), payment_id, account, self.livemode)
             .await
             .map_err(records_unavailable)?;
-        let idempotency_key = format!("{key}:create:{}", record.create_attempt);
+        let idempotency_key = attempt_key(key, "create", record.create_attempt);
         let new = NewIntent {
             amount,
             currency: request.currency.to_ascii_lowercase(),
@@ -117,7 +124,7 @@ impl StripeGateway {
             .begin_confirm(key.as_str(), record.create_attempt)
             .await
             .map_err(records_unavailable)?;
-        let idempotency_key = format!("{key}:confirm:{attempt}");
+        let idempotency_key = attempt_key(key, "confirm", attempt);
         let failure = match self.api.confirm(&idempotency_key, &intent.id).await {
             Ok(answer) => return self.after_confirm(key, record, answer).await,
             Err(failure) => failure,
@@ -220,5 +227,29 @@ impl StripeGateway {
             }
             _ => self.after_confirm(key, record, now).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_key_carries_the_key_as_it_is_even_where_it_looks_like_a_card_number() {
+        // 9485977024011 passes the Luhn check: a key's Display masks it.
+        let key = IdempotencyKey::try_from("order_23e9485977024011a90a").unwrap();
+        assert_ne!(
+            key.to_string(),
+            key.as_str(),
+            "the premise: Display masks it"
+        );
+        assert_eq!(
+            attempt_key(&key, "create", 2),
+            "order_23e9485977024011a90a:create:2"
+        );
+        assert_eq!(
+            attempt_key(&key, "confirm", 1_i64),
+            "order_23e9485977024011a90a:confirm:1"
+        );
     }
 }
