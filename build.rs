@@ -2,10 +2,11 @@
 //! - the git commit the binary is built from, for `--version`
 //!   (`PAYMENT_WORKER_COMMIT` overrides it where there is no `.git`, as in an image
 //!   build);
-//! - with the development tools (feature `devtools`), a faster offset look-up linked
-//!   into librdkafka's mock broker, the local Kafka of `dev-kafka`, `bench` and the
-//!   tests (see `native/mock_msgset_find.c` for why). The worker's own Kafka clients
-//!   do not call it.
+//! - with the development tools (feature `devtools`), two changes linked into
+//!   librdkafka's mock broker, the local Kafka of `dev-kafka`, `bench` and the tests:
+//!   a faster offset look-up (`native/mock_msgset_find.c`) and a group coordinator
+//!   that takes offset commits while a rebalance is prepared, as Kafka's does
+//!   (`native/mock_offset_commit.c`). The worker's own Kafka clients call neither.
 //!
 //! Also rebuilds the crate when a migration is added.
 
@@ -23,7 +24,7 @@ fn main() {
         commit().unwrap_or_else(|| "unknown".to_owned())
     );
     #[cfg(feature = "devtools")]
-    local_kafka::link_faster_lookup();
+    local_kafka::link_mock_changes();
 }
 
 /// The commit checked out, abbreviated as `git log --oneline` shows it.
@@ -62,12 +63,20 @@ mod local_kafka {
     use std::env;
     use std::path::PathBuf;
 
-    const LOOKUP: &str = "rd_kafka_mock_msgset_find";
-    const SOURCE: &str = "native/mock_msgset_find.c";
+    /// Each mock function replaced, and the file that replaces it.
+    const WRAPPED: [(&str, &str); 2] = [
+        ("rd_kafka_mock_msgset_find", "native/mock_msgset_find.c"),
+        (
+            "rd_kafka_mock_cgrp_classic_check_state",
+            "native/mock_offset_commit.c",
+        ),
+    ];
 
-    pub fn link_faster_lookup() {
-        println!("cargo:rerun-if-changed={SOURCE}");
-        // `--wrap` is GNU ld's (and lld's); elsewhere the mock keeps its own look-up.
+    pub fn link_mock_changes() {
+        for (_, source) in WRAPPED {
+            println!("cargo:rerun-if-changed={source}");
+        }
+        // `--wrap` is GNU ld's (and lld's); elsewhere the mock keeps its own functions.
         if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
             return;
         }
@@ -76,22 +85,24 @@ mod local_kafka {
         let Some(librdkafka) = env::var_os("DEP_RDKAFKA_ROOT").map(PathBuf::from) else {
             println!(
                 "cargo:warning=librdkafka's build directory is unknown (DEP_RDKAFKA_ROOT): \
-                 the local Kafka keeps its slow offset look-up"
+                 the local Kafka keeps the mock's own offset look-up and commit checks"
             );
             return;
         };
         cc::Build::new()
-            .file(SOURCE)
+            .files(WRAPPED.map(|(_, source)| source))
             // As system headers: librdkafka's internal headers are not clean under
             // -Wall -Wextra, which then still apply to the file itself.
             .flag("-isystem")
             .flag(librdkafka.join("src"))
-            // Always linked: only the wrapped call below asks for it, and the linker
+            // Always linked: only the wrapped calls below ask for it, and the linker
             // reads librdkafka's archive after this one.
             .link_lib_modifier("+whole-archive")
-            .compile("mock_msgset_find");
-        // Every call the mock's request handlers make to the look-up goes to
-        // `__wrap_rd_kafka_mock_msgset_find` instead.
-        println!("cargo:rustc-link-arg=-Wl,--wrap={LOOKUP}");
+            .compile("mock_changes");
+        // Every call the mock's request handlers make to a wrapped function goes to
+        // its `__wrap_` replacement instead.
+        for (function, _) in WRAPPED {
+            println!("cargo:rustc-link-arg=-Wl,--wrap={function}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The local Kafka (librdkafka's mock cluster, as `dev-kafka`, the demo and the bench
-//! run it) finds a fetch offset without walking its whole partition log.
+//! run it) finds a fetch offset without walking its whole partition log, and takes
+//! a member's offset commit while another member is joining, as Kafka does.
 
 use std::time::{Duration, Instant};
 
@@ -119,4 +120,75 @@ fn a_consumer_that_keeps_up_costs_the_mock_a_few_batches_per_fetch_however_long_
         walked < ROUNDS * LOG_BATCHES as u64 / 2,
         "{ROUNDS} fetches at the end of a {LOG_BATCHES}-batch log walked {walked} batches"
     );
+}
+
+fn member_of(bootstrap: &str, group: &str, topic: &str) -> BaseConsumer {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    consumer
+}
+
+/// Polls `consumer` for `period` (serving its group's callbacks).
+fn serve(consumer: &BaseConsumer, period: Duration) {
+    let until = Instant::now() + period;
+    while Instant::now() < until {
+        let _ = consumer.poll(Duration::from_millis(20));
+    }
+}
+
+/// Kafka's group coordinator refuses an offset commit only between the JoinGroup
+/// and the SyncGroup answers; while a rebalance is being prepared (a newcomer has
+/// joined, the others have yet to), a member of the current generation commits. A
+/// member draining the partitions it gives up relies on it. The mock refuses it in
+/// that state unless `native/mock_offset_commit.c` is linked in.
+#[test]
+fn a_member_commits_while_a_newcomer_joins_the_group() {
+    let kafka = LocalKafka::start(1).unwrap();
+    let bootstrap = kafka.bootstrap_servers();
+    let topic = unique("mock-commit");
+    kafka.create_topic(&topic, 2).unwrap();
+    let group = unique("mock-commit");
+
+    let first = member_of(&bootstrap, &group, &topic);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.assignment().unwrap().count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the first member got no assignment"
+        );
+        serve(&first, Duration::from_millis(100));
+    }
+
+    // The newcomer's JoinGroup starts a rebalance that waits up to the session
+    // timeout for the first member to join again; the first member does not poll
+    // meanwhile, so the group stays there.
+    let newcomer = member_of(&bootstrap, &group, &topic);
+    serve(&newcomer, Duration::from_millis(1_500));
+
+    let mut offsets = TopicPartitionList::new();
+    offsets
+        .add_partition_offset(&topic, 0, Offset::Offset(42))
+        .unwrap();
+    first
+        .commit(&offsets, rdkafka::consumer::CommitMode::Sync)
+        .expect("a commit while the group prepares a rebalance");
+
+    let mut query = TopicPartitionList::new();
+    query.add_partition(&topic, 0);
+    let committed = first
+        .committed_offsets(query, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(
+        committed.elements()[0].offset(),
+        Offset::Offset(42),
+        "the group holds the commit"
+    );
+    drop(newcomer);
 }
