@@ -454,6 +454,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     return Ok(());
                 }
             };
+            // Every payment connection open before the first poll: the first burst of a
+            // backlog must not open them all at once while its payments wait.
+            tokio::select! {
+                opened = startup::open_all_connections(processor.pool()) => opened?,
+                () = &mut shutdown => {
+                    tracing::info!("stopped while opening the payment pool");
+                    return Ok(());
+                }
+            }
             tracing::info!(
                 payments_at_once = processor.attempt_slots(),
                 admitted_per_partition = worker.max_in_flight,

@@ -363,7 +363,8 @@ impl StoreSettings {
     pub fn connections_needed(&self) -> u32 {
         let lease_pool = match self.tokens.store {
             TokenStoreKind::Redis => 0,
-            TokenStoreKind::Postgres => self.token_table.lease_connections,
+            // And the one connection that LISTENs for settle announcements.
+            TokenStoreKind::Postgres => self.token_table.lease_connections.saturating_add(1),
         };
         self.database.max_connections.saturating_add(lease_pool)
     }

@@ -500,6 +500,12 @@ pub struct Metrics {
     pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
     /// `payment_worker.tokens.purged`: expired token rows deleted.
     pub tokens_purged: Counter<u64>,
+    /// `payment_worker.token.settle_waits`: waits of a reservation that met another
+    /// owner's lease, by what ended them (`woken_by`).
+    pub settle_waits: Counter<u64>,
+    /// `payment_worker.db.pool.acquire`: seconds a payment transaction waited for its
+    /// connection from the payment pool (by `result`: `ok`, `timeout`, `error`).
+    pub pool_acquire: Histogram<f64>,
 }
 
 fn build_metrics(meter: &Meter) -> Metrics {
@@ -557,6 +563,23 @@ fn build_metrics(meter: &Meter) -> Metrics {
             .u64_counter("payment_worker.tokens.purged")
             .with_description("Expired token rows deleted by the purge (Postgres token store)")
             .build(),
+        settle_waits: meter
+            .u64_counter("payment_worker.token.settle_waits")
+            .with_description(
+                "Waits behind another owner's lease, by what ended them (woken_by: \
+                 notification, already_settled, listener_reconnected, backoff, drain)",
+            )
+            .build(),
+        pool_acquire: meter
+            .f64_histogram("payment_worker.db.pool.acquire")
+            .with_unit("s")
+            .with_description(
+                "Time a payment waited for its payment-pool connection (result: ok, timeout, error)",
+            )
+            .with_boundaries(vec![
+                0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0,
+            ])
+            .build(),
     }
 }
 
@@ -564,6 +587,20 @@ fn build_metrics(meter: &Meter) -> Metrics {
 pub fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| build_metrics(&opentelemetry::global::meter(SERVICE_NAME)))
+}
+
+/// Counts one wait behind another owner's lease by what ended it.
+pub fn record_settle_wait(woken_by: &'static str) {
+    metrics()
+        .settle_waits
+        .add(1, &[KeyValue::new("woken_by", woken_by)]);
+}
+
+/// Records how long a payment waited for its payment-pool connection.
+pub fn record_pool_acquire(waited: std::time::Duration, result: &'static str) {
+    metrics()
+        .pool_acquire
+        .record(waited.as_secs_f64(), &[KeyValue::new("result", result)]);
 }
 
 /// Counts a failed token operation (low-cardinality operation and reason).

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::Retryable;
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::Instrument;
@@ -20,7 +21,9 @@ use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
 use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
 use crate::retry::{classify_sqlx, DatabaseFailure};
-use crate::token::{Claim, IdempotencyKey, Reservation, TokenError, TokenStore, Transition};
+use crate::token::{
+    Claim, IdempotencyKey, Reservation, SettleWatch, TokenError, TokenStore, Transition,
+};
 
 use answers::*;
 use token_calls::*;
@@ -125,6 +128,14 @@ impl Processor {
         attempt_slots(&self.pool)
     }
 
+    /// One of the attempts' slots, for work outside an attempt that needs a
+    /// payment-pool connection (recording an unresolved charge): taken like an
+    /// attempt's, so it never takes a connection an admitted attempt is owed.
+    /// `None` only if the slots were closed, which nothing does.
+    pub async fn slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.attempts.acquire().await.ok()
+    }
+
     /// The same processor with `faults` armed (tests only).
     pub fn with_faults(mut self, faults: Faults) -> Self {
         self.faults = faults;
@@ -151,7 +162,7 @@ impl Processor {
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
         // Never closed, so acquiring only fails if that changes: then run unbounded.
         let _slot = self.attempts.acquire().await.ok();
-        self.attempt(command, context).await
+        self.attempt(command, context, &mut None).await
     }
 
     /// `process`, unless `stop` is cancelled while the attempt still waits for its
@@ -164,16 +175,37 @@ impl Processor {
         context: &CommandContext<'_>,
         stop: &CancellationToken,
     ) -> Option<Attempt> {
+        self.process_watching(command, context, stop)
+            .await
+            .map(|(attempt, _)| attempt)
+    }
+
+    /// `process_unless`, and when the attempt met another owner's live lease, a watch
+    /// that ends when that owner settles the token: the caller waits for whichever
+    /// comes first, the watch or its backoff, holding no attempt slot meanwhile.
+    pub async fn process_watching(
+        &self,
+        command: &PaymentCommand,
+        context: &CommandContext<'_>,
+        stop: &CancellationToken,
+    ) -> Option<(Attempt, Option<SettleWatch>)> {
         let _slot = tokio::select! {
             biased;
             slot = self.attempts.acquire() => slot.ok(),
             _ = stop.cancelled() => return None,
         };
-        Some(self.attempt(command, context).await)
+        let mut watch = None;
+        let attempt = self.attempt(command, context, &mut watch).await;
+        Some((attempt, watch))
     }
 
-    async fn attempt(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
-        let mut attempt = self.decide(command, context).await;
+    async fn attempt(
+        &self,
+        command: &PaymentCommand,
+        context: &CommandContext<'_>,
+        watch: &mut Option<SettleWatch>,
+    ) -> Attempt {
+        let mut attempt = self.decide(command, context, watch).await;
         if let Attempt::Final(Outcome::Duplicate {
             payment_id,
             original,
@@ -199,7 +231,12 @@ impl Processor {
         attempt
     }
 
-    async fn decide(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
+    async fn decide(
+        &self,
+        command: &PaymentCommand,
+        context: &CommandContext<'_>,
+        watch: &mut Option<SettleWatch>,
+    ) -> Attempt {
         let key = &command.idempotency_key;
         // A command this gateway cannot take at all (an amount Stripe cannot
         // express) is refused before its token or the gateway are touched.
@@ -241,11 +278,15 @@ impl Processor {
                 self.run_reserved(command, &fingerprint, context, &lease)
                     .await
             }
-            Reservation::InFlight { lease_left } => Attempt::Retry {
-                after: lease_left,
-                reason: "token in flight at another worker".to_owned(),
-                charge: ChargeEvidence::Unchanged,
-            },
+            Reservation::InFlight { lease_left } => {
+                // Woken by the holder's settle rather than only by the backoff.
+                *watch = self.tokens.watch_settle(key).await;
+                Attempt::Retry {
+                    after: lease_left,
+                    reason: "token in flight at another worker".to_owned(),
+                    charge: ChargeEvidence::Unchanged,
+                }
+            }
             Reservation::Completed {
                 payment_id,
                 fingerprint: stored,
@@ -470,9 +511,11 @@ impl Processor {
         // so a corrected command (or a redrive after a fix) can still go through.
         let before_charge =
             |what: &str, error: sqlx::Error| Settlement::Restore(database_failure(what, &error));
-        let mut tx = match self
-            .pool
-            .begin()
+        let mut conn = match self.payment_connection().await {
+            Ok(conn) => conn,
+            Err(error) => return before_charge("begin", error),
+        };
+        let mut tx = match sqlx::Acquire::begin(&mut conn)
             .instrument(persistence::statement_span("BEGIN"))
             .await
         {
@@ -490,7 +533,9 @@ impl Processor {
             }
             // Another holder committed this key while we waited on the unique index.
             Ok(Insertion::Raced) => {
+                // Both back to the pool first: an attempt holds one connection at a time.
                 drop(tx);
+                drop(conn);
                 return match self.find_existing(key).await {
                     Ok(Some(existing)) => self.settle_existing(existing, fingerprint),
                     Ok(None) => Settlement::Restore(retry("payment row vanished after a conflict")),
@@ -573,6 +618,30 @@ impl Processor {
             fingerprint: fingerprint.clone(),
             outcome,
         }
+    }
+
+    /// The payment transaction's connection, its wait measured: with no more attempts
+    /// than connections it is handed out at once, and a wait here (metric
+    /// `payment_worker.db.pool.acquire`, log field `pool_acquire_ms`) means something
+    /// else holds payment-pool connections.
+    async fn payment_connection(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        let asked = std::time::Instant::now();
+        let acquired = self.pool.acquire().await;
+        let waited = asked.elapsed();
+        let result = match &acquired {
+            Ok(_) => "ok",
+            Err(sqlx::Error::PoolTimedOut) => "timeout",
+            Err(_) => "error",
+        };
+        crate::telemetry::record_pool_acquire(waited, result);
+        if let Err(error) = &acquired {
+            tracing::warn!(
+                pool_acquire_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                %error,
+                "no payment-pool connection for the payment transaction"
+            );
+        }
+        acquired
     }
 
     fn settle_existing(&self, existing: PaymentRecord, fingerprint: &Fingerprint) -> Settlement {

@@ -120,14 +120,53 @@ pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// A pool of `settings.max_connections` connections to the database.
+/// The payment pool: `settings.max_connections` connections. `run` opens them all
+/// before it polls ([`open_all_connections`]) and none is closed for being idle, so
+/// a burst after a quiet spell never waits for connections opened all at once. (Not
+/// `min_connections`: every one-shot tool opening this pool would open all of it.)
 pub async fn connect(settings: &DatabaseSettings) -> anyhow::Result<PgPool> {
-    connect_with_size(settings, settings.max_connections).await
+    pool_of(settings, settings.max_connections, IdleConnections::Kept).await
 }
 
-/// A pool of `size` connections to the same database (the token store's own).
+/// A pool of `size` connections to the same database (the token store's own),
+/// opened as they are needed.
 pub async fn connect_with_size(settings: &DatabaseSettings, size: u32) -> anyhow::Result<PgPool> {
-    PgPoolOptions::new()
+    pool_of(settings, size, IdleConnections::Closed).await
+}
+
+/// Whether a pool closes connections that sat idle (sqlx's default: after 10 minutes).
+enum IdleConnections {
+    Kept,
+    Closed,
+}
+
+/// Opens every connection of `pool` before the worker polls its first record, one
+/// after the other (paced: the server sees one connection start at a time, not a
+/// burst of them), so the first burst of payments finds them all open.
+pub async fn open_all_connections(pool: &PgPool) -> anyhow::Result<()> {
+    let size = pool.options().get_max_connections() as usize;
+    let mut held = Vec::with_capacity(size);
+    for _ in 0..size {
+        held.push(
+            pool.acquire()
+                .await
+                .context("opening the payment pool's connections")?,
+        );
+    }
+    Ok(())
+}
+
+async fn pool_of(
+    settings: &DatabaseSettings,
+    size: u32,
+    idle: IdleConnections,
+) -> anyhow::Result<PgPool> {
+    let options = PgPoolOptions::new();
+    let options = match idle {
+        IdleConnections::Kept => options.idle_timeout(None),
+        IdleConnections::Closed => options,
+    };
+    options
         .max_connections(size)
         .acquire_timeout(CONNECT_TIMEOUT)
         // sqlx pings every connection as it goes back to the pool; pinging it again

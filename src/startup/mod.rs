@@ -7,7 +7,8 @@ mod stores;
 mod wiring;
 
 pub use database::{
-    connect, connect_and_migrate, connect_with_size, ensure_database, migrate, open_database,
+    connect, connect_and_migrate, connect_with_size, ensure_database, migrate,
+    open_all_connections, open_database,
 };
 pub use signal::{shutdown_signal, INTERRUPTED_EXIT_STATUS};
 pub use stores::{

@@ -125,7 +125,8 @@ pub async fn check_connection_budget(
     let mut lease_part = match settings.tokens.store {
         TokenStoreKind::Redis => String::new(),
         TokenStoreKind::Postgres => format!(
-            " + TOKEN_LEASE_CONNECTIONS {} (the Postgres token store's lease-renewal pool)",
+            " + TOKEN_LEASE_CONNECTIONS {} (the Postgres token store's lease-renewal pool) \
+             + 1 (its LISTEN connection for settle announcements)",
             settings.token_table.lease_connections
         ),
     };

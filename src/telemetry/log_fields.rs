@@ -20,7 +20,12 @@ const TRACE_ONLY_FIELDS: [&str; 5] = [
 /// Span fields set once per attempt of a command (`in_flight`, `in_flight`,
 /// `reserved`): a log line shows the latest, as the span's trace does. Their values
 /// are labels, never holding a space.
-const LATEST_VALUE_FIELDS: [&str; 3] = ["token.verdict", "payment.outcome", "payment.rejection"];
+const LATEST_VALUE_FIELDS: [&str; 4] = [
+    "token.verdict",
+    "token.woken_by",
+    "payment.outcome",
+    "payment.rejection",
+];
 
 /// The text log format's fields: tracing's own, without `otel.*` and
 /// [`TRACE_ONLY_FIELDS`]. The log layer formats the command span's fields when the

@@ -1,10 +1,13 @@
 mod key;
 mod postgres;
 mod postgres_purge;
+mod postgres_settle;
 mod postgres_statements;
 mod redis;
 mod redis_connection;
 mod redis_sentinel;
+mod redis_settle;
+mod settle_wait;
 mod store;
 
 pub use key::{IdempotencyKey, InvalidKey};
@@ -12,6 +15,7 @@ pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
 pub use redis_connection::{ClientIdentity, RedisConnection, RedisTarget, ScanTarget};
 pub use redis_sentinel::{SentinelConnection, SentinelService};
+pub use settle_wait::{SettleWatch, Woken};
 
 pub use store::{
     Claim, Housekeeping, IssueOutcome, LockOutcome, Reservation, SettleInTransaction, TokenError,

@@ -13,11 +13,16 @@ use anyhow::anyhow;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use std::sync::Arc;
+
 use super::postgres_purge;
+use super::postgres_settle::PgSettle;
 use super::postgres_statements::{
     CONFIRM, CONSUME, DELETE_DEAD_PENDING, EXPIRED_LEASES, EXTEND, ISSUE, LOCK_CREATE,
     LOCK_TAKE_OVER, READ, RELEASE, RESERVE_CREATE, RESERVE_IMPLICIT, RESERVE_ISSUED, RESTORE,
+    WATCH,
 };
+use super::settle_wait::{SettleWatch, Woken};
 use super::{
     Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Reservation,
     SettleInTransaction, TokenError, TokenMode, TokenPolicy, TokenState, TokenStore, TokenView,
@@ -57,6 +62,8 @@ pub struct PostgresTokenStore {
     maintenance: PgPool,
     policy: TokenPolicy,
     op_timeout: Duration,
+    /// The process's LISTEN connection for settle announcements, shared by clones.
+    settle: Arc<PgSettle>,
 }
 
 impl PostgresTokenStore {
@@ -68,6 +75,7 @@ impl PostgresTokenStore {
             pool,
             policy,
             op_timeout: DEFAULT_OP_TIMEOUT,
+            settle: Arc::default(),
         }
     }
 
@@ -429,6 +437,27 @@ impl TokenStore for PostgresTokenStore {
             )
             .await?;
         Ok(transition(applied.is_some()))
+    }
+
+    async fn watch_settle(&self, key: &IdempotencyKey) -> Option<SettleWatch> {
+        let watch = self.settle.watch(&self.maintenance, key.as_str()).await?;
+        // Registered and listening first, then the row is marked: its settle is
+        // announced from now on. No row marked: nothing (left) to wait for.
+        let marked = self
+            .timed(
+                "watch",
+                key,
+                sqlx::query_scalar::<_, i64>(WATCH)
+                    .bind(key.as_str())
+                    .fetch_optional(&self.pool),
+            )
+            .await;
+        match marked {
+            Ok(Some(_)) => Some(watch),
+            Ok(None) => Some(SettleWatch::ready(Woken::AlreadySettled)),
+            // Unmarked, the settle would not be announced: back off as before.
+            Err(_) => None,
+        }
     }
 
     async fn show(&self, key: &IdempotencyKey) -> Result<Option<TokenView>, TokenError> {

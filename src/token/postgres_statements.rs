@@ -68,6 +68,7 @@ UPDATE idempotency_tokens
                          ELSE now() + $4::bigint * interval '1 millisecond' END,
        payment_id = NULL,
        fingerprint = NULL,
+       waiters = false,
        updated_at = now()
  WHERE key = $1
    AND (status = 'pending'
@@ -82,6 +83,7 @@ UPDATE idempotency_tokens
        owner = $2,
        fence = fence + 1,
        lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+       waiters = false,
        updated_at = now()
  WHERE key = $1
    AND expires_at > now()
@@ -89,8 +91,11 @@ UPDATE idempotency_tokens
 RETURNING fence";
 
 /// The owner-checked statements accept a lapsed lease as long as nobody reserved since
-/// (owner and fence still match) and the row is still live.
+/// (owner and fence still match) and the row is still live. A settle of a row some
+/// reservation is waiting on (`waiters`, see `postgres_settle.rs`) is announced with
+/// `pg_notify`, delivered when the transaction commits; other settles announce nothing.
 pub(super) const CONFIRM: &str = "
+WITH settled AS (
 UPDATE idempotency_tokens
    SET status = 'completed',
        payment_id = $4,
@@ -103,14 +108,28 @@ UPDATE idempotency_tokens
    AND ((status = 'processing' AND (expires_at > now() OR lease_expires_at > now()))
         -- the same claim confirming the same payment again: a retry whose answer was lost
         OR (status = 'completed' AND payment_id = $4 AND expires_at > now()))
-RETURNING fence";
+RETURNING key, fence, waiters)
+SELECT fence, CASE WHEN waiters THEN pg_notify('payment_worker_token_settled', key)::text END
+  FROM settled";
 
 pub(super) const RESTORE: &str = "
+WITH settled AS (
 UPDATE idempotency_tokens
    SET status = 'pending', owner = NULL, lease_expires_at = NULL, updated_at = now()
  WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3
    AND (expires_at > now() OR lease_expires_at > now())
-RETURNING expires_at <= now()";
+RETURNING key, expires_at <= now() AS dead, waiters)
+SELECT dead, CASE WHEN waiters THEN pg_notify('payment_worker_token_settled', key)::text END
+  FROM settled";
+
+/// A reservation that met a live lease asks to be told of its settle. No row: the
+/// token is not (or no longer) held under a live lease, so there is nothing to wait for.
+/// Behind a holder's uncommitted settle this waits for its COMMIT, then finds no row.
+pub(super) const WATCH: &str = "
+UPDATE idempotency_tokens
+   SET waiters = true
+ WHERE key = $1 AND status = 'processing' AND lease_expires_at > now()
+RETURNING fence";
 
 /// After a restore past the token's deadline the row is already dead; removing it is
 /// housekeeping, guarded so a token revived in between is left alone.

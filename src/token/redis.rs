@@ -2,13 +2,15 @@
 //! decision is atomic on the server and Redis Cluster can route it (the idempotency key
 //! is the hash tag). Deadlines come from `redis.call('TIME')`, never from this host.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::redis_connection::{RedisConnection, RedisTarget, ScanTarget};
+use super::redis_settle::RedisSettleListener;
+use super::settle_wait::{SettleWatch, Woken};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use uuid::Uuid;
 
@@ -60,6 +62,9 @@ pub struct RedisTokenStore {
     prefix: String,
     policy: TokenPolicy,
     op_timeout: Duration,
+    /// The process's one subscriber for settle announcements (`None`: waiters only
+    /// back off, as behind Sentinel).
+    settle: Option<Arc<RedisSettleListener>>,
 }
 
 impl std::fmt::Debug for RedisTokenStore {
@@ -92,7 +97,16 @@ impl RedisTokenStore {
             prefix: key_prefix.into(),
             policy,
             op_timeout: DEFAULT_OP_TIMEOUT,
+            settle: None,
         }
+    }
+
+    /// Wakes the reservations that met a live lease as soon as its holder settles,
+    /// through one pub/sub connection of `client` (see `redis_settle.rs`). Call inside
+    /// the tokio runtime: the subscriber is a task of its own.
+    pub fn with_settle_notifications(mut self, client: redis::Client) -> Self {
+        self.settle = Some(Arc::new(RedisSettleListener::start(client)));
+        self
     }
 
     /// Caps how long one operation may wait for Redis before it is `Unavailable`.
@@ -126,7 +140,13 @@ impl RedisTokenStore {
         policy: TokenPolicy,
     ) -> Result<Self, TokenError> {
         let conn = target.connect().await.map_err(TokenError::Unavailable)?;
-        Ok(Self::with_connection(conn, key_prefix, policy))
+        let store = Self::with_connection(conn, key_prefix, policy);
+        Ok(
+            match target.settle_client().map_err(TokenError::Unavailable)? {
+                Some(client) => store.with_settle_notifications(client),
+                None => store,
+            },
+        )
     }
 
     /// The connection the store uses (tests read the raw state through it).
@@ -415,6 +435,29 @@ impl TokenStore for RedisTokenStore {
             .arg(claim.fence)
             .arg(millis(self.policy.lease));
         Ok(transition(self.run_flag("extend", key, invocation).await?))
+    }
+
+    async fn watch_settle(&self, key: &IdempotencyKey) -> Option<SettleWatch> {
+        let listener = self.settle.as_ref()?;
+        let channel = self.token_key(key);
+        let watch = listener.watch(&channel).await?;
+        // The reservation that saw the lease ran before the subscription: a settle in
+        // between was announced to nobody, so look at the token once more.
+        let mut conn = self.conn.clone();
+        let status = tokio::time::timeout(
+            self.op_timeout,
+            redis::cmd("HGET")
+                .arg(&channel)
+                .arg("status")
+                .query_async::<Option<String>>(&mut conn),
+        )
+        .await;
+        match status {
+            Ok(Ok(Some(status))) if status == TokenState::Processing.as_str() => Some(watch),
+            Ok(Ok(_)) => Some(SettleWatch::ready(Woken::AlreadySettled)),
+            // Unknown: keep the watch; the backoff bounds the wait as before.
+            _ => Some(watch),
+        }
     }
 
     async fn show(&self, key: &IdempotencyKey) -> Result<Option<TokenView>, TokenError> {

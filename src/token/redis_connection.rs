@@ -224,6 +224,22 @@ impl RedisTarget {
         self
     }
 
+    /// The client of the settle subscriber (`redis_settle.rs`): the node itself, or
+    /// a cluster's first seed node (a PUBLISH reaches every node of a cluster).
+    /// `None` behind Sentinel, whose master moves: waiters there only back off.
+    pub fn settle_client(&self) -> anyhow::Result<Option<redis::Client>> {
+        if self.sentinel.is_some() {
+            return Ok(None);
+        }
+        let url = self.nodes.first().context("no Redis node given")?;
+        let client = match self.certificates() {
+            Some(certs) => redis::Client::build_with_tls(url.as_str(), certs),
+            None => redis::Client::open(url.as_str()),
+        }
+        .with_context(|| format!("invalid Redis URL {}", self.shown()))?;
+        Ok(Some(client))
+    }
+
     /// The TLS material given: a CA and/or a client certificate (`None`: neither,
     /// the system roots verify the servers).
     fn certificates(&self) -> Option<TlsCertificates> {

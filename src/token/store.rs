@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::IdempotencyKey;
+use super::{IdempotencyKey, SettleWatch};
 
 /// What `reserve` found (scheme 3). Never a bool: the caller branches on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,6 +233,16 @@ pub trait TokenStore: Send + Sync + 'static {
 
     /// Keys whose token is `processing` with an expired lease (for `audit`), at most `limit`.
     async fn expired_leases(&self, limit: usize) -> Result<Vec<IdempotencyKey>, TokenError>;
+
+    /// Registers for the next settle (confirm or restore) of `key`'s token, for a
+    /// caller that found it `InFlight` and is about to back off. The watch also ends
+    /// at once when the token is found no longer `processing` while it is set up, so
+    /// a settle between that reservation and this call is not missed. `None` when the
+    /// store announces no settles (the caller only backs off).
+    async fn watch_settle(&self, key: &IdempotencyKey) -> Option<SettleWatch> {
+        let _ = key;
+        None
+    }
 
     /// A store whose tokens live in the payments database settles a token inside the
     /// payment's own transaction (see [`SettleInTransaction`]); others answer `None`

@@ -2,7 +2,7 @@
 //! (`inbound.rs`), process it with retries, hand the final outcome to the publisher.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use backon::Retryable;
@@ -19,6 +19,7 @@ use crate::payment::{
     RejectionKind, SourcePosition,
 };
 use crate::retry::RetryPolicy;
+use crate::token::SettleWatch;
 
 /// One record end to end: decode, attempts under the retry policy, result and dead
 /// letter published.
@@ -33,6 +34,12 @@ pub struct Handler {
 pub struct Answer {
     pub outcome: Outcome,
     pub transaction: Option<super::transactions::AnswerGuard>,
+}
+
+/// The watch slot; a panic elsewhere leaves it usable (it holds plain data).
+fn lock(slot: &Mutex<Option<SettleWatch>>) -> MutexGuard<'_, Option<SettleWatch>> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A not-yet-final attempt, as an error so backon drives the retries.
@@ -253,13 +260,23 @@ impl Handler {
         };
         // Whether an earlier attempt may have charged with no look-up resolving it.
         let charge_unknown = AtomicBool::new(false);
+        // Set by an attempt that met another owner's lease: the backoff after it
+        // also ends when that owner settles the token.
+        let settle_watch: Arc<Mutex<Option<SettleWatch>>> = Arc::default();
         let attempt = || {
             attempts += 1;
             async {
-                let attempt = self
+                let attempt = match self
                     .processor
-                    .process_unless(command, &context, draining)
-                    .await;
+                    .process_watching(command, &context, draining)
+                    .await
+                {
+                    Some((attempt, watch)) => {
+                        *lock(&settle_watch) = watch;
+                        Some(attempt)
+                    }
+                    None => None,
+                };
                 let earlier = charge_unknown.load(Ordering::Relaxed);
                 let (answer, may_have_charged) = judge(attempt, earlier);
                 charge_unknown.store(may_have_charged, Ordering::Relaxed);
@@ -269,16 +286,30 @@ impl Handler {
         let result = attempt
             .retry(self.retry.backoff())
             .when(|_| started.elapsed() < budget && !draining.is_cancelled())
-            // A drain cuts the backoff short; the attempt after it is the last.
+            // A drain cuts the backoff short; the attempt after it is the last. So does
+            // the settle of the token another owner held: the duplicate is answered
+            // right after it instead of after its backoff.
             .sleep({
                 let draining = draining.clone();
+                let settle_watch = Arc::clone(&settle_watch);
                 move |delay| {
                     let draining = draining.clone();
+                    let watch = lock(&settle_watch).take();
                     async move {
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = draining.cancelled() => {}
-                        }
+                        let Some(watch) = watch else {
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                _ = draining.cancelled() => {}
+                            }
+                            return;
+                        };
+                        let woken_by = tokio::select! {
+                            woken = watch.settled() => woken.as_str(),
+                            _ = tokio::time::sleep(delay) => "backoff",
+                            _ = draining.cancelled() => "drain",
+                        };
+                        crate::telemetry::record_settle_wait(woken_by);
+                        tracing::Span::current().record("token.woken_by", woken_by);
                     }
                 }
             })
@@ -363,6 +394,8 @@ impl Handler {
             "a charge may exist that no payment row records; audit lists the key until one does"
         );
         let pool = self.processor.pool();
+        // A slot like an attempt's: the connection it takes is not one a payment is owed.
+        let _slot = self.processor.slot().await;
         let record = || record_unresolved_charge(pool, command, source, reason, attempts);
         let recorded = record
             .retry(

@@ -22,6 +22,7 @@ pub fn command_span(message: &OwnedMessage, group_id: &str) -> tracing::Span {
         messaging.consumer.group.name = group_id,
         payment.idempotency_key = Empty,
         token.verdict = Empty,
+        token.woken_by = Empty,
         payment.outcome = Empty,
         payment.rejection = Empty,
         trace_id = Empty,

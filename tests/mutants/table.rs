@@ -168,6 +168,49 @@ pub const MUTANTS: &[Mutant] = &[
         to: "if redis.call('GET', KEYS[1]) then",
         tests: &["token::redis::lock_and_release"],
     },
+    // ---- Settle announcements: a waiting duplicate is woken by the holder's settle.
+    Mutant {
+        file: CONFIRM_LUA,
+        breaks: "confirm: announces the settle to waiting duplicates",
+        from: "redis.call('PUBLISH', KEYS[1], 'completed')",
+        to: "",
+        tests: &["token::redis::confirm_wakes_a_waiting_reservation"],
+    },
+    Mutant {
+        file: RESTORE_LUA,
+        breaks: "restore: announces the settle to waiting duplicates",
+        from: "redis.call('PUBLISH', KEYS[1], 'pending')",
+        to: "",
+        tests: &["token::redis::restore_wakes_a_waiting_reservation"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "CONFIRM: announces the settle of a row somebody waits on",
+        from: "SELECT fence, CASE WHEN waiters THEN pg_notify(",
+        to: "SELECT fence, CASE WHEN false THEN pg_notify(",
+        tests: &["token::postgres::confirm_wakes_a_waiting_reservation"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESTORE: announces the settle of a row somebody waits on",
+        from: "SELECT dead, CASE WHEN waiters THEN pg_notify(",
+        to: "SELECT dead, CASE WHEN false THEN pg_notify(",
+        tests: &["token::postgres::restore_wakes_a_waiting_reservation"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "WATCH: marks the row so its settle is announced",
+        from: "   SET waiters = true\n",
+        to: "   SET waiters = false\n",
+        tests: &["token::postgres::confirm_wakes_a_waiting_reservation"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "WATCH: a token no longer held is reported at once",
+        from: " WHERE key = $1 AND status = 'processing' AND lease_expires_at > now()\nRETURNING fence\";",
+        to: " WHERE key = $1\nRETURNING fence\";",
+        tests: &["token::postgres::a_settle_before_the_watch_is_not_missed"],
+    },
     // ---- SQL of the Postgres token store.
     Mutant {
         file: TOKEN_SQL,
@@ -200,8 +243,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESTORE: expiry check (a dead row cannot be restored)",
-        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
-        to: "AND owner = $2 AND fence = $3\nRETURNING expires_at <= now()",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING key, expires_at <= now() AS dead, waiters)",
+        to: "AND owner = $2 AND fence = $3\nRETURNING key, expires_at <= now() AS dead, waiters)",
         tests: &["token::postgres::dead_rows_count_as_absent"],
     },
     Mutant {
@@ -214,22 +257,22 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESTORE: status check (only processing)",
-        from: "updated_at = now()\n WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
-        to: "updated_at = now()\n WHERE key = $1 AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        from: "updated_at = now()\n WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING key, expires_at <= now() AS dead, waiters)",
+        to: "updated_at = now()\n WHERE key = $1 AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING key, expires_at <= now() AS dead, waiters)",
         tests: PG_FENCING,
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESTORE: owner check",
-        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
-        to: "AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING key, expires_at <= now() AS dead, waiters)",
+        to: "AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING key, expires_at <= now() AS dead, waiters)",
         tests: PG_FENCING,
     },
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESTORE: fence check",
-        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
-        to: "AND owner = $2\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING expires_at <= now()",
+        from: "AND owner = $2 AND fence = $3\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING key, expires_at <= now() AS dead, waiters)",
+        to: "AND owner = $2\n   AND (expires_at > now() OR lease_expires_at > now())\nRETURNING key, expires_at <= now() AS dead, waiters)",
         tests: PG_FENCING,
     },
     Mutant {

@@ -19,7 +19,7 @@ use sqlx::PgPool;
 
 use super::audit::{self, AuditReport};
 use super::cpu;
-use super::load::{now_ms, produce_backlog, produce_paced};
+use super::load::{now_ms, produce_backlog, produce_duplicated_backlog, produce_paced};
 use super::report::PhaseReport;
 use super::results::{
     summarize, write_samples, ResultsReader, MOCK_FETCH_WAIT_MS, RESULTS_KEPT_PER_PARTITION,
@@ -57,6 +57,9 @@ fn worker_binary() -> anyhow::Result<PathBuf> {
 pub enum Load {
     /// All produced before the worker starts.
     Backlog(usize),
+    /// All produced before the worker starts, a quarter of them duplicates of recent
+    /// commands, half of those on another partition (the backlog phase).
+    DuplicatedBacklog(usize),
     /// Produced at `rate`/s once the worker owns its partitions; commands produced
     /// during the first `warmup` seconds are not measured.
     Paced {
@@ -288,7 +291,7 @@ impl Bed {
         // backlog whose results the local Kafka would not keep until the end.
         let results_kept = RESULTS_KEPT_PER_PARTITION * self.partitions.max(1) as usize;
         let mut reader = match load {
-            Load::Backlog(count) if count <= results_kept => None,
+            Load::Backlog(count) | Load::DuplicatedBacklog(count) if count <= results_kept => None,
             _ => Some(ResultsReader::start(&kafka, self.partitions)?),
         };
         let start = |this: &Self| -> anyhow::Result<Running> {
@@ -302,25 +305,51 @@ impl Bed {
 
         let cpu_before: cpu::CpuSample;
         let processing_since: Instant;
+        // The backlog phase: keys sent more than once, and when the worker started
+        // and when it owned every partition (Unix ms).
+        let mut drain: Option<(Vec<Vec<super::load::Position>>, i64, i64)> = None;
         let (sent, running, measured_from, offered) = match load {
-            Load::Backlog(count) => {
+            Load::Backlog(count) | Load::DuplicatedBacklog(count) => {
                 bar.set_length(count as u64);
                 bar.set_message("producing the backlog");
-                let sent = produce_backlog(
-                    &self.producer,
-                    &kafka.commands_topic,
-                    &key_prefix,
-                    count,
-                    bar,
-                )
-                .await?;
+                let (sent, repeated) = match load {
+                    Load::DuplicatedBacklog(_) => {
+                        let (sent, repeated) = produce_duplicated_backlog(
+                            &self.producer,
+                            &kafka.commands_topic,
+                            &key_prefix,
+                            count,
+                            self.partitions,
+                            bar,
+                        )
+                        .await?;
+                        (sent, Some(repeated))
+                    }
+                    _ => (
+                        produce_backlog(
+                            &self.producer,
+                            &kafka.commands_topic,
+                            &key_prefix,
+                            count,
+                            bar,
+                        )
+                        .await?,
+                        None,
+                    ),
+                };
                 self.check_retained(&kafka.commands_topic).await?;
                 bar.set_position(0);
                 bar.reset_elapsed();
                 bar.set_message("processing");
                 cpu_before = cpu::sample(None, &self.database_name);
                 processing_since = Instant::now();
-                (sent, start(self)?, i64::MIN, None)
+                let started_ms = now_ms();
+                let running = start(self)?;
+                if let Some(repeated) = repeated {
+                    let owned_ms = wait_until_owned(&running, self.partitions as usize).await?;
+                    drain = Some((repeated, started_ms, owned_ms));
+                }
+                (sent, running, i64::MIN, None)
             }
             Load::Paced {
                 rate,
@@ -411,6 +440,16 @@ impl Bed {
         report.offered_per_s = offered;
         report.worker_peak_rss_mib = worker_memory.map(|m| m.peak_mib());
         report.cpu = Some(cpu_cost);
+        if let Some((repeated, started_ms, owned_ms)) = drain {
+            report.backlog = Some(super::backlog::analyse(
+                &sent,
+                &repeated,
+                &observations,
+                started_ms,
+                owned_ms,
+                self.worker.max_in_flight,
+            ));
+        }
         Ok(PhaseOutcome { report, audit })
     }
 }
@@ -448,6 +487,23 @@ async fn wait_for_assignment(running: &Running, partitions: usize) -> anyhow::Re
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The moment (Unix ms) an in-process worker first owns all `partitions`; it may
+/// already be processing them.
+async fn wait_until_owned(running: &Running, partitions: usize) -> anyhow::Result<i64> {
+    let Running::InProcess(worker) = running else {
+        anyhow::bail!("the backlog phase runs the worker in process");
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while worker.assigned_partitions() < partitions {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the worker never owned all {partitions} partitions"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(now_ms())
 }
 
 async fn wait_for_answers(

@@ -28,12 +28,27 @@ async fn send_command(
     key: &str,
     value: &str,
 ) -> anyhow::Result<(DeliveryFuture, i64)> {
+    send_command_to(producer, topic, None, key, value).await
+}
+
+/// [`send_command`] to `partition` (`None`: the partitioner picks by key).
+async fn send_command_to(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: Option<i32>,
+    key: &str,
+    value: &str,
+) -> anyhow::Result<(DeliveryFuture, i64)> {
     loop {
         let at = now_ms();
         let record: FutureRecord<'_, str, str> = FutureRecord::to(topic)
             .key(key)
             .payload(value)
             .timestamp(at);
+        let record = match partition {
+            Some(partition) => record.partition(partition),
+            None => record,
+        };
         match producer.send_result(record) {
             Ok(delivery) => return Ok((delivery, at)),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
@@ -105,4 +120,72 @@ pub(super) async fn produce_paced(
     }
     delivered(&mut pending, &mut sent).await?;
     Ok(sent)
+}
+
+/// Every fourth command of a [`produce_duplicated_backlog`] repeats a recent one.
+const DUPLICATE_EVERY: usize = 4;
+/// A duplicate repeats one of the last this many originals: close enough behind it
+/// that, on another partition, both are being processed at the same time.
+const DUPLICATE_REACH: usize = 24;
+
+/// A backlog as users send it: `count` commands, a quarter of them repeating a
+/// recent command exactly (same key, same request), half of those on another
+/// partition than their original, where only the token stops them. Originals go
+/// round the partitions. Returns when each was sent, and the positions of every key
+/// that was sent more than once (the original first).
+pub(super) async fn produce_duplicated_backlog(
+    producer: &FutureProducer,
+    topic: &str,
+    key_prefix: &str,
+    count: usize,
+    partitions: i32,
+    bar: &ProgressBar,
+) -> anyhow::Result<(HashMap<Position, i64>, Vec<Vec<Position>>)> {
+    use rand::{Rng, SeedableRng};
+    let partitions = partitions.max(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(35);
+    let mut sent = HashMap::with_capacity(count);
+    // (key, n of the original, partition of the original)
+    let mut originals: Vec<(String, usize, i32)> = Vec::with_capacity(count);
+    let mut pending: Vec<(DeliveryFuture, i64, usize)> = Vec::with_capacity(count);
+    for n in 0..count {
+        let duplicate = n % DUPLICATE_EVERY == DUPLICATE_EVERY - 1 && !originals.is_empty();
+        let (key, original_n, partition, index) = if duplicate {
+            let reach = originals.len().min(DUPLICATE_REACH);
+            let index = originals.len() - 1 - rng.random_range(0..reach);
+            let (key, original_n, original_partition) = originals[index].clone();
+            let partition = if rng.random_bool(0.5) {
+                original_partition
+            } else {
+                (original_partition + 1 + rng.random_range(0..(partitions - 1).max(1))) % partitions
+            };
+            (key, original_n, partition, index)
+        } else {
+            let key = format!("{key_prefix}-{n:07}");
+            let partition = (originals.len() % partitions as usize) as i32;
+            originals.push((key.clone(), n, partition));
+            (key, n, partition, originals.len() - 1)
+        };
+        let value = command_json(&key, original_n);
+        let (delivery, at) =
+            send_command_to(producer, topic, Some(partition), &key, &value).await?;
+        pending.push((delivery, at, index));
+        if pending.len() == 5000 || n + 1 == count {
+            bar.set_position(n as u64 + 1);
+        }
+    }
+    let mut by_key: Vec<Vec<Position>> = vec![Vec::new(); originals.len()];
+    for (delivery, at, index) in pending {
+        let delivery = delivery
+            .await
+            .context("the producer went away")?
+            .map_err(|(error, _)| error)
+            .context("a command was not delivered")?;
+        let position = (delivery.partition, delivery.offset);
+        sent.insert(position, at);
+        by_key[index].push(position);
+    }
+    bar.set_position(count as u64);
+    let repeated = by_key.into_iter().filter(|p| p.len() > 1).collect();
+    Ok((sent, repeated))
 }

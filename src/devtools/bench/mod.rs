@@ -2,6 +2,7 @@
 //! path, against a Postgres ceiling measured in the same run so the ratios hold on
 //! a noisy machine.
 mod audit;
+mod backlog;
 mod ceiling;
 mod cpu;
 mod e2e;

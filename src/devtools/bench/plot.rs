@@ -31,7 +31,17 @@ pub fn svg(report: &BenchReport) -> String {
         .fold(1.0_f64, f64::max);
     let throughput_h = 60.0 + ROW * phases.len() as f64;
     let latency_h = 60.0 + ROW * 1.5 * phases.len() as f64;
-    let height = throughput_h + latency_h + 40.0;
+    let curve = report
+        .backlog
+        .as_ref()
+        .map(|b| b.read_to_answer_curve.as_slice())
+        .unwrap_or_default();
+    let backlog_h = if curve.is_empty() {
+        0.0
+    } else {
+        50.0 + 16.0 * curve.len() as f64
+    };
+    let height = throughput_h + latency_h + backlog_h + 40.0;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -121,8 +131,41 @@ pub fn svg(report: &BenchReport) -> String {
             );
         }
     }
+    if !curve.is_empty() {
+        backlog_distribution(&mut out, curve, throughput_h + latency_h + 30.0);
+    }
     let _ = writeln!(out, "</svg>");
     out
+}
+
+/// The backlog phase's waits from read to answer, one bar per percentile up to the
+/// maximum, so the stragglers show.
+fn backlog_distribution(out: &mut String, curve: &[(f64, i64)], base: f64) {
+    let longest = curve
+        .iter()
+        .map(|&(_, ms)| ms as f64)
+        .fold(1.0_f64, f64::max);
+    let _ = writeln!(
+        out,
+        r#"<text x="10" y="{base}" font-size="15" font-weight="bold">backlog-20ms: wait from read to answer by percentile, up to the maximum (ms)</text>"#
+    );
+    for (n, &(p, ms)) in curve.iter().enumerate() {
+        let y = base + 14.0 + 16.0 * n as f64;
+        let label = if p >= 100.0 {
+            "max".to_owned()
+        } else {
+            format!("p{p}")
+        };
+        let width = (BAR * ms as f64 / longest).max(1.0);
+        let _ = writeln!(
+            out,
+            r##"<text x="{}" y="{}" text-anchor="end">{label}</text><rect x="{LABEL}" y="{y}" width="{width:.1}" height="12" fill="#9d755d"/><text x="{:.1}" y="{}" font-size="10">{ms}</text>"##,
+            LABEL - 6.0,
+            y + 10.0,
+            LABEL + width + 4.0,
+            y + 10.0
+        );
+    }
 }
 
 #[cfg(test)]
@@ -151,5 +194,18 @@ mod tests {
         assert!(picture.contains(">e2e-0ms<") && picture.contains(">baseline-20ms<"));
         assert!(picture.contains("1500/s") && picture.contains("Postgres ceiling 2000/s"));
         assert!(picture.contains("p99 42"));
+        assert!(
+            !picture.contains("backlog-20ms: wait"),
+            "no backlog phase, no panel"
+        );
+        report.backlog = Some(crate::devtools::bench::backlog::BacklogReport {
+            read_to_answer_curve: vec![(50.0, 30), (99.9, 400), (100.0, 1234)],
+            ..Default::default()
+        });
+        let picture = svg(&report);
+        assert!(picture.contains("backlog-20ms: wait from read to answer"));
+        assert!(
+            picture.contains(">p99.9<") && picture.contains(">max<") && picture.contains(">1234<")
+        );
     }
 }

@@ -40,6 +40,14 @@ impl RoundTripsPerPayment {
             && self.gateway <= target.gateway
     }
 }
+/// Backlog drain time ÷ (commands ÷ the 20 ms throughput), at most.
+pub const TARGET_BACKLOG_MAKESPAN_OVER_BOUND: f64 = 1.3;
+/// Longest wait of a backlog command between being read and being answered (ms).
+pub const TARGET_BACKLOG_MAX_LATENCY_MS: f64 = 2000.0;
+/// p99 of a waiting duplicate's answer after its original settled (ms).
+pub const TARGET_DUPLICATE_WAKE_P99_MS: f64 = 200.0;
+/// p99.9 end-to-end latency at half load (ms).
+pub const TARGET_P999_HALF_LOAD_MS: f64 = 100.0;
 /// The Postgres token store's end-to-end throughput ÷ the Redis store's.
 pub const TARGET_RATIO_POSTGRES_TOKENS: f64 = 0.7;
 /// Throughput while the purge runs ÷ without it (at most 10% slower).
@@ -60,6 +68,7 @@ pub struct LatencySummary {
     pub p50_ms: i64,
     pub p95_ms: i64,
     pub p99_ms: i64,
+    pub p999_ms: i64,
     pub max_ms: i64,
 }
 
@@ -71,6 +80,7 @@ impl LatencySummary {
             p50_ms: percentile(&values, 50.0),
             p95_ms: percentile(&values, 95.0),
             p99_ms: percentile(&values, 99.0),
+            p999_ms: percentile(&values, 99.9),
             max_ms: values.last().copied().unwrap_or(0),
         }
     }
@@ -119,6 +129,9 @@ pub struct PhaseReport {
     pub observed_latency: LatencySummary,
     /// `payment-worker run` child only: its VmHWM.
     pub worker_peak_rss_mib: Option<f64>,
+    /// The backlog phase only: drain time, read-to-answer waits, duplicate wakes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<super::backlog::BacklogReport>,
     /// CPU per payment by party, from the worker's start to the last result.
     pub cpu: Option<CpuCost>,
 }
@@ -198,6 +211,30 @@ pub struct BenchReport {
     pub p99_ms_half_load: i64,
     /// 99th percentile at half load as the bench's reader saw the result (ms).
     pub p99_ms_half_load_observed: i64,
+    /// 99.9th percentile latency at half load (ms).
+    pub p999_ms_half_load: i64,
+    /// `p999_ms_half_load` meets [`TARGET_P999_HALF_LOAD_MS`].
+    pub pass_p999_half_load: bool,
+    /// The backlog phase (5,000 commands, a quarter duplicates, 20 ms): from the
+    /// worker owning its partitions to the last answer (s).
+    pub backlog_makespan_s: f64,
+    /// The steady-rate bound: the backlog's commands ÷ `e2e_tps_20ms` (s).
+    pub backlog_bound_s: f64,
+    /// `backlog_makespan_s` ÷ `backlog_bound_s`.
+    pub backlog_makespan_over_bound: f64,
+    /// `backlog_makespan_over_bound` meets [`TARGET_BACKLOG_MAKESPAN_OVER_BOUND`].
+    pub pass_backlog_makespan: bool,
+    /// The longest a backlog command waited between being read and answered (ms).
+    pub backlog_max_latency_ms: i64,
+    /// `backlog_max_latency_ms` meets [`TARGET_BACKLOG_MAX_LATENCY_MS`].
+    pub pass_backlog_max_latency: bool,
+    /// p99 of how long after its original settled a waiting cross-partition
+    /// duplicate was answered (ms).
+    pub duplicate_wake_ms_p99: i64,
+    /// `duplicate_wake_ms_p99` meets [`TARGET_DUPLICATE_WAKE_P99_MS`].
+    pub pass_duplicate_wake: bool,
+    /// The backlog phase's details.
+    pub backlog: Option<super::backlog::BacklogReport>,
     /// VmHWM of a `payment-worker run` process draining the backlog.
     pub peak_rss_mib: f64,
     /// Throughput of that process over the backlog (a cross-check of e2e_tps_0ms).
@@ -341,8 +378,28 @@ impl BenchReport {
         // Opt-in mode: reported with its verdict, not part of `all_pass`.
         self.pass_eos_ratio =
             self.eos_ratio_0ms >= TARGET_EOS_RATIO && self.eos_ratio_20ms >= TARGET_EOS_RATIO;
+        self.pass_p999_half_load =
+            self.p999_ms_half_load as f64 <= TARGET_P999_HALF_LOAD_MS && self.half_load_rate > 0.0;
+        if let Some(backlog) = &self.backlog {
+            self.backlog_makespan_s = backlog.makespan_s;
+            self.backlog_bound_s = ratio(backlog.commands as f64, self.e2e_tps_20ms);
+            self.backlog_max_latency_ms = backlog.read_to_answer.max_ms;
+            self.duplicate_wake_ms_p99 = backlog.duplicate_wake.p99_ms;
+        }
+        self.backlog_makespan_over_bound = ratio(self.backlog_makespan_s, self.backlog_bound_s);
+        let drained = self.backlog.as_ref().is_some_and(|b| b.commands > 0);
+        self.pass_backlog_makespan =
+            drained && self.backlog_makespan_over_bound <= TARGET_BACKLOG_MAKESPAN_OVER_BOUND;
+        self.pass_backlog_max_latency =
+            drained && self.backlog_max_latency_ms as f64 <= TARGET_BACKLOG_MAX_LATENCY_MS;
+        self.pass_duplicate_wake =
+            drained && self.duplicate_wake_ms_p99 as f64 <= TARGET_DUPLICATE_WAKE_P99_MS;
         self.audit_ok = self.audit.ok;
         self.all_pass = self.pass_ratio_0ms
+            && self.pass_backlog_makespan
+            && self.pass_backlog_max_latency
+            && self.pass_duplicate_wake
+            && self.pass_p999_half_load
             && self.pass_worker_cpu
             && self.pass_round_trips
             && self.pass_baseline_multiple
@@ -395,6 +452,20 @@ mod tests {
             peak_rss_mib: 150.0,
             round_trips: TARGET_ROUND_TRIPS,
             baseline_tps_20ms: 125.0,
+            p999_ms_half_load: 100,
+            backlog: Some(super::super::backlog::BacklogReport {
+                commands: 5000,
+                makespan_s: 6.5,
+                read_to_answer: LatencySummary {
+                    max_ms: 2000,
+                    ..LatencySummary::default()
+                },
+                duplicate_wake: LatencySummary {
+                    p99_ms: 200,
+                    ..LatencySummary::default()
+                },
+                ..Default::default()
+            }),
             audit: AuditReport {
                 ok: true,
                 ..AuditReport::default()
@@ -417,6 +488,27 @@ mod tests {
         assert!(report.all_pass, "{report:?}");
         assert_eq!(report.worker_cpu_ms_per_payment, 0.3);
         assert_eq!(report.baseline_multiple_20ms, 8.0);
+        assert_eq!(report.backlog_bound_s, 5.0, "5,000 commands at 1,000/s");
+        assert!((report.backlog_makespan_over_bound - 1.3).abs() < 1e-9);
+        if let Some(backlog) = report.backlog.as_mut() {
+            backlog.makespan_s = 6.6;
+            backlog.duplicate_wake.p99_ms = 201;
+        }
+        report.judge();
+        assert!(
+            !report.pass_backlog_makespan && !report.pass_duplicate_wake && !report.all_pass,
+            "a straggling backlog and a late wake"
+        );
+        if let Some(backlog) = report.backlog.as_mut() {
+            backlog.makespan_s = 6.5;
+            backlog.duplicate_wake.p99_ms = 200;
+        }
+        report.p999_ms_half_load = 101;
+        report.judge();
+        assert!(!report.pass_p999_half_load && !report.all_pass);
+        report.p999_ms_half_load = 100;
+        report.judge();
+        assert!(report.all_pass);
         report.round_trips.redis = 4.0;
         report.judge();
         assert!(
@@ -459,6 +551,12 @@ mod tests {
             "eos_ratio_0ms",
             "eos_tps_20ms",
             "eos_ratio_20ms",
+            "backlog_makespan_s",
+            "backlog_bound_s",
+            "backlog_makespan_over_bound",
+            "backlog_max_latency_ms",
+            "duplicate_wake_ms_p99",
+            "p999_ms_half_load",
         ] {
             assert!(json[key].is_number(), "{key} missing");
         }

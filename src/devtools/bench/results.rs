@@ -28,12 +28,12 @@ pub(super) const RESULTS_KEPT_PER_PARTITION: usize = 10_000;
 /// One result as the bench's reader saw it.
 #[derive(Debug, Clone)]
 pub(super) struct Observation {
-    source: Position,
+    pub(super) source: Position,
     /// The result record's CreateTime: when the worker produced it.
-    produced_ms: i64,
+    pub(super) produced_ms: i64,
     /// When the reader received it.
-    seen_ms: i64,
-    outcome: String,
+    pub(super) seen_ms: i64,
+    pub(super) outcome: String,
 }
 
 /// Reads a phase's results topic on its own thread, first result per command only.

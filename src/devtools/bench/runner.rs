@@ -29,6 +29,9 @@ pub const DEFAULT_BENCH_DATABASE_URL: &str =
 /// The latency of the slow-gateway phase, fixed by the performance targets.
 const SLOW_GATEWAY_MS: u64 = 20;
 
+/// Commands waiting when the backlog phase's worker starts, fixed by the targets.
+const BACKLOG_PHASE_COMMANDS: usize = 5_000;
+
 /// `payment-worker bench`: how long, how much, and where.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -465,6 +468,20 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
     report.e2e_tps_20ms = slow.payments_per_s;
     report.phases.push(slow);
 
+    // A backlog with duplicates, at 20 ms: does it drain at the steady rate, without
+    // stragglers, and are duplicates answered as soon as their original settles?
+    let drained = phase(
+        bed,
+        "backlog-20ms",
+        SLOW_GATEWAY_MS,
+        Load::DuplicatedBacklog(BACKLOG_PHASE_COMMANDS),
+        WorkerKind::InProcess,
+        &mut audit,
+    )
+    .await?;
+    report.backlog = drained.backlog.clone();
+    report.phases.push(drained);
+
     // The same two phases with results, dead letters and offsets in transactions.
     bed.worker.results = crate::configuration::ResultsMode::ExactlyOnce;
     let eos = eos_phases(bed, e2e_commands, &mut audit).await;
@@ -527,6 +544,7 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
     report.p50_ms_half_load = half.latency.p50_ms;
     report.p95_ms_half_load = half.latency.p95_ms;
     report.p99_ms_half_load = half.latency.p99_ms;
+    report.p999_ms_half_load = half.latency.p999_ms;
     report.p99_ms_half_load_observed = half.observed_latency.p99_ms;
     report.phases.push(half);
 

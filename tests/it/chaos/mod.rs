@@ -2,6 +2,7 @@
 //! `txn-broker`), `gateway-sim` and three `run` workers, each its own OS process.
 
 mod back_pressure;
+mod backlog_drain;
 mod chaos_run;
 mod exactly_once;
 mod kill_one;

@@ -12,3 +12,4 @@ mod races;
 pub(crate) mod rig;
 mod round_trips;
 mod schema_checks;
+mod settle_wake;

@@ -151,6 +151,26 @@ async fn fencing(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn confirm_wakes_a_waiting_reservation(pool: PgPool) {
+    contract::confirm_wakes_a_waiting_reservation(&PgBackend::over(pool)).await;
+}
+
+#[sqlx::test]
+async fn restore_wakes_a_waiting_reservation(pool: PgPool) {
+    contract::restore_wakes_a_waiting_reservation(&PgBackend::over(pool)).await;
+}
+
+#[sqlx::test]
+async fn a_settle_before_the_watch_is_not_missed(pool: PgPool) {
+    contract::a_settle_before_the_watch_is_not_missed(&PgBackend::over(pool)).await;
+}
+
+#[sqlx::test]
+async fn race_settle_against_watch(pool: PgPool) {
+    contract::race_settle_against_watch(&PgBackend::over(pool), 200).await;
+}
+
+#[sqlx::test]
 async fn late_confirm_without_takeover(pool: PgPool) {
     contract::late_confirm_without_takeover(&PgBackend::over(pool)).await;
 }

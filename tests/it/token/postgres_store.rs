@@ -208,7 +208,7 @@ async fn a_worker_whose_pools_exceed_the_servers_connections_refuses_to_start() 
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("needs 100003 Postgres connections")
+        stderr.contains("needs 100004 Postgres connections")
             && stderr.contains("DATABASE_MAX_CONNECTIONS 100000")
             && stderr.contains("TOKEN_LEASE_CONNECTIONS 3")
             && stderr.contains("max_connections"),

@@ -53,7 +53,11 @@ impl RedisBackend {
 impl Backend for RedisBackend {
     async fn store(&self, policy: TokenPolicy) -> Arc<dyn TokenStore> {
         let conn = ConnectionManager::new(self.client.clone()).await.unwrap();
-        Arc::new(RedisTokenStore::new(conn, self.prefix.clone(), policy))
+        // Settles announced as a worker's store (`connect_to`) has them.
+        Arc::new(
+            RedisTokenStore::new(conn, self.prefix.clone(), policy)
+                .with_settle_notifications(self.client.clone()),
+        )
     }
 
     async fn raw_token(&self, key: &IdempotencyKey) -> Option<RawToken> {
@@ -117,6 +121,26 @@ async fn race_lock() {
 #[tokio::test]
 async fn fencing() {
     contract::fencing(&RedisBackend::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_wakes_a_waiting_reservation() {
+    contract::confirm_wakes_a_waiting_reservation(&RedisBackend::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_wakes_a_waiting_reservation() {
+    contract::restore_wakes_a_waiting_reservation(&RedisBackend::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_before_the_watch_is_not_missed() {
+    contract::a_settle_before_the_watch_is_not_missed(&RedisBackend::new().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn race_settle_against_watch() {
+    contract::race_settle_against_watch(&RedisBackend::new().await, 200).await;
 }
 
 #[tokio::test]

@@ -12,9 +12,11 @@ mod deadlines;
 mod lifecycle;
 mod races;
 mod schemes;
+mod wakes;
 
 pub use backend::{key, policy, Backend, RawToken, RACERS, RACE_ROUNDS};
 pub use deadlines::*;
 pub use lifecycle::*;
 pub use races::*;
 pub use schemes::*;
+pub use wakes::*;
