@@ -261,7 +261,7 @@ fn redriven_headers(record: &rdkafka::message::OwnedMessage) -> Option<OwnedHead
         return kept;
     }
     Some(crate::kafka_headers::append_raw(
-        kept.unwrap_or_else(OwnedHeaders::new),
+        kept.unwrap_or_default(),
         CHARGE_UNKNOWN.as_bytes(),
         Some(b"true"),
     ))

@@ -257,9 +257,9 @@ async fn a_look_up_answering_another_amount_or_another_key_is_never_booked_and_f
     // Each charge's answer is unreadable, so the worker looks it up, and the
     // look-up answers with a charge that is not this command's.
     let cases = [
-        ("u5-amount", LookupAnswer::OtherAmount(1)),
-        ("u5-currency", LookupAnswer::OtherCurrency("EUR")),
-        ("u5-key", LookupAnswer::OtherKey("u5-someone-else")),
+        ("u5-amount", LookupAnswer::Amount(1)),
+        ("u5-currency", LookupAnswer::Currency("EUR")),
+        ("u5-key", LookupAnswer::Key("u5-someone-else")),
     ];
     for (key, answer) in &cases {
         front.script(key, &[PostAnswer::ChargeThenGarbledBody]);

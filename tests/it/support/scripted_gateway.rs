@@ -43,11 +43,11 @@ pub enum PostAnswer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LookupAnswer {
     /// The charge with this amount instead of its own.
-    OtherAmount(i64),
+    Amount(i64),
     /// The charge with this currency instead of its own.
-    OtherCurrency(&'static str),
+    Currency(&'static str),
     /// The charge as if it had been made under this key.
-    OtherKey(&'static str),
+    Key(&'static str),
 }
 
 #[derive(Default)]
@@ -284,9 +284,9 @@ async fn lookup(State(front): State<Arc<Front>>, Path(key): Path<String>) -> Res
         _ => return (status(code), r#"{"error":"not found"}"#).into_response(),
     };
     match altered {
-        LookupAnswer::OtherAmount(amount) => entry["amount_minor"] = amount.into(),
-        LookupAnswer::OtherCurrency(currency) => entry["currency"] = currency.into(),
-        LookupAnswer::OtherKey(other) => entry["idempotency_key"] = other.into(),
+        LookupAnswer::Amount(amount) => entry["amount_minor"] = amount.into(),
+        LookupAnswer::Currency(currency) => entry["currency"] = currency.into(),
+        LookupAnswer::Key(other) => entry["idempotency_key"] = other.into(),
     }
     (
         StatusCode::OK,
