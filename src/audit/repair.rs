@@ -108,6 +108,13 @@ pub(super) async fn repair_stuck_token(
                 "the token is past its deadline (issued mode)",
             )
         }
+        Ok(Reservation::Unsettled) => {
+            return repair(
+                key,
+                RepairAction::LeftForWorker,
+                "the token expired while an attempt held it (issued mode): its charge is unknown; the next delivery looks it up",
+            )
+        }
         Err(error) => {
             return repair(
                 key,
@@ -240,7 +247,7 @@ pub(super) async fn cancel_orphan(
                 ),
             )
         }
-        Ok(Reservation::Completed { .. } | Reservation::Missing) => {
+        Ok(Reservation::Completed { .. } | Reservation::Missing | Reservation::Unsettled) => {
             return repair(
                 &key,
                 RepairAction::LeftForWorker,

@@ -12,7 +12,8 @@
 //! | 409 | `InFlight` | a request with this key is still running: unknown outcome |
 //! | 422 | `Rejected{422}` | key reused with another body |
 //! | 400 and other 4xx not listed here | `Rejected` | the request itself is refused |
-//! | 401, 403, 404, 405, 408, 429, 5xx, failed connect | `Unavailable` | nothing charged; our access or the gateway is broken: retry later |
+//! | 5xx (500, 502, 503, 504, …) once the request was sent | `FailedAfterSending` | may have charged (a proxy or the gateway failed after the work): unknown outcome |
+//! | 401, 403, 404, 405, 408, 429, failed connect (nothing sent) | `Unavailable` | nothing charged; our access or the gateway is broken: retry later |
 //!
 //! Every failure is counted (`payment_worker.gateway.failures`) and logged, at
 //! `error` when our access itself is refused (401, 403, 404, 405), without the
@@ -204,6 +205,13 @@ fn charge_error(status: StatusCode, reason: String) -> GatewayError {
     let code = status.as_u16();
     match code {
         409 => GatewayError::InFlight,
+        // The request reached something that failed: the gateway, or a proxy in front
+        // of it that may have passed the request on before it failed. Only a look-up
+        // can tell whether a charge was made.
+        500..=599 => GatewayError::FailedAfterSending {
+            status: code,
+            reason,
+        },
         code if is_transient_status(code) => {
             GatewayError::Unavailable(format!("HTTP {code}: {reason}"))
         }
@@ -226,9 +234,10 @@ pub(super) fn note_failure(
     error: &GatewayError,
 ) {
     let class = match error {
-        GatewayError::Timeout | GatewayError::UnreadableAnswer(_) | GatewayError::InFlight => {
-            "unknown_outcome"
-        }
+        GatewayError::Timeout
+        | GatewayError::UnreadableAnswer(_)
+        | GatewayError::InFlight
+        | GatewayError::FailedAfterSending { .. } => "unknown_outcome",
         GatewayError::Unavailable(_) => "transient",
         GatewayError::Rejected { .. } => "rejected",
         GatewayError::Protocol(_) => "protocol",
@@ -507,6 +516,7 @@ mod tests {
             let status = StatusCode::from_u16(code).unwrap();
             match charge_error(status, "why".into()) {
                 GatewayError::InFlight => "in_flight",
+                GatewayError::FailedAfterSending { .. } => "may_have_charged",
                 GatewayError::Unavailable(_) => "transient",
                 GatewayError::Rejected { status: 422, .. } => "key_reused",
                 GatewayError::Rejected { .. } => "invalid",
@@ -516,10 +526,8 @@ mod tests {
         };
         for (codes, expected) in [
             (&[409][..], "in_flight"),
-            (
-                &[401, 403, 404, 405, 408, 429, 500, 502, 503, 504][..],
-                "transient",
-            ),
+            (&[401, 403, 404, 405, 408, 429][..], "transient"),
+            (&[500, 502, 503, 504, 501, 599][..], "may_have_charged"),
             (&[422][..], "key_reused"),
             (&[400, 402, 406, 410, 413, 415, 418, 451][..], "invalid"),
             (&[301, 302, 303, 307, 308, 101, 600][..], "unknown"),
@@ -532,6 +540,10 @@ mod tests {
             GatewayError::Timeout,
             GatewayError::InFlight,
             GatewayError::UnreadableAnswer("x".into()),
+            GatewayError::FailedAfterSending {
+                status: 502,
+                reason: "x".into(),
+            },
         ] {
             assert!(
                 unknown.outcome_unknown() && unknown.is_retryable(),

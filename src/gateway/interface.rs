@@ -127,12 +127,22 @@ pub enum GatewayError {
     /// gateway. It may yet charge: unknown outcome.
     #[error("gateway is still processing a request with this key (HTTP 409)")]
     InFlight,
-    /// Nothing was charged and a later attempt may succeed: a connect that failed,
-    /// 5xx, 429, 408, or our access to the gateway is broken (401, 403, 404, 405).
+    /// A 5xx answered after the request was sent: the gateway, or a proxy in front
+    /// of it, failed, possibly after the work was done (Stripe's rule: a 5xx is an
+    /// unknown result). Unknown outcome: every later attempt looks the charge up
+    /// before it charges.
+    #[error("gateway failed with HTTP {status} after the request was sent; the outcome is unknown: {reason}")]
+    FailedAfterSending {
+        /// The HTTP status (500 to 599).
+        status: u16,
+        /// The gateway's reason, shortened.
+        reason: String,
+    },
+    /// Nothing was charged and a later attempt may succeed: a connect that failed
+    /// (nothing was sent), 429, 408, or our access to the gateway is broken (401,
+    /// 403, 404, 405); for a look-up, also a 5xx (asking charges nothing).
     #[error("gateway unavailable: {0}")]
     Unavailable(String),
-    /// The gateway refused this request for good (422: key reused with another body;
-    /// 400 and other 4xx: the request itself is refused).
     /// The gateway refused this request for good (422: key reused with another body; 400 and other 4xx: the request itself is refused).
     #[error("gateway rejected the request with HTTP {status}: {reason}")]
     Rejected {
@@ -156,7 +166,10 @@ impl GatewayError {
     pub fn outcome_unknown(&self) -> bool {
         matches!(
             self,
-            Self::Timeout | Self::UnreadableAnswer(_) | Self::InFlight
+            Self::Timeout
+                | Self::UnreadableAnswer(_)
+                | Self::InFlight
+                | Self::FailedAfterSending { .. }
         )
     }
 }

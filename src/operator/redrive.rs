@@ -15,8 +15,8 @@ use super::topics::{partition_count, partition_ranges, read_ranges, PartitionRan
 use crate::configuration::KafkaSettings;
 use crate::payment::RejectionKind;
 use crate::worker::{
-    base_config, create_client, producer_config, without_dead_letter_headers, ERROR_KIND,
-    ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+    base_config, create_client, producer_config, without_dead_letter_headers, CHARGE_UNKNOWN,
+    ERROR_KIND, ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
 };
 
 /// `payment-worker dlq redrive`: which dead letters, how many.
@@ -121,7 +121,7 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
                 if let Some(value) = record.payload() {
                     out = out.payload(value);
                 }
-                let headers: Option<OwnedHeaders> = without_dead_letter_headers(record);
+                let headers: Option<OwnedHeaders> = redriven_headers(record);
                 if let Some(headers) = headers {
                     out = out.headers(headers);
                 }
@@ -247,6 +247,26 @@ impl Progress {
     }
 }
 
+/// The original headers, without the worker's dead-letter headers, except the flag
+/// that a charge may exist: a redriven command still carries it, so whoever reads
+/// the commands topic sees that this one is being settled, not charged afresh (the
+/// worker itself looks the charge up because `unresolved_charges` holds the key).
+fn redriven_headers(record: &rdkafka::message::OwnedMessage) -> Option<OwnedHeaders> {
+    let flagged = record
+        .headers()
+        .and_then(|headers| crate::kafka_headers::last_value(headers, CHARGE_UNKNOWN))
+        == Some(b"true".as_slice());
+    let kept = without_dead_letter_headers(record);
+    if !flagged {
+        return kept;
+    }
+    Some(crate::kafka_headers::append_raw(
+        kept.unwrap_or_default(),
+        CHARGE_UNKNOWN.as_bytes(),
+        Some(b"true"),
+    ))
+}
+
 /// The dead letter carries a masked or dropped value instead of the original.
 fn is_altered(record: &rdkafka::message::OwnedMessage) -> bool {
     record.headers().is_some_and(|headers| {
@@ -259,6 +279,58 @@ fn is_altered(record: &rdkafka::message::OwnedMessage) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dead_letter(headers: &[(&str, &str)]) -> rdkafka::message::OwnedMessage {
+        let headers = headers
+            .iter()
+            .fold(OwnedHeaders::new(), |all, (name, value)| {
+                crate::kafka_headers::append_raw(all, name.as_bytes(), Some(value.as_bytes()))
+            });
+        rdkafka::message::OwnedMessage::new(
+            Some(b"{}".to_vec()),
+            Some(b"k".to_vec()),
+            "payments.dlq".into(),
+            rdkafka::message::Timestamp::now(),
+            0,
+            0,
+            Some(headers),
+        )
+    }
+
+    fn names_and_values(headers: &OwnedHeaders) -> Vec<(String, String)> {
+        crate::kafka_headers::raw(headers)
+            .iter()
+            .map(|h| {
+                (
+                    String::from_utf8_lossy(h.name).into_owned(),
+                    String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_redrive_keeps_the_charge_unknown_flag_and_drops_the_other_dead_letter_headers() {
+        let flagged = dead_letter(&[
+            ("traceparent", "00-1-2-01"),
+            (ERROR_KIND, "retries_exhausted"),
+            (CHARGE_UNKNOWN, "true"),
+        ]);
+        let kept = redriven_headers(&flagged).expect("headers");
+        assert_eq!(
+            names_and_values(&kept),
+            vec![
+                ("traceparent".to_owned(), "00-1-2-01".to_owned()),
+                (CHARGE_UNKNOWN.to_owned(), "true".to_owned())
+            ]
+        );
+        let plain = dead_letter(&[("traceparent", "00-1-2-01"), (ERROR_KIND, "invalid")]);
+        let kept = redriven_headers(&plain).expect("headers");
+        assert_eq!(
+            names_and_values(&kept),
+            vec![("traceparent".to_owned(), "00-1-2-01".to_owned())]
+        );
+    }
 
     #[test]
     fn a_window_holds_at_most_a_thousand_offsets_and_ends_where_the_run_began() {

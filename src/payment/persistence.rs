@@ -254,8 +254,8 @@ pub(crate) async fn insert(
 
 /// What [`insert_or_find`] found for the key.
 pub(crate) enum Insertion {
-    /// The new `processing` row.
-    Inserted(Uuid),
+    /// The new `processing` row, and what is remembered of the key.
+    Inserted(Uuid, Remembered),
     /// A row committed before this statement began decides the command.
     Existing(PaymentRecord),
     /// Another transaction committed the key while this statement waited on the
@@ -263,8 +263,20 @@ pub(crate) enum Insertion {
     Raced,
 }
 
+/// What the database remembers of a key that has no payment row yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Remembered {
+    /// Nothing.
+    Nothing,
+    /// The key is in `unresolved_charges`: a delivery of it was given up on while a
+    /// charge may exist, so the charge is looked up before any POST.
+    ChargeUnknown,
+}
+
 /// The pre-existing check and the insert of the `processing` row in one round trip:
-/// inserts the row, or returns the row already there.
+/// inserts the row, or returns the row already there. A new row also says whether
+/// the key is in `unresolved_charges`, in the same statement (no extra round trip
+/// on the path of a fresh payment).
 pub(crate) async fn insert_or_find(
     conn: &mut PgConnection,
     command: &PaymentCommand,
@@ -283,10 +295,13 @@ pub(crate) async fn insert_or_find(
              RETURNING id)
          SELECT true AS inserted, id, NULL::text AS fingerprint, NULL::text AS status,
                 NULL::text AS gateway_transaction_id, NULL::text AS trace_id,
-                NULL::text AS span_id
+                NULL::text AS span_id,
+                EXISTS (SELECT 1 FROM unresolved_charges
+                         WHERE idempotency_key = $2) AS charge_unknown
          FROM inserted
          UNION ALL
-         SELECT false, id, fingerprint, status, gateway_transaction_id, trace_id, span_id
+         SELECT false, id, fingerprint, status, gateway_transaction_id, trace_id, span_id,
+                false
          FROM payments
          WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)",
     )
@@ -309,7 +324,12 @@ pub(crate) async fn insert_or_find(
     match row {
         None => Ok(Insertion::Raced),
         Some(row) if row.try_get::<bool, _>("inserted")? => {
-            Ok(Insertion::Inserted(row.try_get("id")?))
+            let remembered = if row.try_get::<bool, _>("charge_unknown")? {
+                Remembered::ChargeUnknown
+            } else {
+                Remembered::Nothing
+            };
+            Ok(Insertion::Inserted(row.try_get("id")?, remembered))
         }
         Some(row) => Ok(Insertion::Existing(record_from_row(&row)?)),
     }

@@ -1,8 +1,9 @@
 //! One attempt at one command: reserve the token, run the one Postgres transaction
 //! around the gateway charge, then confirm or restore the token.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backon::Retryable;
@@ -15,7 +16,7 @@ use uuid::Uuid;
 
 use super::outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 use super::persistence::{
-    self, Insertion, PaymentRecord, PaymentStatus, RowContext, SourcePosition,
+    self, Insertion, PaymentRecord, PaymentStatus, Remembered, RowContext, SourcePosition,
 };
 use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
@@ -25,10 +26,13 @@ use crate::token::{
     Claim, IdempotencyKey, Reservation, SettleWatch, TokenError, TokenStore, Transition,
 };
 
+pub use at_stake::ChargeAtStake;
+
 use answers::*;
 use token_calls::*;
 
 mod answers;
+mod at_stake;
 mod charging;
 mod token_calls;
 
@@ -42,6 +46,30 @@ pub enum GatewayLookup {
     Always,
 }
 
+/// What an attempt knows, before it charges, of an earlier charge for its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChargeHistory {
+    /// The first reservation of the key, and no command with it was ever given up
+    /// on with its charge unknown.
+    Fresh,
+    /// Not the first reservation (fence > 1): an earlier holder may have charged.
+    Reserved,
+    /// The key is in `unresolved_charges` (an earlier delivery ended while a charge
+    /// may exist), or an earlier attempt of this delivery may have charged. Whatever the fence (a redrive after the token expired starts at
+    /// 1), the charge is looked up first, and a look-up that cannot answer keeps
+    /// the charge unknown.
+    Unresolved,
+}
+
+/// How a token that is not there is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Absence {
+    /// `Missing`: never issued, expired or consumed; no charge unless the gateway shows one.
+    Missing,
+    /// `Unsettled`: expired while an attempt held it; its charge is unknown.
+    ExpiredWhileHeld,
+}
+
 /// Where a command came from, carried onto its payment row.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CommandContext<'a> {
@@ -49,6 +77,11 @@ pub struct CommandContext<'a> {
     pub source: Option<&'a SourcePosition>,
     /// The trace the attempt runs in (stored on the row).
     pub trace_id: Option<&'a str>,
+    /// What earlier attempts at this delivery learnt about a charge. After one that
+    /// may have charged, the attempt looks the charge up before any POST whatever its
+    /// fence: the token may have vanished meanwhile (its deadline passed during a
+    /// restore) and a new one starts at fence 1.
+    pub earlier: ChargeEvidence,
 }
 
 /// A reservation and how long it is certainly still ours.
@@ -101,6 +134,8 @@ pub struct Processor {
     /// wait. Commands beyond it queue here, before reserving their token, holding
     /// nothing and with no acquire timeout to run into.
     attempts: Arc<tokio::sync::Semaphore>,
+    /// Keys whose charge may exist while no attempt settled it (see [`ChargeAtStake`]).
+    at_stake: Mutex<HashMap<String, ChargeAtStake>>,
 }
 
 impl Processor {
@@ -119,6 +154,7 @@ impl Processor {
             worker_id: worker_id.into(),
             faults: Faults::from_env(),
             attempts: Arc::new(tokio::sync::Semaphore::new(attempt_slots(&pool))),
+            at_stake: Mutex::new(HashMap::new()),
             pool,
         }
     }
@@ -206,6 +242,11 @@ impl Processor {
         watch: &mut Option<SettleWatch>,
     ) -> Attempt {
         let mut attempt = self.decide(command, context, watch).await;
+        // A final answer settles what was at stake (an unbooked one is recorded by
+        // the caller); a retry leaves it, so a panic in a later attempt still knows.
+        if !matches!(attempt, Attempt::Retry { .. }) {
+            self.stakes().remove(command.idempotency_key.as_str());
+        }
         if let Attempt::Final(Outcome::Duplicate {
             payment_id,
             original,
@@ -303,7 +344,14 @@ impl Processor {
                         .await
                 }
             },
-            Reservation::Missing => self.recover_missing(command, &fingerprint, context).await,
+            Reservation::Missing => {
+                self.recover_missing(command, &fingerprint, context, Absence::Missing)
+                    .await
+            }
+            Reservation::Unsettled => {
+                self.recover_missing(command, &fingerprint, context, Absence::ExpiredWhileHeld)
+                    .await
+            }
         }
     }
 
@@ -334,12 +382,16 @@ impl Processor {
         persistence::find_payment(&mut conn, key.as_str()).await
     }
 
-    /// `issued` mode, token missing (docs/CONTRACT.md, "Outcomes"): Postgres, then the gateway, decide.
+    /// `issued` mode, token missing or expired while held (docs/CONTRACT.md,
+    /// "Outcomes"): Postgres, then the gateway, decide. A token that expired while
+    /// an attempt held it never means "nothing charged": that attempt's request may
+    /// still land, so no charge found yet is a retry with the charge unknown.
     async fn recover_missing(
         &self,
         command: &PaymentCommand,
         fingerprint: &Fingerprint,
         context: &CommandContext<'_>,
+        absence: Absence,
     ) -> Attempt {
         let key = &command.idempotency_key;
         match self.find_existing(key).await {
@@ -347,19 +399,33 @@ impl Processor {
             Ok(None) => {}
             Err(error) => return database_failure("payment look-up", &error),
         }
-        let charge = match self.gateway.lookup(key).await {
-            // The key's charge was made for another request: never book it as this one.
-            Ok(Some(found)) if !found.matches(&command.charge_request()) => {
-                return key_reused().into()
+        let charge = match (self.gateway.lookup(key).await, absence) {
+            // The key's charge was made for another request (or the gateway answered
+            // for another key): never book it as this one.
+            (Ok(Some(found)), _) => {
+                self.mark_at_stake(command);
+                match charging::checked_charge(found, command) {
+                    Ok(charge) => charge,
+                    Err(mismatch) => return mismatch,
+                }
             }
-            Ok(Some(found)) => found.charge(),
-            Ok(None) => {
+            (Ok(None), Absence::Missing) => {
                 return Attempt::Final(Outcome::Rejected {
                     kind: RejectionKind::TokenMissing,
                     reason: "token_missing: never issued, expired, or already consumed".to_owned(),
                 })
             }
-            Err(error) => return retry(format!("gateway look-up failed: {error}")),
+            (Ok(None), Absence::ExpiredWhileHeld) => return retry_unknown(
+                "the token expired while an attempt held it, and the gateway shows no charge yet",
+            ),
+            (Err(error), Absence::Missing) => {
+                return retry(format!("gateway look-up failed: {error}"))
+            }
+            (Err(error), Absence::ExpiredWhileHeld) => {
+                return retry_unknown(format!(
+                    "the token expired while an attempt held it, and the look-up failed: {error}"
+                ))
+            }
         };
         // An earlier attempt charged and crashed before recording: record, never re-charge.
         let row = row_context(context, 0);
@@ -524,32 +590,46 @@ impl Processor {
         };
         let row = row_context(context, claim.fence);
         // The pre-existing check and the insert, one statement (I6).
-        let payment_id = match persistence::insert_or_find(&mut tx, command, fingerprint, &row)
-            .await
-        {
-            Ok(Insertion::Inserted(id)) => id,
-            Ok(Insertion::Existing(existing)) => {
-                return self.settle_existing(existing, fingerprint)
-            }
-            // Another holder committed this key while we waited on the unique index.
-            Ok(Insertion::Raced) => {
-                // Both back to the pool first: an attempt holds one connection at a time.
-                drop(tx);
-                drop(conn);
-                return match self.find_existing(key).await {
-                    Ok(Some(existing)) => self.settle_existing(existing, fingerprint),
-                    Ok(None) => Settlement::Restore(retry("payment row vanished after a conflict")),
-                    Err(error) => before_charge("re-read after conflict", error),
-                };
-            }
-            Err(error) => return before_charge("insert", error),
-        };
+        let (payment_id, history) =
+            match persistence::insert_or_find(&mut tx, command, fingerprint, &row).await {
+                Ok(Insertion::Inserted(id, remembered)) => (
+                    id,
+                    match (remembered, context.earlier) {
+                        (Remembered::ChargeUnknown, _) | (_, ChargeEvidence::MayHaveCharged) => {
+                            ChargeHistory::Unresolved
+                        }
+                        (Remembered::Nothing, _) if claim.fence > 1 => ChargeHistory::Reserved,
+                        (Remembered::Nothing, _) => ChargeHistory::Fresh,
+                    },
+                ),
+                Ok(Insertion::Existing(existing)) => {
+                    return self.settle_existing(existing, fingerprint)
+                }
+                // Another holder committed this key while we waited on the unique index.
+                Ok(Insertion::Raced) => {
+                    // Both back to the pool first: an attempt holds one connection at a time.
+                    drop(tx);
+                    drop(conn);
+                    return match self.find_existing(key).await {
+                        Ok(Some(existing)) => self.settle_existing(existing, fingerprint),
+                        Ok(None) => {
+                            Settlement::Restore(retry("payment row vanished after a conflict"))
+                        }
+                        Err(error) => before_charge("re-read after conflict", error),
+                    };
+                }
+                Err(error) => return before_charge("insert", error),
+            };
         if let Err(fault) = self.faults.hit(FaultPoint::AfterInsert, key.as_str()).await {
             return Settlement::Restore(retry(fault.to_string()));
         }
 
         let (charge, lease_kept) = self
-            .with_lease(key, claim, self.obtain_charge(command, payment_id, lease))
+            .with_lease(
+                key,
+                claim,
+                self.obtain_charge(command, payment_id, lease, history),
+            )
             .await;
         let charge = match charge {
             Ok(charge) => charge,

@@ -1,12 +1,15 @@
-//! The `unresolved_charges` table: commands dead-lettered `retries_exhausted` while
-//! an earlier attempt may have charged. The worker writes a row when it gives up;
-//! `audit` lists every row whose key has no payment row yet, against the ledger.
+//! The `unresolved_charges` table: commands answered without a booked charge while
+//! one may exist (retries exhausted after an unknown outcome, a panic after the
+//! POST, a charge the database refused to record, a look-up answer that does not
+//! match the command). The worker writes a row when it gives up; every later
+//! attempt for such a key looks the charge up before charging; `audit` lists every
+//! row whose key has no payment row yet, against the ledger.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::persistence::SourcePosition;
-use super::PaymentCommand;
+use super::{ChargeAtStake, PaymentCommand};
 
 /// Longest reason kept (the dead letter carries the same text).
 const MAX_REASON_CHARS: usize = 512;
@@ -33,6 +36,18 @@ pub struct UnresolvedCharge {
 pub async fn record_unresolved_charge(
     pool: &PgPool,
     command: &PaymentCommand,
+    source: &SourcePosition,
+    reason: &str,
+    attempts: u32,
+) -> Result<(), sqlx::Error> {
+    record_unresolved_stake(pool, &ChargeAtStake::of(command), source, reason, attempts).await
+}
+
+/// [`record_unresolved_charge`] for a record that is not decoded again (it made its
+/// handler panic): what the attempt that sent the POST kept of it.
+pub async fn record_unresolved_stake(
+    pool: &PgPool,
+    command: &ChargeAtStake,
     source: &SourcePosition,
     reason: &str,
     attempts: u32,

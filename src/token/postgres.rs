@@ -20,7 +20,7 @@ use super::postgres_settle::PgSettle;
 use super::postgres_statements::{
     CONFIRM, CONSUME, DELETE_DEAD_PENDING, EXPIRED_LEASES, EXTEND, ISSUE, LOCK_CREATE,
     LOCK_TAKE_OVER, READ, RELEASE, RESERVE_CREATE, RESERVE_IMPLICIT, RESERVE_ISSUED, RESTORE,
-    WATCH,
+    UNSETTLED, WATCH,
 };
 use super::settle_wait::{SettleWatch, Woken};
 use super::{
@@ -118,6 +118,34 @@ impl PostgresTokenStore {
                 self.op_timeout
             ))),
         }
+    }
+
+    /// How long a `processing` row outlives its deadline and lease (see `UNSETTLED`):
+    /// issued mode only; implicit mode reserves such a row afresh.
+    fn tombstone_ms(&self) -> i64 {
+        match self.policy.mode {
+            TokenMode::Issued => millis(self.policy.completed_ttl),
+            TokenMode::Implicit => 0,
+        }
+    }
+
+    /// Issued mode, no live token: missing, or the tombstone of one that expired
+    /// while an attempt held it.
+    async fn missing_or_unsettled(&self, key: &IdempotencyKey) -> Result<Reservation, TokenError> {
+        let tombstone = self
+            .timed(
+                "reserve",
+                key,
+                sqlx::query_scalar::<_, i64>(UNSETTLED)
+                    .bind(key.as_str())
+                    .bind(self.tombstone_ms())
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        Ok(match tombstone {
+            Some(_) => Reservation::Unsettled,
+            None => Reservation::Missing,
+        })
     }
 
     async fn read(&self, key: &IdempotencyKey) -> Result<Option<TokenRow>, TokenError> {
@@ -341,7 +369,9 @@ impl TokenStore for PostgresTokenStore {
             // The statements decided "not yours"; this read only tells the caller why.
             // If it sees a reservable token, the token changed in between: decide again.
             match self.read(key).await? {
-                None if self.policy.mode == TokenMode::Issued => return Ok(Reservation::Missing),
+                None if self.policy.mode == TokenMode::Issued => {
+                    return self.missing_or_unsettled(key).await
+                }
                 None => continue,
                 Some(row) => match TokenState::parse(&row.status) {
                     Some(TokenState::Completed) => {
@@ -475,7 +505,7 @@ impl TokenStore for PostgresTokenStore {
         self.timed(
             "purge",
             "expired tokens",
-            postgres_purge::purge_batch(&self.maintenance, batch),
+            postgres_purge::purge_batch(&self.maintenance, batch, self.tombstone_ms()),
         )
         .await
     }

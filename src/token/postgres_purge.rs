@@ -14,19 +14,25 @@ use super::Housekeeping;
 /// found. Rows another transaction holds right now are skipped, never waited for: a
 /// reservation racing the purge wins and the row is simply not purged this time.
 /// "Dead" is the store's own definition: past its deadline and not under a running
-/// lease (a `processing` row lives as long as its lease does).
+/// lease (a `processing` row lives as long as its lease does). A `processing` row
+/// is kept `$2` ms longer (issued mode: the completed-token TTL) as the tombstone
+/// that says an attempt held it when it expired (`Reservation::Unsettled`).
 const PURGE_BATCH: &str = "
 DELETE FROM idempotency_tokens
  WHERE ctid = ANY (ARRAY(
            SELECT ctid
              FROM idempotency_tokens
             WHERE expires_at <= now()
-              AND (status <> 'processing' OR lease_expires_at <= now())
+              AND (status <> 'processing'
+                   OR GREATEST(expires_at, lease_expires_at)
+                          + $2::bigint * interval '1 millisecond' <= now())
             ORDER BY expires_at
             LIMIT $1
               FOR UPDATE SKIP LOCKED))
    AND expires_at <= now()
-   AND (status <> 'processing' OR lease_expires_at <= now())";
+   AND (status <> 'processing'
+        OR GREATEST(expires_at, lease_expires_at)
+               + $2::bigint * interval '1 millisecond' <= now())";
 
 /// How long ago a dead row died: its deadline, or its lease's end when that came later.
 const HOUSEKEEPING: &str = "
@@ -43,9 +49,17 @@ SELECT count(*)::bigint AS rows,
           FROM idempotency_tokens) AS t";
 
 /// Deletes at most `batch` dead rows; returns how many went.
-pub(super) async fn purge_batch(pool: &PgPool, batch: usize) -> Result<u64, sqlx::Error> {
+pub(super) async fn purge_batch(
+    pool: &PgPool,
+    batch: usize,
+    tombstone_ms: i64,
+) -> Result<u64, sqlx::Error> {
     let limit = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
-    let done = sqlx::query(PURGE_BATCH).bind(limit).execute(pool).await?;
+    let done = sqlx::query(PURGE_BATCH)
+        .bind(limit)
+        .bind(tombstone_ms)
+        .execute(pool)
+        .await?;
     Ok(done.rows_affected())
 }
 

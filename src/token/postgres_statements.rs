@@ -90,6 +90,17 @@ UPDATE idempotency_tokens
    AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))
 RETURNING fence";
 
+/// Issued mode, after `RESERVE_ISSUED` took nothing and no live row is there: a
+/// `processing` row whose deadline and lease both passed less than `$2` ms ago (the
+/// completed-token TTL) is the tombstone of a token that expired while an attempt
+/// held it (`Reservation::Unsettled`): its charge is unknown, not missing.
+pub(super) const UNSETTLED: &str = "
+SELECT fence
+  FROM idempotency_tokens
+ WHERE key = $1 AND status = 'processing'
+   AND expires_at <= now() AND lease_expires_at <= now()
+   AND GREATEST(expires_at, lease_expires_at) + $2::bigint * interval '1 millisecond' > now()";
+
 /// The owner-checked statements accept a lapsed lease as long as nobody reserved since
 /// (owner and fence still match) and the row is still live. A settle of a row some
 /// reservation is waiting on (`waiters`, see `postgres_settle.rs`) is announced with

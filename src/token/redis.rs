@@ -164,6 +164,17 @@ impl RedisTokenStore {
         lock_key(&self.prefix, key)
     }
 
+    /// How long a `processing` token outlives its deadline and its lease: in issued
+    /// mode the completed-token TTL, so a token that expires while an attempt holds
+    /// it is still there to say its charge is unknown (`Reservation::Unsettled`);
+    /// implicit mode reserves such a token afresh (fence + 1, looked up first).
+    fn tombstone_ms(&self) -> u64 {
+        match self.policy.mode {
+            TokenMode::Issued => millis(self.policy.completed_ttl),
+            TokenMode::Implicit => 0,
+        }
+    }
+
     async fn run(
         &self,
         what: &'static str,
@@ -281,6 +292,7 @@ fn parse_reservation(key: &IdempotencyKey, value: Value) -> Result<Reservation, 
                 fingerprint: items.get(2).and_then(text),
             }),
         (Some("missing"), _) => Some(Reservation::Missing),
+        (Some("unsettled"), _) => Some(Reservation::Unsettled),
         _ => None,
     };
     reservation.ok_or_else(|| corrupt("reserve", key, &value))
@@ -395,7 +407,8 @@ impl TokenStore for RedisTokenStore {
             .arg(owner)
             .arg(millis(self.policy.lease))
             .arg(implicit)
-            .arg(millis(self.policy.pending_ttl));
+            .arg(millis(self.policy.pending_ttl))
+            .arg(self.tombstone_ms());
         let value = self.run("reserve", key, invocation).await?;
         parse_reservation(key, value)
     }
@@ -433,7 +446,8 @@ impl TokenStore for RedisTokenStore {
             .key(self.token_key(key))
             .arg(&claim.owner)
             .arg(claim.fence)
-            .arg(millis(self.policy.lease));
+            .arg(millis(self.policy.lease))
+            .arg(self.tombstone_ms());
         Ok(transition(self.run_flag("extend", key, invocation).await?))
     }
 
@@ -591,6 +605,10 @@ mod tests {
                 },
             ),
             (Value::Array(vec![bulk("missing")]), Reservation::Missing),
+            (
+                Value::Array(vec![bulk("unsettled")]),
+                Reservation::Unsettled,
+            ),
             // Through a proxy or RESP3 the same answers may come as status replies
             // and numbers as strings.
             (

@@ -27,6 +27,12 @@ pub enum Reservation {
     },
     /// `issued` mode only: never issued, expired, or already consumed.
     Missing,
+    /// `issued` mode only: the token's deadline passed while an attempt held it
+    /// (`processing`, its lease run out since). That attempt may have charged, or
+    /// its request may still land at the gateway: the store keeps the token as a
+    /// tombstone for the completed-token TTL, and the caller looks the charge up
+    /// instead of taking the token for missing. Nothing is reserved.
+    Unsettled,
 }
 
 /// Result of an owner-checked operation (confirm, restore, extend).

@@ -15,8 +15,8 @@ use super::inbound::{record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
 use crate::fault::FaultPoint;
 use crate::payment::{
-    record_unresolved_charge, Attempt, CommandContext, Outcome, PaymentCommand, Processor,
-    RejectionKind, SourcePosition,
+    record_unresolved_stake, Attempt, ChargeAtStake, ChargeEvidence, CommandContext, Outcome,
+    PaymentCommand, Processor, RejectionKind, SourcePosition,
 };
 use crate::retry::RetryPolicy;
 use crate::token::SettleWatch;
@@ -176,19 +176,31 @@ impl Handler {
         panics: u32,
         turn: Option<AnswerTurn>,
     ) -> Option<Answer> {
+        let key = record_key(message);
+        // A panic after the POST (or after a look-up found the charge) left the
+        // charge at stake with nobody to book it: say so, and remember the key.
+        let stake = key
+            .as_deref()
+            .and_then(|key| self.processor.charge_at_stake(key));
+        let mut reason = format!("panicked: handling this record panicked {panics} times");
+        let source = source_of(message);
+        if let Some(stake) = &stake {
+            reason.push_str("; a charge may exist that no payment row records");
+            self.remember_unresolved(stake, &source, &reason, panics)
+                .await;
+        }
         let outcome = Outcome::Rejected {
             kind: RejectionKind::Internal,
-            reason: format!("panicked: handling this record panicked {panics} times"),
+            reason,
         };
         let verdict = Verdict {
             outcome,
-            key: record_key(message),
+            key,
             attempts: panics,
-            // A panic is left to the lease, whose next owner looks the charge up.
-            charge_unknown: false,
+            charge_unknown: stake.is_some(),
         };
         // Not decoded again: whatever made it panic may be in the value.
-        self.answer(message, source_of(message), verdict, Instant::now(), turn)
+        self.answer(message, source, verdict, Instant::now(), turn)
             .await
     }
 
@@ -254,10 +266,6 @@ impl Handler {
         let started = Instant::now();
         let budget = self.retry.budget;
         let mut attempts = 0u32;
-        let context = CommandContext {
-            source: Some(source),
-            trace_id: None,
-        };
         // Whether an earlier attempt may have charged with no look-up resolving it.
         let charge_unknown = AtomicBool::new(false);
         // Set by an attempt that met another owner's lease: the backoff after it
@@ -266,6 +274,17 @@ impl Handler {
         let attempt = || {
             attempts += 1;
             async {
+                let earlier = charge_unknown.load(Ordering::Relaxed);
+                // The processor looks the charge up first after such an attempt.
+                let context = CommandContext {
+                    source: Some(source),
+                    trace_id: None,
+                    earlier: if earlier {
+                        ChargeEvidence::MayHaveCharged
+                    } else {
+                        ChargeEvidence::Unchanged
+                    },
+                };
                 let attempt = match self
                     .processor
                     .process_watching(command, &context, draining)
@@ -277,7 +296,6 @@ impl Handler {
                     }
                     None => None,
                 };
-                let earlier = charge_unknown.load(Ordering::Relaxed);
                 let (answer, may_have_charged) = judge(attempt, earlier);
                 charge_unknown.store(may_have_charged, Ordering::Relaxed);
                 answer
@@ -335,7 +353,7 @@ impl Handler {
                         Outcome::Rejected { reason, .. } => reason.as_str(),
                         _ => "the gateway charged and no payment row records it",
                     };
-                    self.remember_unresolved(command, source, reason, attempts)
+                    self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts)
                         .await;
                 }
                 Some((outcome, attempts, unbooked))
@@ -348,7 +366,7 @@ impl Handler {
             Err(_) if draining.is_cancelled() => {
                 if charge_unknown.load(Ordering::Relaxed) {
                     let reason = "handed over by a drain with the charge unknown";
-                    self.remember_unresolved(command, source, reason, attempts)
+                    self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts)
                         .await;
                 }
                 None
@@ -360,8 +378,13 @@ impl Handler {
                 );
                 let charge_unknown = charge_unknown.load(Ordering::Relaxed);
                 if charge_unknown {
-                    self.remember_unresolved(command, source, &reason, attempts)
-                        .await;
+                    self.remember_unresolved(
+                        &ChargeAtStake::of(command),
+                        source,
+                        &reason,
+                        attempts,
+                    )
+                    .await;
                 }
                 Some((
                     Outcome::Rejected {
@@ -381,7 +404,7 @@ impl Handler {
     /// against the ledger until a payment row books it.
     async fn remember_unresolved(
         &self,
-        command: &PaymentCommand,
+        command: &ChargeAtStake,
         source: &SourcePosition,
         reason: &str,
         attempts: u32,
@@ -396,7 +419,7 @@ impl Handler {
         let pool = self.processor.pool();
         // A slot like an attempt's: the connection it takes is not one a payment is owed.
         let _slot = self.processor.slot().await;
-        let record = || record_unresolved_charge(pool, command, source, reason, attempts);
+        let record = || record_unresolved_stake(pool, command, source, reason, attempts);
         let recorded = record
             .retry(
                 backon::ExponentialBuilder::default()
@@ -419,7 +442,6 @@ impl Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::payment::ChargeEvidence;
 
     fn token_missing() -> Option<Attempt> {
         Some(Attempt::Final(Outcome::Rejected {

@@ -135,9 +135,34 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: RESERVE_LUA,
         breaks: "reserve: the key outlives the lease (fence cannot restart mid-lease)",
-        from: "redis.call('PEXPIREAT', key, string.format('%d', math.max(expires_at, lease_until)))",
-        to: "redis.call('PEXPIREAT', key, string.format('%d', expires_at))",
+        from: "string.format('%d', math.max(expires_at, lease_until) + (tonumber(ARGV[5]) or 0)))",
+        to: "string.format('%d', expires_at + (tonumber(ARGV[5]) or 0)))",
         tests: &["token::redis::restore_keeps_original_ttl"],
+    },
+    // ---- Lua: issued mode, a token that expires while held is a tombstone.
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: an issued token expired while processing answers unsettled, not missing",
+        from: "      if status == 'processing' then\n        return {'unsettled'}\n      end\n",
+        to: "",
+        tests: &[
+            "token::redis::a_token_expired_while_held_is_unsettled_not_missing",
+            "gateway::unknown_outcomes::an_issued_token_that_expires_while_its_holder_was_killed_mid_post_is_not_answered_missing",
+        ],
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: an issued processing token outlives deadline and lease as a tombstone",
+        from: "math.max(expires_at, lease_until) + (tonumber(ARGV[5]) or 0)",
+        to: "math.max(expires_at, lease_until)",
+        tests: &["token::redis::a_token_expired_while_held_is_unsettled_not_missing"],
+    },
+    Mutant {
+        file: EXTEND_LUA,
+        breaks: "extend: a renewed issued token keeps its tombstone time",
+        from: "math.max(expires_at, lease_until) + (tonumber(ARGV[4]) or 0)",
+        to: "math.max(expires_at, lease_until)",
+        tests: &["token::redis::a_token_expired_while_held_is_unsettled_not_missing"],
     },
     // ---- Lua: schemes 1 and 2, issue.
     Mutant {
@@ -373,6 +398,22 @@ pub const MUTANTS: &[Mutant] = &[
         to: " WHERE key = $1 AND expires_at > now()\nRETURNING owner",
         tests: &["token::postgres::lock_and_release"],
     },
+    // ---- SQL: the issued-mode tombstone of the Postgres store.
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "UNSETTLED: the tombstone ends after the completed-token TTL",
+        from: "   AND GREATEST(expires_at, lease_expires_at) + $2::bigint * interval '1 millisecond' > now()\";",
+        to: "\";",
+        tests: &["token::postgres::a_token_expired_while_held_is_unsettled_not_missing"],
+    },
+    // ---- SQL of the payments table: a key in unresolved_charges is looked up first.
+    Mutant {
+        file: PAYMENT_SQL,
+        breaks: "the row insert reports a key in unresolved_charges (looked up before any POST)",
+        from: "EXISTS (SELECT 1 FROM unresolved_charges\n                         WHERE idempotency_key = $2) AS charge_unknown",
+        to: "false AS charge_unknown",
+        tests: &["gateway::unknown_outcomes::a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges_again"],
+    },
     // ---- SQL of the payments table: the unique key serialises two holders (I6).
     Mutant {
         file: PAYMENT_SQL,
@@ -390,10 +431,10 @@ pub const MUTANTS: &[Mutant] = &[
     },
     // ---- Processor checks the issue named (cargo-mutants does not generate these).
     Mutant {
-        file: CHARGING,
+        file: PROCESSOR,
         breaks: "look-up before charging when the reservation is not the first (fence > 1)",
-        from: "|| claim.fence > 1;",
-        to: "|| false;",
+        from: "(Remembered::Nothing, _) if claim.fence > 1 => ChargeHistory::Reserved,",
+        to: "(Remembered::Nothing, _) if false => ChargeHistory::Reserved,",
         tests: &[
             "payment::fencing::survivor_with_the_redis_token_store_does_not_commit",
             "payment::crashes::a_failure_after_each_step_then_a_retry_charges_once",
@@ -412,6 +453,30 @@ pub const MUTANTS: &[Mutant] = &[
         from: "(Ok(None), _) => Err(Settlement::Restore(retry_unknown(",
         to: "(Ok(None), _) => Err(Settlement::Restore(retry(",
         tests: &["gateway::unknown_charges::a_timed_out_charge_that_lands_after_its_token_vanished_is_booked_not_answered_missing"],
+    },
+    Mutant {
+        file: CHARGING,
+        breaks: "a 5xx after the POST leaves the charge unknown",
+        from: "Err(error @ GatewayError::FailedAfterSending { .. }) => Err(Settlement::Restore(\n                retry_unknown(",
+        to: "Err(error @ GatewayError::FailedAfterSending { .. }) => Err(Settlement::Restore(\n                retry(",
+        tests: &[
+            "gateway::unknown_outcomes::a_502_or_504_after_the_charge_with_look_ups_down_is_dead_lettered_with_the_charge_unknown",
+            "gateway::answers::every_gateway_answer_is_settled_without_a_second_charge",
+        ],
+    },
+    Mutant {
+        file: CHARGING,
+        breaks: "a look-up answer must name the key asked for",
+        from: "if found.idempotency_key != command.idempotency_key.as_str() {",
+        to: "if false {",
+        tests: &["gateway::unknown_outcomes::a_look_up_answering_another_amount_or_another_key_is_never_booked_and_flagged"],
+    },
+    Mutant {
+        file: PROCESSOR,
+        breaks: "a key in unresolved_charges, or after an attempt that may have charged, is looked up first",
+        from: "(Remembered::ChargeUnknown, _) | (_, ChargeEvidence::MayHaveCharged) => {",
+        to: "(Remembered::ChargeUnknown, _) | (_, ChargeEvidence::MayHaveCharged) if false => {",
+        tests: &["gateway::unknown_outcomes::a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges_again"],
     },
     // The fence check before COMMIT (I5): `extend` refused treated as fine.
     Mutant {

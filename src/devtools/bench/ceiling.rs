@@ -213,7 +213,7 @@ pub async fn postgres_ceiling(
             };
             let context = CommandContext {
                 source: Some(&source),
-                trace_id: None,
+                ..CommandContext::default()
             };
             let outcome = processor.process(&commands[n], &context).await;
             if let Attempt::Retry { reason, .. }

@@ -24,6 +24,11 @@ pub struct SimulatorConfig {
     #[arg(long, value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub timeout_after_charge_rate: f64,
 
+    /// Share of POSTs that charge, then answer 502 or 504 (half each), as a proxy
+    /// in front of a gateway that did its work does (0 to 1).
+    #[arg(long = "5xx-after-charge-rate", value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
+    pub five_xx_after_charge_rate: f64,
+
     /// How late a `--timeout-after-charge-rate` answer comes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub late_by_ms: u64,
@@ -51,6 +56,7 @@ impl Default for SimulatorConfig {
             error_rate: 0.0,
             decline_rate: 0.0,
             timeout_after_charge_rate: 0.0,
+            five_xx_after_charge_rate: 0.0,
             late_by_ms: 30_000,
             ignore_idempotency_key: false,
             seed: None,
@@ -65,6 +71,7 @@ impl SimulatorConfig {
             ("error-rate", self.error_rate),
             ("decline-rate", self.decline_rate),
             ("timeout-after-charge-rate", self.timeout_after_charge_rate),
+            ("5xx-after-charge-rate", self.five_xx_after_charge_rate),
         ] {
             anyhow::ensure!(
                 (0.0..=1.0).contains(&rate),
@@ -136,6 +143,8 @@ mod tests {
             "0.25",
             "--late-by-ms",
             "2000",
+            "--5xx-after-charge-rate",
+            "0.125",
             "--ignore-idempotency-key",
             "--seed",
             "7",
@@ -151,6 +160,7 @@ mod tests {
         assert_eq!(c.decline_rate, 1.0);
         assert_eq!(c.timeout_after_charge_rate, 0.25);
         assert_eq!(c.late_by_ms, 2000);
+        assert_eq!(c.five_xx_after_charge_rate, 0.125);
         assert!(c.ignore_idempotency_key);
         assert_eq!(c.seed, Some(7));
         assert_eq!(c.slow_keys.len(), 2);
@@ -164,6 +174,7 @@ mod tests {
         for bad in [
             vec!["sim", "--error-rate", "1.5"],
             vec!["sim", "--decline-rate", "-0.1"],
+            vec!["sim", "--5xx-after-charge-rate", "2"],
             vec!["sim", "--error-rate", "NaN"],
             vec!["sim", "--slow-key", "nokey"],
             vec!["sim", "--slow-key", "a b=10"],

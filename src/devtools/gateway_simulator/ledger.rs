@@ -43,7 +43,19 @@ pub(super) struct Shared {
 pub(super) enum Decision {
     Unavailable,
     Conflict,
-    Answer { charge: Charge, late: bool },
+    Answer { charge: Charge, delivery: Delivery },
+}
+
+/// How the answer to a POST that charged (or found its charge) is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Delivery {
+    /// At once (after `--slow-key`'s delay, if any).
+    OnTime,
+    /// After `--late-by-ms` more (`--timeout-after-charge-rate`).
+    Late,
+    /// Replaced by this 5xx (`--5xx-after-charge-rate`): the charge stands, the
+    /// client is told the request failed.
+    FailedAfterCharge(u16),
 }
 
 /// Length-prefixed, so no two different bodies hash alike by shifting characters
@@ -117,6 +129,25 @@ impl Shared {
         let fail = ledger.rng.random::<f64>() < config.error_rate;
         let decline = ledger.rng.random::<f64>() < config.decline_rate;
         let late = ledger.rng.random::<f64>() < config.timeout_after_charge_rate;
+        // Drawn only when asked for, so the runs seeded before this fault existed
+        // still draw the same faults and transaction ids.
+        let failed_after = if config.five_xx_after_charge_rate > 0.0 {
+            let draw = ledger.rng.random::<f64>();
+            (draw < config.five_xx_after_charge_rate).then(|| {
+                if draw < config.five_xx_after_charge_rate / 2.0 {
+                    502
+                } else {
+                    504
+                }
+            })
+        } else {
+            None
+        };
+        let delivery = match (failed_after, late) {
+            (Some(status), _) => Delivery::FailedAfterCharge(status),
+            (None, true) => Delivery::Late,
+            (None, false) => Delivery::OnTime,
+        };
         if fail {
             return Decision::Unavailable;
         }
@@ -132,7 +163,7 @@ impl Shared {
                 entry.public.attempts += 1;
                 return Decision::Answer {
                     charge: charge_of(&entry.public),
-                    late,
+                    delivery,
                 };
             }
         }
@@ -168,7 +199,7 @@ impl Shared {
             currency = %request.currency,
             "gateway-sim charged"
         );
-        Decision::Answer { charge, late }
+        Decision::Answer { charge, delivery }
     }
 
     pub(super) fn lookup(&self, key: &str) -> Option<LedgerEntry> {
@@ -198,6 +229,38 @@ fn charge_of(entry: &LedgerEntry) -> Charge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_5xx_after_charge_still_charges_once_and_answers_502_or_504() {
+        let config = SimulatorConfig {
+            five_xx_after_charge_rate: 1.0,
+            ..SimulatorConfig::default()
+        };
+        let shared = Shared::new(config, 7);
+        let request = ChargeRequest {
+            amount_minor: 100,
+            currency: "USD".into(),
+            payment_method: "pm_card_visa".into(),
+            payment_id: None,
+        };
+        let mut statuses = std::collections::HashSet::new();
+        for i in 0..40 {
+            let key = IdempotencyKey::try_from(format!("k{}", i % 4)).unwrap();
+            match shared.decide(&key, &request) {
+                Decision::Answer {
+                    delivery: Delivery::FailedAfterCharge(status),
+                    ..
+                } => {
+                    statuses.insert(status);
+                }
+                _ => panic!("every POST charges, then fails"),
+            }
+        }
+        assert_eq!(statuses, [502, 504].into_iter().collect());
+        let ledger = shared.snapshot(None);
+        assert_eq!(ledger.len(), 4, "one charge per key");
+        assert!(ledger.iter().all(|e| e.attempts == 10));
+    }
 
     #[test]
     fn seeded_runs_are_reproducible() {

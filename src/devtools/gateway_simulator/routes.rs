@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
-use super::ledger::{Decision, Shared};
+use super::ledger::{Decision, Delivery, Shared};
 use crate::gateway::{ChargeRequest, LedgerEntry};
 use crate::token::IdempotencyKey;
 
@@ -126,7 +126,7 @@ async fn post_charge(
             "this Idempotency-Key was first used with a different request body",
         )
         .into_response(),
-        Decision::Answer { charge, late } => {
+        Decision::Answer { charge, delivery } => {
             // The charge is already booked: a client that gives up while this
             // sleeps leaves a charge it has no answer for, as with a real gateway.
             let mut hold = shared
@@ -134,13 +134,22 @@ async fn post_charge(
                 .get(key.as_str())
                 .copied()
                 .unwrap_or_default();
-            if late {
+            if delivery == Delivery::Late {
                 hold += Duration::from_millis(shared.config.late_by_ms);
             }
             if !hold.is_zero() {
                 tokio::time::sleep(hold).await;
             }
-            Json(charge).into_response()
+            match delivery {
+                // A proxy in front of the gateway failed after passing the request on.
+                Delivery::FailedAfterCharge(status) => error(
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                    "upstream_failed",
+                    "injected fault: the request was passed on and its answer lost",
+                )
+                .into_response(),
+                Delivery::OnTime | Delivery::Late => Json(charge).into_response(),
+            }
         }
     }
 }

@@ -10,21 +10,29 @@ impl Processor {
         command: &PaymentCommand,
         payment_id: Uuid,
         lease: &Lease<'_>,
+        history: ChargeHistory,
     ) -> Result<Charge, Settlement> {
         let claim = lease.claim;
         let key = &command.idempotency_key;
-        let look_first = self.lookup == GatewayLookup::Always || claim.fence > 1;
+        let look_first = self.lookup == GatewayLookup::Always || history != ChargeHistory::Fresh;
         if look_first {
             // Nothing found says only that no charge shows yet: an earlier attempt's
             // request may still be queued inside the gateway. What earlier attempts
-            // learnt about a charge stands (`retry`, `ChargeEvidence::Unchanged`).
+            // learnt about a charge stands (`retry`, `ChargeEvidence::Unchanged`),
+            // except for a key given up on with its charge unknown: a look-up that
+            // cannot answer leaves that charge as unknown as it was.
             match self.gateway.lookup(key).await {
-                Ok(Some(found)) => return charge_for(found, command),
+                Ok(Some(found)) => {
+                    self.mark_at_stake(command);
+                    return charge_for(found, command);
+                }
                 Ok(None) => {}
                 Err(error) => {
-                    return Err(Settlement::Restore(retry(format!(
-                        "gateway look-up before charging failed: {error}"
-                    ))))
+                    let reason = format!("gateway look-up before charging failed: {error}");
+                    return Err(Settlement::Restore(match history {
+                        ChargeHistory::Unresolved => retry_unknown(reason),
+                        ChargeHistory::Fresh | ChargeHistory::Reserved => retry(reason),
+                    }));
                 }
             }
         }
@@ -57,6 +65,9 @@ impl Processor {
             }
         }
         let request = command.charge_request().for_payment(payment_id);
+        // From here until an attempt answers for good, a charge may exist: a panic
+        // before then leaves it marked for the record's dead letter.
+        self.mark_at_stake(command);
         match self.gateway.charge(key, &request).await {
             Ok(charge) => Ok(charge),
             Err(
@@ -64,6 +75,13 @@ impl Processor {
                 | GatewayError::UnreadableAnswer(_)
                 | GatewayError::InFlight),
             ) => self.resolve_unknown(command, &cause).await,
+            // A 5xx after the request was sent may have charged (Stripe's rule). The
+            // token is restored and the retry backs off; its reservation (fence + 1)
+            // looks the charge up before any POST, and should the budget run out
+            // first, the dead letter and `unresolved_charges` say the charge is unknown.
+            Err(error @ GatewayError::FailedAfterSending { .. }) => Err(Settlement::Restore(
+                retry_unknown(format!("gateway: {error}")),
+            )),
             Err(GatewayError::Rejected { status: 422, .. }) => {
                 Err(Settlement::Restore(key_reused().into()))
             }
@@ -153,15 +171,48 @@ impl Processor {
     }
 }
 
-/// A charge found by key counts for `command` only when it was made for the same
-/// amount and currency; otherwise the key was reused and nothing may be booked.
+/// A charge found by key, checked: settled as [`checked_charge`] says.
 pub(super) fn charge_for(
     found: LedgerEntry,
     command: &PaymentCommand,
 ) -> Result<Charge, Settlement> {
-    if found.matches(&command.charge_request()) {
-        Ok(found.charge())
+    checked_charge(found, command).map_err(Settlement::Restore)
+}
+
+/// A look-up's answer counts for `command` only when it names the key asked for
+/// and was made for the command's amount and currency. Anything else is never
+/// booked, and never taken for a reused key either (the gateway holds a charge
+/// under the key that no row will record): `internal` (`gateway_charge_mismatch`),
+/// answered as unbooked, so the dead letter says the charge is unknown and
+/// `unresolved_charges` keeps the key for `audit`.
+pub(super) fn checked_charge(
+    found: LedgerEntry,
+    command: &PaymentCommand,
+) -> Result<Charge, Attempt> {
+    let request = command.charge_request();
+    let mismatch = if found.idempotency_key != command.idempotency_key.as_str() {
+        // The other key is not repeated: a gateway's key could be anything.
+        "the look-up answered with a charge made under another idempotency key".to_owned()
+    } else if !found.matches(&request) {
+        format!(
+            "the gateway's charge under this key is for {} {}, the command asks {} {}",
+            found.amount_minor,
+            // The gateway's text, shown to operators: short, and never a card number.
+            crate::redaction::mask_card_numbers(
+                &found.currency.chars().take(8).collect::<String>()
+            ),
+            request.amount_minor,
+            request.currency
+        )
     } else {
-        Err(Settlement::Restore(key_reused().into()))
-    }
+        return Ok(found.charge());
+    };
+    tracing::error!(
+        idempotency_key = %command.idempotency_key,
+        "the gateway's answer to a look-up does not match the command; nothing booked"
+    );
+    Err(Attempt::Unbooked(Outcome::Rejected {
+        kind: RejectionKind::Internal,
+        reason: format!("gateway_charge_mismatch: {mismatch}"),
+    }))
 }

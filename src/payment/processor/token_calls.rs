@@ -40,6 +40,7 @@ pub(super) fn verdict_label(reservation: &Reservation) -> &'static str {
         Reservation::InFlight { .. } => "in_flight",
         Reservation::Completed { .. } => "completed",
         Reservation::Missing => "missing",
+        Reservation::Unsettled => "unsettled",
     }
 }
 

@@ -1,9 +1,10 @@
 -- reserve (scheme 3): pending, or processing with an expired lease, becomes processing
 -- for ARGV[1] under fence + 1; an unknown key is created (implicit) or reported missing.
 -- KEYS[1] token hash; ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' implicit / '0' issued,
--- ARGV[4] ttl ms of an implicitly created token.
+-- ARGV[4] ttl ms of an implicitly created token, ARGV[5] ms a processing token outlives
+-- its deadline and lease as a tombstone (issued mode: the completed TTL; else 0).
 -- Returns {'reserved', fence} | {'inflight', lease_left_ms} |
---         {'completed', payment_id, fingerprint} | {'missing'}.
+--         {'completed', payment_id, fingerprint} | {'missing'} | {'unsettled'}.
 local key = KEYS[1]
 local owner = ARGV[1]
 local implicit = ARGV[3] == '1'
@@ -47,6 +48,12 @@ else
   -- The token's own life is over; it only lingered because a lease ran past it.
   if expires_at <= now then
     if not implicit then
+      -- Issued: it expired while an attempt held it. That attempt may have charged,
+      -- or its request may still land: the tombstone is left as it is, and the
+      -- caller looks the charge up instead of taking the token for missing.
+      if status == 'processing' then
+        return {'unsettled'}
+      end
       return {'missing'}
     end
     expires_at = now + tonumber(ARGV[4])
@@ -59,6 +66,8 @@ redis.call('HSET', key, 'status', 'processing', 'owner', owner,
   'lease_until_ms', string.format('%d', lease_until),
   'expires_at_ms', string.format('%d', expires_at))
 -- expires_at_ms keeps the token's own deadline for restore; the key itself must
--- outlive the lease, or the fence would restart from nothing mid-reservation.
-redis.call('PEXPIREAT', key, string.format('%d', math.max(expires_at, lease_until)))
+-- outlive the lease, or the fence would restart from nothing mid-reservation, and in
+-- issued mode the tombstone time after both (restore and confirm set their own).
+redis.call('PEXPIREAT', key,
+  string.format('%d', math.max(expires_at, lease_until) + (tonumber(ARGV[5]) or 0)))
 return {'reserved', fence}

@@ -171,6 +171,9 @@ enum Expect {
     Booked,
     /// Nothing booked, token restored; the retry looks up, POSTs, books.
     RestoredThenCharged(ChargeEvidence),
+    /// Charged, then answered 5xx: nothing booked, the token restored, the charge
+    /// unknown; the retry looks it up and books it without a second POST.
+    RestoredThenBooked,
     /// Final refusal, token restored, nothing charged.
     Refused(RejectionKind),
 }
@@ -195,8 +198,20 @@ async fn every_gateway_answer_is_settled_without_a_second_charge() {
         ("c405", Refuse(405), unchanged),
         ("c408", Refuse(408), unchanged),
         ("c429", Refuse(429), unchanged),
-        ("c500", Refuse(500), unchanged),
-        ("c503", Refuse(503), unchanged),
+        // A 5xx once the request was sent may have charged (a proxy failed after
+        // the gateway's work): unknown, restored, looked up before any POST.
+        (
+            "c500",
+            Refuse(500),
+            Expect::RestoredThenCharged(ChargeEvidence::MayHaveCharged),
+        ),
+        (
+            "c503",
+            Refuse(503),
+            Expect::RestoredThenCharged(ChargeEvidence::MayHaveCharged),
+        ),
+        ("c502-charged", ChargeThen(502), Expect::RestoredThenBooked),
+        ("c504-charged", ChargeThen(504), Expect::RestoredThenBooked),
         // The gateway decided but its answer cannot be read: unknown, looked up.
         ("c200-garbled", ChargeThenGarbledBody, Expect::Booked),
         ("c200-cut", ChargeThenCutBody, Expect::Booked),
@@ -230,6 +245,32 @@ async fn every_gateway_answer_is_settled_without_a_second_charge() {
                 let second = once(&processor, &cmd).await;
                 rig.assert_booked_once(key, &final_outcome(second)).await;
                 assert_eq!(rig.front.posts_seen(key), 2, "{key}: refused, then charged");
+            }
+            Expect::RestoredThenBooked => {
+                assert!(
+                    matches!(
+                        &first,
+                        Attempt::Retry {
+                            charge: ChargeEvidence::MayHaveCharged,
+                            ..
+                        }
+                    ),
+                    "{key}: {first:?}"
+                );
+                assert_eq!(rig.ledger_for(key).len(), 1, "{key}: charged");
+                assert!(rig.rows(key).await.is_empty(), "{key}: nothing booked");
+                assert_eq!(
+                    rig.token(key).await.state,
+                    TokenState::Pending,
+                    "{key}: restored"
+                );
+                let second = once(&processor, &cmd).await;
+                rig.assert_booked_once(key, &final_outcome(second)).await;
+                assert_eq!(
+                    rig.front.posts_seen(key),
+                    1,
+                    "{key}: booked from the look-up"
+                );
             }
             Expect::Refused(kind) => {
                 match &first {

@@ -8,3 +8,4 @@ mod sim_binary;
 mod simulator;
 mod stripe;
 mod unknown_charges;
+mod unknown_outcomes;

@@ -69,9 +69,11 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
     let unknown = "xu-unknown";
     front.script(unknown, &[PostAnswer::ChargeThenGarbledBody]);
     front.lookups_down(unknown, true);
-    // Refused every time, charged never: exhausted too, but nothing is unknown.
+    // Refused every time, charged never (429: the gateway says it did not take the
+    // request; a 5xx would leave the charge unknown): exhausted too, but nothing is
+    // unknown.
     let down = "xu-down";
-    front.script(down, &[PostAnswer::Refuse(503); 500]);
+    front.script(down, &[PostAnswer::Refuse(429); 500]);
 
     let retry = RetryPolicy {
         min_delay: Duration::from_millis(50),

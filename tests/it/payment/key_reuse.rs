@@ -175,7 +175,8 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
     assert_duplicate_of(&final_outcome(again), payment_id);
 
     // The gateway holds a charge under the key, made for another request (another
-    // amount): it is never booked as this command's payment.
+    // amount): it is never booked as this command's payment, nor taken for a reused
+    // key: the charge no row will record is flagged (`gateway_charge_mismatch`).
     let earlier_cmd = command("charged-otherwise", 800, "pm_card_visa");
     rig.gateway
         .charge(&earlier_cmd.idempotency_key, &earlier_cmd.charge_request())
@@ -189,11 +190,11 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
         .await;
     assert!(
         matches!(
-            outcome,
-            Attempt::Final(Outcome::Rejected {
-                kind: RejectionKind::KeyReused,
-                ..
-            })
+            &outcome,
+            Attempt::Unbooked(Outcome::Rejected {
+                kind: RejectionKind::Internal,
+                reason,
+            }) if reason.starts_with("gateway_charge_mismatch")
         ),
         "{outcome:?}"
     );

@@ -107,10 +107,11 @@ async fn a_worker_that_lost_its_lease_during_the_charge_does_not_commit() {
     );
 }
 
-/// A key used again with another request is `key_reused`, never booked.
-/// When the first request charged and crashed before recording, the look-up that
-/// a later reservation (fence > 1) makes returns only `{transaction_id, status}`,
-/// so the processor records that charge under the second request's amount.
+/// A key used again with another request while the first request's charge is
+/// unbooked (it charged and crashed before recording) is never booked: the look-up
+/// that a later reservation (fence > 1) makes finds a charge for another amount,
+/// which is `internal` (`gateway_charge_mismatch`), flagged, never `key_reused` nor
+/// a row claiming an amount the gateway did not charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_key_after_a_crash_after_charge_is_rejected() {
     let rig = Rig::new(SimulatorConfig::default(), short_lease()).await;
@@ -127,11 +128,11 @@ async fn a_reused_key_after_a_crash_after_charge_is_rejected() {
     let (second, _) = until_final(&rig.processor("b"), &command(key, 20_000, "pm_card_visa")).await;
     assert!(
         matches!(
-            second,
+            &second,
             Outcome::Rejected {
-                kind: RejectionKind::KeyReused,
-                ..
-            }
+                kind: RejectionKind::Internal,
+                reason,
+            } if reason.starts_with("gateway_charge_mismatch")
         ),
         "{second:?}"
     );

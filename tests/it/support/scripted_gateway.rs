@@ -38,8 +38,22 @@ pub enum PostAnswer {
     ChargeLate(Duration),
 }
 
+/// How the front changes the ledger's answer to a look-up (a gateway, or a proxy or
+/// cache in front of it, that answers with the wrong charge).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookupAnswer {
+    /// The charge with this amount instead of its own.
+    Amount(i64),
+    /// The charge with this currency instead of its own.
+    Currency(&'static str),
+    /// The charge as if it had been made under this key.
+    Key(&'static str),
+}
+
 #[derive(Default)]
 struct Script {
+    /// Keys whose look-ups that find a charge are altered so.
+    lookups_altered: HashMap<String, LookupAnswer>,
     posts: HashMap<String, VecDeque<PostAnswer>>,
     /// Keys whose look-ups are answered 503.
     lookups_down: HashSet<String>,
@@ -132,6 +146,12 @@ impl ScriptedGateway {
             key,
             hidden,
         );
+    }
+
+    /// Look-ups for `key` that find a charge answer it altered by `answer`.
+    pub fn lookups_altered(&self, key: &str, answer: LookupAnswer) {
+        let mut script = self.front.script.lock().unwrap();
+        script.lookups_altered.insert(key.to_owned(), answer);
     }
 
     pub fn lookups_seen(&self, key: &str) -> usize {
@@ -238,7 +258,7 @@ async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes
 }
 
 async fn lookup(State(front): State<Arc<Front>>, Path(key): Path<String>) -> Response {
-    {
+    let altered = {
         let mut script = front.script.lock().unwrap();
         *script.lookups_seen.entry(key.clone()).or_default() += 1;
         if script.lookups_down.contains(&key) {
@@ -247,8 +267,33 @@ async fn lookup(State(front): State<Arc<Front>>, Path(key): Path<String>) -> Res
         if script.lookups_hidden.contains(&key) {
             return (StatusCode::NOT_FOUND, r#"{"error":"not found"}"#).into_response();
         }
+        script.lookups_altered.get(&key).cloned()
+    };
+    let Some(altered) = altered else {
+        return relay_get(&front, &format!("{}/charges/{key}", front.ledger_url)).await;
+    };
+    let relayed = front
+        .http
+        .get(format!("{}/charges/{key}", front.ledger_url))
+        .send()
+        .await
+        .unwrap();
+    let code = relayed.status().as_u16();
+    let mut entry: serde_json::Value = match relayed.json().await {
+        Ok(entry) if code == 200 => entry,
+        _ => return (status(code), r#"{"error":"not found"}"#).into_response(),
+    };
+    match altered {
+        LookupAnswer::Amount(amount) => entry["amount_minor"] = amount.into(),
+        LookupAnswer::Currency(currency) => entry["currency"] = currency.into(),
+        LookupAnswer::Key(other) => entry["idempotency_key"] = other.into(),
     }
-    relay_get(&front, &format!("{}/charges/{key}", front.ledger_url)).await
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        entry.to_string(),
+    )
+        .into_response()
 }
 
 async fn whole_ledger(State(front): State<Arc<Front>>) -> Response {

@@ -211,6 +211,11 @@ async fn missing_expired_consumed(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn a_token_expired_while_held_is_unsettled_not_missing(pool: PgPool) {
+    contract::a_token_expired_while_held_is_unsettled_not_missing(&PgBackend::over(pool)).await;
+}
+
+#[sqlx::test]
 async fn consume_only_pending(pool: PgPool) {
     contract::consume_only_pending(&PgBackend::over(pool)).await;
 }

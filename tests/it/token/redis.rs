@@ -184,6 +184,11 @@ async fn missing_expired_consumed() {
 }
 
 #[tokio::test]
+async fn a_token_expired_while_held_is_unsettled_not_missing() {
+    contract::a_token_expired_while_held_is_unsettled_not_missing(&RedisBackend::new().await).await;
+}
+
+#[tokio::test]
 async fn consume_only_pending() {
     contract::consume_only_pending(&RedisBackend::new().await).await;
 }

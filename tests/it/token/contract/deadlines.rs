@@ -235,6 +235,57 @@ pub async fn missing_expired_consumed(backend: &dyn Backend) {
     );
 }
 
+/// Issued mode: a token whose deadline passes while an attempt holds it, and whose
+/// lease then runs out, stays as a tombstone for the completed-token TTL. Its
+/// holder may have charged, or its request may still land: reserve answers
+/// `Unsettled` (never `Missing`) and takes nothing, a purge keeps it, and only
+/// after the tombstone's time is it missing. One token is renewed by `extend`
+/// before it lapses, one is not: each script that sets the key's life keeps it.
+pub async fn a_token_expired_while_held_is_unsettled_not_missing(backend: &dyn Backend) {
+    let store = backend
+        .store(policy(TokenMode::Issued, 300, 60_000, 2_000))
+        .await;
+    let renewed = key("unsettled-renewed");
+    let plain = key("unsettled-plain");
+    for k in [&renewed, &plain] {
+        store.issue(k, Duration::from_millis(200)).await.unwrap();
+    }
+    let claim = Claim {
+        owner: "w".into(),
+        fence: reserved_fence(store.reserve(&renewed, "w").await.unwrap()),
+    };
+    reserved_fence(store.reserve(&plain, "w").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        store.extend(&renewed, &claim).await.unwrap(),
+        Transition::Applied
+    );
+    // Deadline (200 ms) and lease (300 ms after the last renewal) both passed.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    store.purge_expired(1_000).await.unwrap();
+    for k in [&renewed, &plain] {
+        assert_eq!(
+            store.reserve(k, "w2").await.unwrap(),
+            Reservation::Unsettled,
+            "{k}: expired while held, its charge is unknown"
+        );
+        assert_eq!(
+            store.reserve(k, "w3").await.unwrap(),
+            Reservation::Unsettled,
+            "{k}: nothing was taken"
+        );
+    }
+    // The tombstone's time (2 s after deadline and lease) runs out.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    for k in [&renewed, &plain] {
+        assert_eq!(
+            store.reserve(k, "w4").await.unwrap(),
+            Reservation::Missing,
+            "{k}"
+        );
+    }
+}
+
 /// Consume takes only a live pending token.
 pub async fn consume_only_pending(backend: &dyn Backend) {
     let store = backend

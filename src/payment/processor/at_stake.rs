@@ -1,0 +1,53 @@
+//! What a panic must not lose: the charge an attempt may have made (its POST sent,
+//! or a look-up found it) until an attempt for the key answers for good.
+
+use std::sync::{MutexGuard, PoisonError};
+
+use super::*;
+
+/// A charge that may exist for a key while no attempt has settled it: kept from
+/// right before the POST (or from a look-up that found a charge) until an attempt
+/// for the key ends with a final answer. Only a panic leaves it behind, and the
+/// record given up on after its panics is then marked as possibly charged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeAtStake {
+    /// The command's key.
+    pub idempotency_key: IdempotencyKey,
+    /// Amount asked for, in minor units.
+    pub amount_minor: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+}
+
+impl ChargeAtStake {
+    /// What is kept of `command` while its charge is at stake.
+    pub fn of(command: &PaymentCommand) -> Self {
+        Self {
+            idempotency_key: command.idempotency_key.clone(),
+            amount_minor: command.amount_minor,
+            currency: command.currency.clone(),
+        }
+    }
+}
+
+impl Processor {
+    /// The charge that may exist for `key` after attempts that never ended (a panic
+    /// after the POST). It stays listed until an attempt for the key answers for
+    /// good: in exactly-once mode a dead letter given up on after panics may be
+    /// aborted with its transaction and given up on again, flagged again.
+    pub fn charge_at_stake(&self, key: &str) -> Option<ChargeAtStake> {
+        self.stakes().get(key).cloned()
+    }
+
+    pub(super) fn stakes(&self) -> MutexGuard<'_, HashMap<String, ChargeAtStake>> {
+        // Only inserts and removes happen under the lock: a poisoned map is whole.
+        self.at_stake.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// From here on a charge may exist for `command` that no row records.
+    pub(super) fn mark_at_stake(&self, command: &PaymentCommand) {
+        let stake = ChargeAtStake::of(command);
+        self.stakes()
+            .insert(stake.idempotency_key.as_str().to_owned(), stake);
+    }
+}
