@@ -16,7 +16,7 @@ use crate::configuration::KafkaSettings;
 use crate::payment::RejectionKind;
 use crate::worker::{
     base_config, create_client, producer_config, without_dead_letter_headers, CHARGE_UNKNOWN,
-    ERROR_KIND, ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+    ERROR_KIND, KEY_SHA256, ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
 };
 
 /// `payment-worker dlq redrive`: which dead letters, how many.
@@ -267,12 +267,19 @@ fn redriven_headers(record: &rdkafka::message::OwnedMessage) -> Option<OwnedHead
     ))
 }
 
-/// The dead letter carries a masked or dropped value instead of the original.
+/// The dead letter carries a masked or dropped value instead of the original, or a
+/// masked key (`x-key-sha256`: its key held a card number, and without it the
+/// value's own key would decide).
 fn is_altered(record: &rdkafka::message::OwnedMessage) -> bool {
     record.headers().is_some_and(|headers| {
-        [PAYLOAD_REDACTED, PAYLOAD_DROPPED, ORIGINAL_DROPPED]
-            .iter()
-            .any(|name| crate::kafka_headers::last_value(headers, name).is_some())
+        [
+            PAYLOAD_REDACTED,
+            PAYLOAD_DROPPED,
+            ORIGINAL_DROPPED,
+            KEY_SHA256,
+        ]
+        .iter()
+        .any(|name| crate::kafka_headers::last_value(headers, name).is_some())
     })
 }
 

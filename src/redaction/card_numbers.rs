@@ -127,19 +127,28 @@ pub fn mask_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
     mask_runs(value, card_runs(value, usize::MAX))
 }
 
-/// The groupings cards print their numbers in: 4-4-4-4-3 (19 digits), 4-4-4-4
-/// (most), 4-6-5 (American Express), 4-6-4 (Diners Club).
-const PRINTED_GROUPINGS: [&[usize]; 4] = [&[4, 4, 4, 4, 3], &[4, 4, 4, 4], &[4, 6, 5], &[4, 6, 4]];
+/// The digits a group of a written card number holds: cards print theirs in
+/// groups of three to six (4-4-4-4, 4-4-4-4-3, 4-6-5, 4-6-4, 3-4-4-4-…).
+const PRINTED_GROUP: std::ops::RangeInclusive<usize> = 3..=6;
 
 /// `value` with the digits of every card number written as cards print them
-/// masked like [`mask_card_numbers`] does: one unbroken run of 13–19 digits, or the
-/// [`PRINTED_GROUPINGS`] separated by single dashes or spaces, passing Luhn.
+/// masked like [`mask_card_numbers`] does: one unbroken run of 13–19 digits, or
+/// groups of three to six digits separated by single dashes or spaces, 13–19
+/// digits in all, passing Luhn.
 ///
-/// For identifiers (idempotency keys) in log lines and spans, where the broad
-/// rule of [`mask_card_numbers`], any run of digit groups, would mask one
-/// "ord-20260115-00000008" in ten: an order, not a card, that operators grep for.
+/// The identifier rule: for idempotency keys, which a key holding such a number is
+/// refused as (`card_number_as_key`), and which log lines and spans show masked by
+/// it. The broad rule of [`mask_card_numbers`], any run of digit groups, would
+/// refuse one "ord-20260115-00000008" in ten: an order, not a card, that operators
+/// grep for.
 pub fn mask_printed_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
     mask_runs(value, printed_card_runs(value))
+}
+
+/// Whether `value` holds a card number by the identifier rule of
+/// [`mask_printed_card_numbers`].
+pub fn contains_printed_card_number(value: &str) -> bool {
+    !printed_card_runs(value).is_empty()
 }
 
 fn printed_card_runs(value: &str) -> Vec<std::ops::Range<usize>> {
@@ -176,16 +185,21 @@ fn printed_card_runs(value: &str) -> Vec<std::ops::Range<usize>> {
             next += 1;
             continue;
         }
-        let printed = PRINTED_GROUPINGS.iter().find_map(|lengths| {
-            let window = groups.get(next..next + lengths.len())?;
-            let shaped = window
-                .iter()
-                .zip(lengths.iter())
-                .all(|(g, l)| g.len() == *l);
-            let joined = window.windows(2).all(|pair| {
-                pair[1].start == pair[0].end + 1 && matches!(bytes[pair[0].end], b'-' | b' ')
-            });
-            (shaped && joined && luhn_valid(&digits_of(window)))
+        // The longest run of joined printed groups from here that is a card.
+        let mut end = next;
+        while end < groups.len()
+            && PRINTED_GROUP.contains(&groups[end].len())
+            && (end == next || {
+                let (before, this) = (&groups[end - 1], &groups[end]);
+                this.start == before.end + 1 && matches!(bytes[before.end], b'-' | b' ')
+            })
+        {
+            end += 1;
+        }
+        let printed = (next + 2..=end).rev().find_map(|last| {
+            let window = &groups[next..last];
+            let digits = digits_of(window);
+            ((13..=19).contains(&digits.len()) && luhn_valid(&digits))
                 .then(|| (window[0].start..window[window.len() - 1].end, window.len()))
         });
         match printed {
@@ -284,6 +298,10 @@ mod tests {
             ("pay-3782-822463-10005", "pay-****-******-*0005"),
             ("4111-1111-1111-1111-7", "****-****-****-1111-7"),
             ("ord-20260115-00000008", "ord-20260115-00000008"),
+            // Any printed grouping, not only the common ones.
+            ("x 411-1111-1111-11111 y", "x ***-****-****-*1111 y"),
+            ("5500 0000 0000 0004", "**** **** **** 0004"),
+            ("4111-1111-1111-1112", "4111-1111-1111-1112"),
             ("ord-2026-000123", "ord-2026-000123"),
             ("1234567890123", "1234567890123"),
         ] {

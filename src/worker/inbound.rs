@@ -73,6 +73,14 @@ pub fn source_of(message: &OwnedMessage) -> SourcePosition {
 
 /// Parses the record value and checks it against the record key.
 fn decode(message: &OwnedMessage) -> Result<PaymentCommand, Undecodable> {
+    // First: whatever else is wrong with the record, its key is echoed on its
+    // answer, and one that holds a card number is refused for that.
+    if message
+        .key()
+        .is_some_and(crate::redaction::key_holds_card_number)
+    {
+        return Err(Undecodable::Command(InvalidCommand::CardNumberAsKey));
+    }
     let command = PaymentCommand::parse(message.payload().unwrap_or_default())
         .map_err(Undecodable::Command)?;
     if let Some(key) = message.key() {

@@ -51,11 +51,19 @@ pub const ORIGINAL_SIZE: &str = "x-original-size";
 /// record was left out (`key,headers`).
 pub const ORIGINAL_DROPPED: &str = "x-original-dropped";
 
+/// On a dead letter or result whose record key is not echoed as it came (it held a
+/// card number and is masked, or it was too large for a result): the hex SHA-256 of
+/// the key as it came, to correlate.
+pub const KEY_SHA256: &str = "x-key-sha256";
+/// On a dead letter: the producer's headers that held a card number (in name or
+/// value) and were masked, by their masked names, comma-separated.
+pub const HEADERS_REDACTED: &str = "x-headers-redacted";
+
 /// The headers this worker writes on a dead letter; a redrive strips them again,
 /// and a dead letter never carries a client's own copy of one (in any letter
 /// case): a `x-payload-dropped` sent with a command would make `dlq redrive` pass
 /// its dead letter over as altered.
-const DEAD_LETTER_HEADERS: [&str; 11] = [
+const DEAD_LETTER_HEADERS: [&str; 13] = [
     ERROR_KIND,
     ERROR_REASON,
     SOURCE_TOPIC,
@@ -67,6 +75,8 @@ const DEAD_LETTER_HEADERS: [&str; 11] = [
     PAYLOAD_DROPPED,
     ORIGINAL_SIZE,
     ORIGINAL_DROPPED,
+    KEY_SHA256,
+    HEADERS_REDACTED,
 ];
 
 /// A record's headers, names kept as raw bytes, without the dead-letter headers

@@ -1,6 +1,7 @@
 //! The Kafka consumer-group worker (invariant I3: offsets move only past finished commands).
 mod answer_order;
 mod consumer;
+mod echo;
 mod handler;
 mod health;
 mod inbound;
@@ -27,7 +28,7 @@ pub use kafka::{
 };
 pub use messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
-    ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+    HEADERS_REDACTED, KEY_SHA256, ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
 };
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;

@@ -1,6 +1,7 @@
-//! Exactly-once mode: dead letters the brokers refused as too large, remembered by
-//! the position of their command until a transaction commits past it, so that the
-//! command's next answer starts from a form that fits.
+//! Exactly-once mode: dead letters and results the brokers refused as too large,
+//! remembered by the position of their command until a transaction commits past it,
+//! so that the command's next answer starts from a form that fits (a smaller dead
+//! letter; a result without the record key it echoes).
 //!
 //! In at-least-once mode the smaller form follows the refused one at once. In
 //! exactly-once mode it cannot: a record the broker refuses leaves the open
@@ -43,10 +44,14 @@ impl LetterForm {
     }
 }
 
-/// The form each refused command's dead letter must start from, until committed.
+/// The form each refused command's dead letter must start from, and the commands
+/// whose result the broker refused with its key, until committed.
 #[derive(Default)]
 pub(super) struct Oversized {
     refused: Mutex<Vec<(SourcePosition, LetterForm)>>,
+    /// A result is small but echoes the record key, which may be as large as the
+    /// commands topic takes: refused keyed, it goes out unkeyed (with the key's hash).
+    unkeyed_results: Mutex<Vec<SourcePosition>>,
 }
 
 impl Oversized {
@@ -68,29 +73,51 @@ impl Oversized {
         }
     }
 
+    /// Whether the result of the command at `source` goes out without its key.
+    pub(super) fn result_unkeyed(&self, source: &SourcePosition) -> bool {
+        lock(&self.unkeyed_results).contains(source)
+    }
+
+    /// The result of the command at `source` was refused with its key; from now on
+    /// it goes out without.
+    pub(super) fn remember_result_unkeyed(&self, source: &SourcePosition) {
+        let mut unkeyed = lock(&self.unkeyed_results);
+        if !unkeyed.contains(source) {
+            unkeyed.push(source.clone());
+        }
+    }
+
     /// A transaction committed these partitions' offsets (the next offset to read):
     /// the commands before them are answered for good.
     pub(super) fn committed(&self, offsets: &HashMap<PartitionId, i64>) {
-        self.lock().retain(|(at, _)| {
+        let pending = |at: &SourcePosition| {
             offsets
                 .iter()
                 .find(|((topic, partition), _)| *topic == at.topic && *partition == at.partition)
                 .is_none_or(|(_, next)| at.offset >= *next)
-        });
+        };
+        self.lock().retain(|(at, _)| pending(at));
+        lock(&self.unkeyed_results).retain(pending);
     }
 
     /// These partitions went to other members.
     pub(super) fn forget(&self, ids: &[PartitionId]) {
-        self.lock().retain(|(at, _)| {
+        let kept = |at: &SourcePosition| {
             !ids.iter()
                 .any(|(topic, partition)| *topic == at.topic && *partition == at.partition)
-        });
+        };
+        self.lock().retain(|(at, _)| kept(at));
+        lock(&self.unkeyed_results).retain(kept);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SourcePosition, LetterForm)>> {
-        // A panic elsewhere while holding it leaves a list that is still whole.
-        self.refused.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.refused)
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere while holding it leaves a list that is still whole.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
@@ -125,6 +152,23 @@ mod tests {
         assert_eq!(LetterForm::Whole.smaller(), Some(LetterForm::WithoutValue));
         assert_eq!(LetterForm::WithoutValue.smaller(), Some(LetterForm::Bare));
         assert_eq!(LetterForm::Bare.smaller(), None);
+    }
+
+    #[test]
+    fn a_result_refused_with_its_key_goes_unkeyed_until_a_commit_passes_it() {
+        let oversized = Oversized::default();
+        oversized.remember_result_unkeyed(&at(0, 5));
+        oversized.remember_result_unkeyed(&at(1, 5));
+        assert!(oversized.result_unkeyed(&at(0, 5)));
+        assert!(!oversized.result_unkeyed(&at(0, 6)));
+        assert_eq!(oversized.first_form(&at(0, 5)), LetterForm::Whole);
+        oversized.committed(&HashMap::from([((TOPIC.to_owned(), 0), 5)]));
+        assert!(oversized.result_unkeyed(&at(0, 5)), "not passed yet");
+        oversized.committed(&HashMap::from([((TOPIC.to_owned(), 0), 6)]));
+        assert!(!oversized.result_unkeyed(&at(0, 5)));
+        assert!(oversized.result_unkeyed(&at(1, 5)));
+        oversized.forget(&[(TOPIC.to_owned(), 1)]);
+        assert!(!oversized.result_unkeyed(&at(1, 5)));
     }
 
     #[test]

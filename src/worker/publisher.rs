@@ -14,9 +14,10 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tracing::Instrument;
 
+use super::echo::{key_sha256, redact_headers, EchoedKey};
 use super::messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
-    ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED, SOURCE_OFFSET,
+    KEY_SHA256, ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED, SOURCE_OFFSET,
     SOURCE_PARTITION, SOURCE_TOPIC,
 };
 use super::oversized::LetterForm;
@@ -30,8 +31,34 @@ use crate::payment::{
 fn is_too_large(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::MessageBatchTooLarge
+        )
     )
+}
+
+/// Whether the brokers refuse a produced record for good: no retry, no abort and
+/// redo can get it accepted (its size aside, which a smaller form answers). The
+/// refusals of authorisation and of a fenced producer, and a broker's record
+/// validation: a record it calls invalid (a key missing on a compacted topic, a
+/// timestamp outside its window, a policy), or a format or compression it does not
+/// take. Retried, each would stall the worker forever while it looked healthy.
+fn is_refused_for_good(error: &KafkaError) -> bool {
+    super::supervision::is_fatal_broker_error(error)
+        || matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::InvalidRecord
+                    | RDKafkaErrorCode::InvalidTimestamp
+                    | RDKafkaErrorCode::InvalidRequiredAcks
+                    | RDKafkaErrorCode::InvalidTopic
+                    | RDKafkaErrorCode::PolicyViolation
+                    | RDKafkaErrorCode::UnsupportedForMessageFormat
+                    | RDKafkaErrorCode::UnsupportedCompressionType
+            )
+        )
 }
 
 /// A command's final outcome and what its answer needs besides the original record.
@@ -63,10 +90,11 @@ pub struct DeadLetter<'a> {
 }
 
 /// The original headers plus the dead-letter headers. Headers from an earlier
-/// dead-lettering are replaced, so a redriven record does not carry stale ones.
+/// dead-lettering are replaced, so a redriven record does not carry stale ones; a
+/// header that holds a card number is masked and named in `x-headers-redacted`.
 pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> OwnedHeaders {
     with_dead_letter_headers(
-        without_dead_letter_headers(message).unwrap_or_default(),
+        redact_headers(&without_dead_letter_headers(message).unwrap_or_default()),
         message,
         letter,
     )
@@ -119,6 +147,12 @@ fn with_dead_letter_headers(
         headers = headers.insert(Header {
             key: CHARGE_UNKNOWN,
             value: Some("true"),
+        });
+    }
+    if let Some(sha256) = EchoedKey::of(message.key()).sha256 {
+        headers = headers.insert(Header {
+            key: KEY_SHA256,
+            value: Some(&sha256),
         });
     }
     headers
@@ -181,7 +215,7 @@ impl Publisher {
 
     /// Remembers an error no retry can fix, for [`Publisher::fatal_error`].
     fn note_refusal(&self, topic: &str, error: &KafkaError) {
-        if super::supervision::is_fatal_broker_error(error) {
+        if is_refused_for_good(error) {
             let _ = self
                 .refused_for_good
                 .set(format!("results producer: {topic}: {error}"));
@@ -315,6 +349,14 @@ impl Publisher {
             attempts,
             charge_unknown,
         } = verdict;
+        // The record key as every answer echoes it; a masked one also replaces the
+        // result's `idempotency_key`.
+        let echoed = EchoedKey::of(original.key());
+        let key = if echoed.is_masked() {
+            echoed.masked_text()
+        } else {
+            key
+        };
         if let Outcome::Rejected { kind, reason } = &outcome {
             // Every dead letter's value is looked at, whatever refused it: parsing
             // stops at the first broken rule, the rules read only the fields they
@@ -327,46 +369,83 @@ impl Publisher {
                 charge_unknown,
                 redacted: dead_letter_redaction(original.payload().unwrap_or_default()),
             };
-            self.dead_letter(original, &source, letter).await;
+            self.dead_letter(original, &echoed, &source, letter).await;
         }
-        let result = result_record(key, &outcome, source);
-        self.publish_result(original.key(), &result).await;
+        let result = result_record(key, &outcome, source.clone());
+        self.publish_result(&echoed, &source, &result).await;
     }
 
     /// Publishes one result record and waits until the broker acknowledged it.
-    async fn publish_result(&self, key: Option<&[u8]>, result: &ResultRecord) {
+    async fn publish_result(
+        &self,
+        echoed: &EchoedKey,
+        source: &SourcePosition,
+        result: &ResultRecord,
+    ) {
         // Serialising our own struct cannot fail; an empty payload would still be visible.
         let payload = serde_json::to_vec(result).unwrap_or_default();
         let span = produce_span(&self.results_topic);
-        let headers = span.in_scope(|| crate::telemetry::with_trace_headers(OwnedHeaders::new()));
-        // A result is small; a key too large for the broker leaves it unkeyed.
-        if let Err(error) = self
-            .send(
-                &self.results_topic,
-                key,
-                Some(&payload),
-                Some(headers.clone()),
-            )
-            .instrument(span.clone())
-            .await
-        {
-            tracing::warn!(%error, "result too large with its key; sending it unkeyed");
-            let _ = self
-                .send(&self.results_topic, None, Some(&payload), Some(headers))
-                .instrument(span)
-                .await;
+        let mut headers =
+            span.in_scope(|| crate::telemetry::with_trace_headers(OwnedHeaders::new()));
+        if let Some(sha256) = &echoed.sha256 {
+            headers = headers.insert(Header {
+                key: KEY_SHA256,
+                value: Some(sha256),
+            });
         }
+        // Exactly-once only: results an aborted transaction learnt go unkeyed.
+        let refusals = self.transactions.as_deref().map(Transactions::oversized);
+        let key = echoed
+            .key
+            .as_deref()
+            .filter(|_| !refusals.is_some_and(|known| known.result_unkeyed(source)));
+        if let Some(key) = key {
+            let sent = self
+                .send(
+                    &self.results_topic,
+                    Some(key),
+                    Some(&payload),
+                    Some(headers.clone()),
+                )
+                .instrument(span.clone())
+                .await;
+            let Err(error) = sent else {
+                return;
+            };
+            // A result is small; a key too large for the broker leaves it unkeyed.
+            tracing::warn!(%error, "result too large with its key; sending it unkeyed");
+            // In exactly-once mode the broker's refusal leaves the transaction
+            // abortable and the unkeyed result fails with it; the redo after the
+            // abort starts unkeyed instead of meeting the same refusal forever.
+            if let Some(known) = refusals {
+                known.remember_result_unkeyed(source);
+            }
+        }
+        if echoed.sha256.is_none() {
+            if let Some(original) = &echoed.key {
+                headers = headers.insert(Header {
+                    key: KEY_SHA256,
+                    value: Some(&key_sha256(original)),
+                });
+            }
+        }
+        let _ = self
+            .send(&self.results_topic, None, Some(&payload), Some(headers))
+            .instrument(span)
+            .await;
     }
 
     /// The original key, value and headers, plus the dead-letter headers. A value
     /// refused for holding a card number goes out `redacted` instead, marked with
     /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
-    /// could be kept): a card number in a value never lands on a topic. A dead letter too
-    /// large for the brokers goes out smaller (`LetterForm`) rather than stall its
-    /// partition forever.
+    /// could be kept): a card number in a value never lands on a topic. Nor in its key
+    /// (`echoed`: masked, with `x-key-sha256`) or headers (masked, named in
+    /// `x-headers-redacted`). A dead letter too large for the brokers goes out
+    /// smaller (`LetterForm`) rather than stall its partition forever.
     async fn dead_letter(
         &self,
         original: &OwnedMessage,
+        echoed: &EchoedKey,
         source: &SourcePosition,
         letter: DeadLetter<'_>,
     ) {
@@ -395,10 +474,12 @@ impl Publisher {
         let mut form = refusals.map_or(LetterForm::Whole, |known| known.first_form(source));
         loop {
             let (key, value, headers) = match form {
-                LetterForm::Whole => (original.key(), payload, headers.clone()),
-                LetterForm::WithoutValue => {
-                    (original.key(), None, value_dropped(headers.clone(), &size))
-                }
+                LetterForm::Whole => (echoed.key.as_deref(), payload, headers.clone()),
+                LetterForm::WithoutValue => (
+                    echoed.key.as_deref(),
+                    None,
+                    value_dropped(headers.clone(), &size),
+                ),
                 LetterForm::Bare => {
                     let bare = value_dropped(
                         with_dead_letter_headers(OwnedHeaders::new(), original, &letter),
@@ -437,6 +518,42 @@ impl Publisher {
                 known.remember(source, smaller);
             }
             form = smaller;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_no_retry_can_fix_is_told_from_one_a_smaller_record_answers() {
+        for code in [
+            RDKafkaErrorCode::InvalidRecord,
+            RDKafkaErrorCode::InvalidTimestamp,
+            RDKafkaErrorCode::PolicyViolation,
+            RDKafkaErrorCode::UnsupportedCompressionType,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ] {
+            let error = KafkaError::MessageProduction(code);
+            assert!(is_refused_for_good(&error), "{code:?}");
+            assert!(!is_too_large(&error), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::MessageBatchTooLarge,
+        ] {
+            let error = KafkaError::MessageProduction(code);
+            assert!(is_too_large(&error), "{code:?}");
+            assert!(!is_refused_for_good(&error), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::BrokerTransportFailure,
+        ] {
+            let error = KafkaError::MessageProduction(code);
+            assert!(!is_refused_for_good(&error), "{code:?}");
         }
     }
 }

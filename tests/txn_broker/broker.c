@@ -13,6 +13,11 @@
  * late: the transaction ends at once, its coordinator's answer comes after the
  * producer stopped waiting for it. Prints "txn-broker late commits armed".
  *
+ * SIGUSR2 makes the next Produce request any client sends fail with
+ * INVALID_RECORD, a refusal no retry can fix (a broker-side record validation,
+ * as Kafka's for compacted topics or its timestamp checks). Prints "txn-broker
+ * produce refusal armed".
+ *
  * Prints "txn-broker bootstrap HOST:PORT,..." once the topics exist, then
  * runs until SIGTERM or SIGINT.
  */
@@ -84,6 +89,7 @@ int main(int argc, char **argv) {
         sigaddset(&stop, SIGTERM);
         sigaddset(&stop, SIGINT);
         sigaddset(&stop, SIGUSR1);
+        sigaddset(&stop, SIGUSR2);
         pthread_sigmask(SIG_BLOCK, &stop, NULL);
 
         conf = rd_kafka_conf_new();
@@ -117,6 +123,14 @@ int main(int argc, char **argv) {
 
         for (;;) {
                 sigwait(&stop, &signal_number);
+                if (signal_number == SIGUSR2) {
+                        rd_kafka_mock_push_request_errors(
+                            mcluster, RD_KAFKAP_Produce, 1,
+                            RD_KAFKA_RESP_ERR_INVALID_RECORD);
+                        printf("txn-broker produce refusal armed\n");
+                        fflush(stdout);
+                        continue;
+                }
                 if (signal_number != SIGUSR1)
                         break;
                 /* Mock brokers are numbered from 1. */

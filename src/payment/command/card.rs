@@ -4,6 +4,7 @@ use serde_json::Value;
 
 pub(super) use crate::redaction::contains_card_number;
 pub use crate::redaction::mask_card_numbers;
+use crate::redaction::wide_readings;
 
 /// What may be kept of a record value refused for holding a card number.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,35 +77,6 @@ fn holds_wide_card_number(payload: &[u8]) -> bool {
         let masked = mask_card_numbers(text);
         masked != text.as_str() || survives_masking(text, &masked)
     })
-}
-
-/// `payload` read as UTF-16 (both byte orders, from its first and from its second
-/// byte) and as UTF-32 (both byte orders); what does not decode reads as U+FFFD.
-fn wide_readings(payload: &[u8]) -> Vec<String> {
-    let mut readings = Vec::with_capacity(6);
-    for skip in [0, 1] {
-        let pairs = payload[skip.min(payload.len())..].chunks_exact(2);
-        for from_bytes in [u16::from_le_bytes, u16::from_be_bytes] {
-            let units = pairs.clone().map(|pair| from_bytes([pair[0], pair[1]]));
-            readings.push(
-                char::decode_utf16(units)
-                    .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
-                    .collect(),
-            );
-        }
-    }
-    for from_bytes in [u32::from_le_bytes, u32::from_be_bytes] {
-        readings.push(
-            payload
-                .chunks_exact(4)
-                .map(|quad| {
-                    char::from_u32(from_bytes([quad[0], quad[1], quad[2], quad[3]]))
-                        .unwrap_or(char::REPLACEMENT_CHARACTER)
-                })
-                .collect(),
-        );
-    }
-    readings
 }
 
 fn json_strings_hold_card(value: &Value) -> bool {

@@ -84,6 +84,10 @@ pub enum InvalidCommand {
     /// `idempotency_key` is not a valid key.
     #[error("{0}")]
     InvalidIdempotencyKey(InvalidKey),
+    /// The record key or `idempotency_key` holds what looks like a card number: a
+    /// key is echoed on every answer, logged and stored, so it may not be one.
+    #[error("the key looks like a card number; it is only echoed masked, with x-key-sha256 (use an order or request id as the key)")]
+    CardNumberAsKey,
     /// `account_id` is empty, too long or not printable.
     #[error("field `account_id` {0} (1 to {MAX_ACCOUNT_ID_LEN} characters)")]
     InvalidAccountId(TextProblem),
@@ -155,6 +159,7 @@ impl InvalidCommand {
             Self::NullField { .. } => "null_field",
             Self::WrongType { .. } => "wrong_type",
             Self::InvalidIdempotencyKey(_) => "invalid_idempotency_key",
+            Self::CardNumberAsKey => "card_number_as_key",
             Self::InvalidAccountId(_) => "invalid_account_id",
             Self::CardNumberInAccountId => "card_number_in_account_id",
             Self::AmountNotInteger => "amount_not_integer",
@@ -176,7 +181,8 @@ impl InvalidCommand {
     pub fn holds_card_number(&self) -> bool {
         matches!(
             self,
-            Self::CardNumberInAccountId
+            Self::CardNumberAsKey
+                | Self::CardNumberInAccountId
                 | Self::CardNumberAsPaymentMethod
                 | Self::CardNumberInDescription
         )
@@ -193,7 +199,7 @@ impl InvalidCommand {
             | Self::MissingField { field }
             | Self::NullField { field }
             | Self::WrongType { field, .. } => Some(*field),
-            Self::InvalidIdempotencyKey(_) => Some(IDEMPOTENCY_KEY),
+            Self::InvalidIdempotencyKey(_) | Self::CardNumberAsKey => Some(IDEMPOTENCY_KEY),
             Self::InvalidAccountId(_) | Self::CardNumberInAccountId => Some(ACCOUNT_ID),
             Self::AmountNotInteger | Self::AmountOutOfRange => Some(AMOUNT_MINOR),
             Self::InvalidCurrencyFormat

@@ -115,6 +115,9 @@ impl PaymentCommand {
     ) -> Result<Self, InvalidCommand> {
         let idempotency_key = IdempotencyKey::try_from(idempotency_key)
             .map_err(InvalidCommand::InvalidIdempotencyKey)?;
+        if crate::redaction::key_holds_card_number(idempotency_key.as_str().as_bytes()) {
+            return Err(InvalidCommand::CardNumberAsKey);
+        }
         validate_account_id(account_id)?;
         validate_amount(amount_minor)?;
         validate_currency(currency)?;
@@ -277,6 +280,9 @@ mod tests {
             ("account too long", b(&with("account_id", &format!("\"{long_account}\""))), "invalid_account_id"),
             ("account with newline", b(&with("account_id", "\"a\\nb\"")), "invalid_account_id"),
             ("pan in account", b(&with("account_id", "\"acct 4111111111111111\"")), "card_number_in_account_id"),
+            ("pan as key", b(&with("idempotency_key", "\"4111111111111111\"")), "card_number_as_key"),
+            ("grouped pan as key", b(&with("idempotency_key", "\"4111-1111-1111-1111\"")), "card_number_as_key"),
+            ("pan inside a key", b(&with("idempotency_key", "\"ord:378282246310005\"")), "card_number_as_key"),
             ("float amount", b(&valid_with_amount("19.99")), "amount_not_integer"),
             ("exponent amount", b(&valid_with_amount("1e3")), "amount_not_integer"),
             ("integral float amount", b(&valid_with_amount("1000.0")), "amount_not_integer"),

@@ -99,21 +99,37 @@ pub(crate) async fn start_with_dead_letter_limit(
     settings: &KafkaSettings,
     max_message_bytes: usize,
 ) -> (Proc, String) {
-    start_with(partitions, settings, Some(max_message_bytes)).await
+    start_with(
+        partitions,
+        settings,
+        Some((&settings.dlq_topic, max_message_bytes)),
+    )
+    .await
+}
+
+/// As [`start_with_dead_letter_limit`], the limit on `settings`' results topic.
+pub(crate) async fn start_with_results_limit(
+    partitions: i32,
+    settings: &KafkaSettings,
+    max_message_bytes: usize,
+) -> (Proc, String) {
+    start_with(
+        partitions,
+        settings,
+        Some((&settings.results_topic, max_message_bytes)),
+    )
+    .await
 }
 
 async fn start_with(
     partitions: i32,
     settings: &KafkaSettings,
-    dead_letter_limit: Option<usize>,
+    limit: Option<(&str, usize)>,
 ) -> (Proc, String) {
     let binary = tokio::task::spawn_blocking(binary).await.unwrap();
     let mut command = Command::new(binary);
-    if let Some(bytes) = dead_letter_limit {
-        command.args([
-            "--max-message-bytes".to_owned(),
-            format!("{}={bytes}", settings.dlq_topic),
-        ]);
+    if let Some((topic, bytes)) = limit {
+        command.args(["--max-message-bytes".to_owned(), format!("{topic}={bytes}")]);
     }
     command.args([
         "3",

@@ -539,5 +539,84 @@ pub(crate) fn corpus() -> Vec<Case> {
         Some(serde_json::to_vec(&reused).unwrap()),
         dead("key_reused", "idempotency_key_reused"),
     );
+    card_numbers_where_records_are_echoed_from(&mut c);
     c.cases
+}
+
+/// Header names and values of the corpus that hold a card number, each in its own
+/// case (a command refused for its currency, so its headers go to the dead-letter
+/// topic) and all together on one valid command.
+pub(crate) const CARD_HEADERS: [(&str, &[u8]); 4] = [
+    // Kafka's header name `note`, as an upstream writes a memo.
+    ("note", b"card 4111-1111-1111-1111"),
+    ("x-memo", b"note: card 4111 1111 1111 1111"),
+    // In a header's name.
+    ("x-card-4111111111111111", b"v"),
+    ("x-plain", b"4111111111111111"),
+];
+
+/// Card numbers in the parts of a record the worker echoes: its key (the record
+/// key or the command's `idempotency_key`) and its headers, in every writing the
+/// contract names (plain, grouped by dashes or spaces, inside longer text, in a
+/// header's name, UTF-16). None of them may reach an output topic in clear.
+fn card_numbers_where_records_are_echoed_from(c: &mut Corpus) {
+    for (name, key) in [
+        ("card number as key", "4111111111111111"),
+        (
+            "card number grouped by dashes as key",
+            "4111-1111-1111-1111",
+        ),
+        ("card number inside a longer key", "ord-5500000000000004"),
+    ] {
+        c.raw(
+            name,
+            Some(key.as_bytes()),
+            Some(with_raw(key, "x", None)),
+            invalid("card_number_as_key"),
+        );
+    }
+    c.raw(
+        "card number as idempotency_key without a record key",
+        None,
+        Some(with_raw("5500-0000-0000-0004", "x", None)),
+        invalid("card_number_as_key"),
+    );
+    let n = c.cases.len();
+    c.raw(
+        "card number in a record key that is no idempotency key",
+        Some(b"note: card 4111 1111 1111 1111".as_slice()),
+        Some(with_raw(&format!("c-{n}"), "x", None)),
+        invalid("card_number_as_key"),
+    );
+    let n = c.cases.len();
+    c.raw(
+        "card number as a utf-16 record key",
+        Some(utf16(b"4111111111111111", false).as_slice()),
+        Some(with_raw(&format!("c-{n}"), "x", None)),
+        invalid("card_number_as_key"),
+    );
+    let wide_value = utf16(b"card 4111 1111 1111 1111", false);
+    let headers: Vec<(&'static str, Vec<u8>)> = CARD_HEADERS
+        .iter()
+        .map(|(name, value)| (*name, value.to_vec()))
+        .chain([("x-wide", wide_value)])
+        .collect();
+    for header in &headers {
+        let key = format!("c-{}", c.cases.len());
+        c.cases.push(Case {
+            name: format!("card number in header {}", header.0),
+            key: Some(key.clone().into_bytes()),
+            value: Some(with_raw(&key, "currency", Some("\"XYZ\""))),
+            headers: vec![header.clone(), ("x-kept", b"plain value".to_vec())],
+            expect: invalid("unknown_currency"),
+        });
+    }
+    let key = format!("c-{}", c.cases.len());
+    c.cases.push(Case {
+        name: "valid command with card numbers in its headers".to_owned(),
+        key: Some(key.clone().into_bytes()),
+        value: Some(with_raw(&key, "x", None)),
+        headers,
+        expect: Expect::Outcome("succeeded"),
+    });
 }

@@ -12,4 +12,5 @@ mod operator_tools;
 mod oversized_dead_letters;
 mod poison;
 mod rebalance;
+mod refused_answers;
 mod transaction_fencing;
