@@ -11,39 +11,14 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
-
 use super::load::Position;
-use super::report::{percentile, LatencySummary};
+use super::report::{percentile, BacklogReport, LatencySummary};
 use super::results::Observation;
 
 /// Points of the read-to-answer distribution the picture draws (percentiles).
 const CURVE: [f64; 14] = [
     0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 98.0, 99.0, 99.5, 99.8, 99.9, 99.95, 100.0,
 ];
-
-/// What the backlog phase measured.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct BacklogReport {
-    pub commands: usize,
-    /// Commands that repeat an earlier one's key.
-    pub duplicates: usize,
-    /// Of those, on another partition than the key's first answer.
-    pub cross_partition_duplicates: usize,
-    /// From the worker owning every partition to the last answer (s).
-    pub makespan_s: f64,
-    /// From the worker's start to its owning every partition (s): the group join,
-    /// outside the makespan.
-    pub join_s: f64,
-    /// Read (earliest possible, see the module) to answered, per command (ms).
-    pub read_to_answer: LatencySummary,
-    /// The same distribution as (percentile, ms) points, up to its maximum.
-    pub read_to_answer_curve: Vec<(f64, i64)>,
-    /// Cross-partition duplicates read before the key's first answer: their answer
-    /// minus that first answer (ms), i.e. how long after the holder settled they
-    /// were answered (the holder answers right after it settles).
-    pub duplicate_wake: LatencySummary,
-}
 
 /// The figures of a backlog of `sent` commands answered as `observations`; `repeated`
 /// lists the positions of every key sent more than once; the worker started at

@@ -198,7 +198,7 @@ mod tests {
             !picture.contains("backlog-20ms: wait"),
             "no backlog phase, no panel"
         );
-        report.backlog = Some(crate::devtools::bench::backlog::BacklogReport {
+        report.backlog = Some(crate::devtools::bench::report::BacklogReport {
             read_to_answer_curve: vec![(50.0, 30), (99.9, 400), (100.0, 1234)],
             ..Default::default()
         });

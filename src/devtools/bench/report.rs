@@ -86,6 +86,29 @@ impl LatencySummary {
     }
 }
 
+/// What the backlog phase measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BacklogReport {
+    pub commands: usize,
+    /// Commands that repeat an earlier one's key.
+    pub duplicates: usize,
+    /// Of those, on another partition than the key's first answer.
+    pub cross_partition_duplicates: usize,
+    /// From the worker owning every partition to the last answer (s).
+    pub makespan_s: f64,
+    /// From the worker's start to its owning every partition (s): the group join,
+    /// outside the makespan.
+    pub join_s: f64,
+    /// Read (earliest possible, see `backlog.rs`) to answered, per command (ms).
+    pub read_to_answer: LatencySummary,
+    /// The same distribution as (percentile, ms) points, up to its maximum.
+    pub read_to_answer_curve: Vec<(f64, i64)>,
+    /// Cross-partition duplicates read before the key's first answer: their answer
+    /// minus that first answer (ms), i.e. how long after the holder settled they
+    /// were answered (the holder answers right after it settles).
+    pub duplicate_wake: LatencySummary,
+}
+
 /// The purge running under the `e2e-0ms-pgtokens-purging` phase.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PurgeReport {
@@ -131,7 +154,7 @@ pub struct PhaseReport {
     pub worker_peak_rss_mib: Option<f64>,
     /// The backlog phase only: drain time, read-to-answer waits, duplicate wakes.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub backlog: Option<super::backlog::BacklogReport>,
+    pub backlog: Option<BacklogReport>,
     /// CPU per payment by party, from the worker's start to the last result.
     pub cpu: Option<CpuCost>,
 }
@@ -234,7 +257,7 @@ pub struct BenchReport {
     /// `duplicate_wake_ms_p99` meets [`TARGET_DUPLICATE_WAKE_P99_MS`].
     pub pass_duplicate_wake: bool,
     /// The backlog phase's details.
-    pub backlog: Option<super::backlog::BacklogReport>,
+    pub backlog: Option<BacklogReport>,
     /// VmHWM of a `payment-worker run` process draining the backlog.
     pub peak_rss_mib: f64,
     /// Throughput of that process over the backlog (a cross-check of e2e_tps_0ms).
@@ -453,7 +476,7 @@ mod tests {
             round_trips: TARGET_ROUND_TRIPS,
             baseline_tps_20ms: 125.0,
             p999_ms_half_load: 100,
-            backlog: Some(super::super::backlog::BacklogReport {
+            backlog: Some(super::BacklogReport {
                 commands: 5000,
                 makespan_s: 6.5,
                 read_to_answer: LatencySummary {

@@ -211,7 +211,7 @@ async fn concurrent_posts_of_one_key_charge_once() {
 }
 
 #[tokio::test]
-async fn error_rate_one_is_unavailable_and_charges_nothing() {
+async fn error_rate_one_answers_503_which_the_client_takes_as_a_charge_unknown() {
     let (_sim, gw) = started(SimulatorConfig {
         error_rate: 1.0,
         ..SimulatorConfig::default()
@@ -221,7 +221,12 @@ async fn error_rate_one_is_unavailable_and_charges_nothing() {
         .charge(&key("ord-err"), &request(1, "pm_card_visa"))
         .await
         .unwrap_err();
-    assert!(matches!(err, GatewayError::Unavailable(_)), "{err:?}");
+    // The simulator charged nothing, but a 5xx to a POST that was sent cannot say
+    // so: the client reports the charge as unknown, for a look-up to settle.
+    assert!(
+        matches!(err, GatewayError::FailedAfterSending { status: 503, .. }),
+        "{err:?}"
+    );
     assert!(err.is_retryable());
     assert!(gw.ledger().await.unwrap().is_empty());
     assert_eq!(gw.lookup(&key("ord-err")).await.unwrap(), None);

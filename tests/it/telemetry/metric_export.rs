@@ -52,6 +52,10 @@ const ALLOWED_ATTRIBUTES: &[&str] = &[
     // payment_worker.gateway.failures: a failure class and the HTTP status (bounded).
     "class",
     "http.response.status_code",
+    // payment_worker.db.pool.acquire: ok, timeout or error.
+    "result",
+    // payment_worker.token.settle_waits: notification or backoff.
+    "woken_by",
 ];
 
 fn command(key: &str) -> String {

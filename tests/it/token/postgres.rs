@@ -298,6 +298,22 @@ async fn dead_rows_count_as_absent(pool: PgPool) {
         before.map(|t| (t.status, t.owner, t.fence)),
         "refused operations change nothing"
     );
+    // In issued mode a row that died while held is a tombstone for the completed
+    // TTL (its holder's charge may still land); once that has passed too, absent.
+    assert_eq!(
+        issued.reserve(&k, "w").await.unwrap(),
+        Reservation::Unsettled
+    );
+    sqlx::query(
+        "UPDATE idempotency_tokens
+            SET lease_expires_at = now() - interval '61 seconds',
+                expires_at = now() - interval '61 seconds'
+          WHERE key = $1",
+    )
+    .bind(k.as_str())
+    .execute(&backend.pool)
+    .await
+    .unwrap();
     assert_eq!(issued.reserve(&k, "w").await.unwrap(), Reservation::Missing);
     assert_eq!(
         implicit.reserve(&k, "w").await.unwrap(),
