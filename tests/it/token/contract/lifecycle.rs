@@ -11,7 +11,9 @@ use super::backend::*;
 /// I5: once A's lease lapsed and B reserved, nothing A does lands; B's operations do.
 pub async fn fencing(backend: &dyn Backend) {
     let store = backend
-        .store(policy(TokenMode::Implicit, 200, 60_000, 60_000))
+        // A lease long enough that A's and B's first calls fit in it on a loaded
+        // machine (200 ms once lapsed between them), short enough to wait out.
+        .store(policy(TokenMode::Implicit, 1_500, 60_000, 60_000))
         .await;
     let k = key("fencing");
     let a = Claim {
@@ -24,7 +26,7 @@ pub async fn fencing(backend: &dyn Backend) {
         Reservation::InFlight { .. }
     ));
 
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
     let lapsed = live(backend, &k)
         .await
         .expect("the token outlives the lease");

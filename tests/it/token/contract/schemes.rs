@@ -14,7 +14,9 @@ pub async fn lock_and_release(backend: &dyn Backend) {
         .store(policy(TokenMode::Implicit, 30_000, 60_000, 60_000))
         .await;
     let k = key("lock");
-    let ttl = Duration::from_millis(300);
+    // Long enough that the first four calls fit in it on a loaded machine (300 ms
+    // once lapsed between them), short enough to wait out.
+    let ttl = Duration::from_millis(1_500);
     assert_eq!(
         store.lock(&k, "a", ttl).await.unwrap(),
         LockOutcome::Acquired
@@ -34,7 +36,7 @@ pub async fn lock_and_release(backend: &dyn Backend) {
         store.lock(&k, "b", ttl).await.unwrap(),
         LockOutcome::Acquired
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
     assert_eq!(backend.raw_lock(&k).await, None, "the lock expired");
     assert_eq!(
         store.lock(&k, "c", ttl).await.unwrap(),
