@@ -9,7 +9,6 @@ use std::time::Duration;
 use backon::Retryable;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
-use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -201,38 +200,24 @@ impl Processor {
         self.attempt(command, context, &mut None).await
     }
 
-    /// `process`, unless `stop` is cancelled while the attempt still waits for its
-    /// slot: then nothing was started and `None` says so. A draining partition uses
-    /// it, so a command queued behind the slots is left to the partition's next owner
-    /// instead of starting on a partition that is going away.
-    pub async fn process_unless(
-        &self,
-        command: &PaymentCommand,
-        context: &CommandContext<'_>,
-        stop: &CancellationToken,
-    ) -> Option<Attempt> {
-        self.process_watching(command, context, stop)
-            .await
-            .map(|(attempt, _)| attempt)
-    }
-
-    /// `process_unless`, and when the attempt met another owner's live lease, a watch
-    /// that ends when that owner settles the token: the caller waits for whichever
-    /// comes first, the watch or its backoff, holding no attempt slot meanwhile.
+    /// `process`, and when the attempt met another owner's live lease, a watch that
+    /// ends when that owner settles the token: the caller waits for whichever comes
+    /// first, the watch or its backoff, holding no attempt slot meanwhile.
+    ///
+    /// The wait for a slot is not cut short by a drain: a command admitted on a
+    /// partition gets its attempt even while the partition is revoked. Left to the
+    /// next owner instead, its offset would hold the partition's commit below
+    /// commands that did answer, and the next owner would answer those again.
     pub async fn process_watching(
         &self,
         command: &PaymentCommand,
         context: &CommandContext<'_>,
-        stop: &CancellationToken,
-    ) -> Option<(Attempt, Option<SettleWatch>)> {
-        let _slot = tokio::select! {
-            biased;
-            slot = self.attempts.acquire() => slot.ok(),
-            _ = stop.cancelled() => return None,
-        };
+    ) -> (Attempt, Option<SettleWatch>) {
+        // Never closed, so acquiring only fails if that changes: then run unbounded.
+        let _slot = self.attempts.acquire().await.ok();
         let mut watch = None;
         let attempt = self.attempt(command, context, &mut watch).await;
-        Some((attempt, watch))
+        (attempt, watch)
     }
 
     async fn attempt(

@@ -52,13 +52,13 @@ struct NotYet {
 /// What one attempt's result means to the retry loop: the answer and whether it is
 /// unbooked, or another try; and whether a charge may now exist that no row records,
 /// given what earlier attempts left (`earlier`).
-fn judge(attempt: Option<Attempt>, earlier: bool) -> (Result<(Outcome, bool), NotYet>, bool) {
+fn judge(attempt: Attempt, earlier: bool) -> (Result<(Outcome, bool), NotYet>, bool) {
     match attempt {
-        Some(Attempt::Retry {
+        Attempt::Retry {
             after,
             reason,
             charge,
-        }) => (
+        } => (
             Err(NotYet { after, reason }),
             charge.may_have_charged(earlier),
         ),
@@ -69,26 +69,18 @@ fn judge(attempt: Option<Attempt>, earlier: bool) -> (Result<(Outcome, bool), No
         // until it does (the missing-token path books it) or the budget runs out
         // (dead-lettered with the charge unknown). Answering token_missing here
         // would forget a charge that may be made a moment later.
-        Some(Attempt::Final(Outcome::Rejected {
+        Attempt::Final(Outcome::Rejected {
             kind: RejectionKind::TokenMissing,
             reason,
-        })) if earlier => (
+        }) if earlier => (
             Err(NotYet {
                 after: Duration::ZERO,
                 reason: format!("{reason}, while an earlier attempt's charge is unresolved"),
             }),
             true,
         ),
-        Some(Attempt::Final(outcome)) => (Ok((outcome, false)), earlier),
-        Some(Attempt::Unbooked(outcome)) => (Ok((outcome, true)), earlier),
-        // Still queued for a payment slot when the drain began: not started.
-        None => (
-            Err(NotYet {
-                after: Duration::ZERO,
-                reason: "draining before the attempt started".to_owned(),
-            }),
-            earlier,
-        ),
+        Attempt::Final(outcome) => (Ok((outcome, false)), earlier),
+        Attempt::Unbooked(outcome) => (Ok((outcome, true)), earlier),
     }
 }
 
@@ -285,17 +277,8 @@ impl Handler {
                         ChargeEvidence::Unchanged
                     },
                 };
-                let attempt = match self
-                    .processor
-                    .process_watching(command, &context, draining)
-                    .await
-                {
-                    Some((attempt, watch)) => {
-                        *lock(&settle_watch) = watch;
-                        Some(attempt)
-                    }
-                    None => None,
-                };
+                let (attempt, watch) = self.processor.process_watching(command, &context).await;
+                *lock(&settle_watch) = watch;
                 let (answer, may_have_charged) = judge(attempt, earlier);
                 charge_unknown.store(may_have_charged, Ordering::Relaxed);
                 answer
@@ -443,19 +426,19 @@ impl Handler {
 mod tests {
     use super::*;
 
-    fn token_missing() -> Option<Attempt> {
-        Some(Attempt::Final(Outcome::Rejected {
+    fn token_missing() -> Attempt {
+        Attempt::Final(Outcome::Rejected {
             kind: RejectionKind::TokenMissing,
             reason: "token_missing: never issued, expired, or already consumed".to_owned(),
-        }))
+        })
     }
 
-    fn retry(charge: ChargeEvidence) -> Option<Attempt> {
-        Some(Attempt::Retry {
+    fn retry(charge: ChargeEvidence) -> Attempt {
+        Attempt::Retry {
             after: Duration::from_millis(7),
             reason: "gateway: 503".to_owned(),
             charge,
-        })
+        }
     }
 
     #[test]
@@ -487,16 +470,15 @@ mod tests {
         assert_eq!(answer.expect_err("a retry").after, Duration::from_millis(7));
         assert!(!unknown);
         // Final answers keep what was known; only an unbooked one is marked so.
-        let declined = Some(Attempt::Final(Outcome::Rejected {
+        let declined = Attempt::Final(Outcome::Rejected {
             kind: RejectionKind::Invalid,
             reason: "gateway_rejected: HTTP 400".to_owned(),
-        }));
+        });
         assert!(matches!(judge(declined, true), (Ok((_, false)), true)));
-        let unbooked = Some(Attempt::Unbooked(Outcome::Rejected {
+        let unbooked = Attempt::Unbooked(Outcome::Rejected {
             kind: RejectionKind::Internal,
             reason: "recording the charge failed".to_owned(),
-        }));
+        });
         assert!(matches!(judge(unbooked, false), (Ok((_, true)), false)));
-        assert!(judge(None, true).0.is_err());
     }
 }

@@ -189,8 +189,8 @@ impl Partitions {
         }
     }
 
-    /// Stops taking records for `ids` at once (queued records are not started),
-    /// lets what runs finish within the drain deadline (abandoning the rest), and
+    /// Stops taking records for `ids` at once (the inboxes' records are not started),
+    /// lets what was admitted finish within the drain deadline (abandoning the rest), and
     /// leaves the final offsets stored; returns them.
     pub(super) fn drain(&self, ids: &[(String, i32)]) -> HashMap<PartitionId, i64> {
         let drained: Vec<(PartitionId, Assigned)> = {

@@ -150,12 +150,13 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         closure_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if inbox_open && self.inbox.is_closed() {
-                // Revoked or shutting down: finish what runs, start nothing new.
-                // Queued records stay pending, so their offsets are not committed.
+                // Revoked or shutting down: admit nothing new, and finish every
+                // command already admitted, those queued behind their key included.
+                // The inbox holds only offsets above them, so the offset stored at the
+                // end is the first one never admitted: a command left pending below
+                // answered ones would make the next owner answer those again. Retries
+                // stop (`draining`); the drain deadline bounds the rest.
                 inbox_open = false;
-                for queued in waiting.drain().flat_map(|(_, queue)| queue) {
-                    stop_answers(&order, queued.offset());
-                }
                 draining.cancel();
                 if running.is_empty() {
                     break;
@@ -176,6 +177,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     crate::telemetry::metrics().in_flight.add(-1, &[]);
                     // Every task catches its own panics; an error here is an abort.
                     let Ok(Finished { offset, lane, ending, transaction, span }) = joined else { continue };
+                    let settled = matches!(ending, Ending::Settled);
                     match ending {
                         Ending::Settled => {
                             self.panics.settled(&self.topic, self.partition, offset);
@@ -198,16 +200,18 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                         }
                     }
                     admitted -= 1;
-                    let next = waiting.get_mut(&lane).and_then(VecDeque::pop_front);
-                    match next {
-                        Some(message) if inbox_open && !self.inbox.is_closed() => {
-                            self.start(&mut running, message, lane, &draining, &order)
+                    if settled {
+                        match waiting.get_mut(&lane).and_then(VecDeque::pop_front) {
+                            Some(message) => self.start(&mut running, message, lane, &draining, &order),
+                            None => { waiting.remove(&lane); }
                         }
-                        Some(message) => {
-                            stop_answers(&order, message.offset());
-                            waiting.remove(&lane);
+                    } else {
+                        // Not answered: the key's later commands wait for the next
+                        // owner too, which answers them in order after this one.
+                        for queued in waiting.remove(&lane).into_iter().flatten() {
+                            admitted -= 1;
+                            stop_answers(&order, queued.offset());
                         }
-                        None => { waiting.remove(&lane); }
                     }
                 }
                 received = self.inbox.recv(), if inbox_open && admitted < self.max_in_flight => {
@@ -283,7 +287,8 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             let work = async {
                 if panics >= PANICS_BEFORE_DEAD_LETTER {
                     handler.give_up_after_panics(&message, panics, turn).await
-                } else if draining.is_cancelled() {
+                } else if panics > 0 && draining.is_cancelled() {
+                    // Handling it again is a retry, and a drain stops retries.
                     None
                 } else {
                     handler.handle(&message, &draining, turn).await

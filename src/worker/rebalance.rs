@@ -308,8 +308,9 @@ pub fn check_drain_fits_session(
     Ok(())
 }
 
-/// How long a drain can take: every in-flight command finishes its current attempt
-/// (no retry starts once the drain began, no queued record is started), which is
+/// How long a drain can take: every admitted command gets one attempt (no retry
+/// starts once the drain began; those queued behind a command of their key are
+/// duplicates, answered from the token without calling the gateway), which is
 /// at most a gateway look-up and a charge, each bounded by the gateway timeout,
 /// plus the stores' round trips; commands wait for a database connection when a
 /// member runs more of them than its pool holds.

@@ -9,7 +9,6 @@ use payment_worker::payment::{Attempt, CommandContext, Outcome};
 use payment_worker::token::{
     PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore, Woken,
 };
-use tokio_util::sync::CancellationToken;
 
 use crate::support::helpers::{assert_duplicate_of, REDIS_URL};
 
@@ -65,10 +64,7 @@ async fn duplicate_is_woken_by_the_holders_settle(
         payment_worker::payment::GatewayLookup::Uncertain,
         "b",
     );
-    let (met, watch) = b
-        .process_watching(&cmd, &CommandContext::default(), &CancellationToken::new())
-        .await
-        .expect("not draining");
+    let (met, watch) = b.process_watching(&cmd, &CommandContext::default()).await;
     let Attempt::Retry { after, reason, .. } = &met else {
         panic!("B should have met A's lease: {met:?}");
     };
@@ -170,10 +166,7 @@ impl PgRig<'_> {
             payment_worker::payment::GatewayLookup::Uncertain,
             "b",
         );
-        let (met, watch) = b
-            .process_watching(&cmd, &CommandContext::default(), &CancellationToken::new())
-            .await
-            .expect("not draining");
+        let (met, watch) = b.process_watching(&cmd, &CommandContext::default()).await;
         assert!(
             matches!(&met, Attempt::Retry { reason, after, .. }
                 if reason == IN_FLIGHT && *after > Duration::from_secs(60)),

@@ -192,6 +192,33 @@ pub(crate) fn report(results: &[ResultRecord], logs: &[(String, Vec<String>)]) {
             );
         }
     }
+    // What no hand-over explains: each such position with the ownership periods of
+    // its partition, so the log shows who could have answered it.
+    let mut unexplained: Vec<&(i32, i64)> = repeated.difference(&explained).collect();
+    unexplained.sort();
+    for (partition, offset) in unexplained.iter().take(20) {
+        let owners: Vec<String> = by_partition
+            .get(partition)
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                format!(
+                    "{} gen {} from {} at {} revoked {}{} reached {}",
+                    p.worker,
+                    p.generation,
+                    p.first_offset,
+                    time(&p.first_at),
+                    p.revoked_at.as_ref().map_or("-".into(), time),
+                    if p.lost { " (lost)" } else { "" },
+                    p.reached.map_or("-".into(), |r| r.to_string()),
+                )
+            })
+            .collect();
+        eprintln!(
+            "hand-over unexplained p{partition}@{offset}: periods [{}]",
+            owners.join("; ")
+        );
+    }
     eprintln!(
         "hand-over summary: {} repeated positions, {} within a hand-over above, {} unexplained",
         repeated.len(),

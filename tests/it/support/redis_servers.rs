@@ -265,24 +265,36 @@ impl PrivateSentinels {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let now = self.master_port().await;
-            if now != before {
-                let mut old = Self::connection(before).await;
-                let role: Vec<redis::Value> =
-                    redis::cmd("ROLE").query_async(&mut old).await.unwrap();
-                let replica_of_the_new = matches!(
-                    role.first(),
-                    Some(redis::Value::BulkString(r)) if r == b"slave"
-                ) && matches!(
-                    role.get(3),
-                    Some(redis::Value::BulkString(state)) if state == b"connected"
-                );
-                if replica_of_the_new {
-                    return now;
-                }
+            // The old master drops its clients while the sentinels turn it into a
+            // replica: a reset connection means "not yet", not a failed test.
+            if now != before && Self::serves_as_a_connected_replica(before).await {
+                return now;
             }
             assert!(Instant::now() < deadline, "the failover did not complete");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    async fn serves_as_a_connected_replica(port: u16) -> bool {
+        let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else {
+            return false;
+        };
+        let Ok(mut node) = client.get_multiplexed_async_connection().await else {
+            return false;
+        };
+        let Ok(role) = redis::cmd("ROLE")
+            .query_async::<Vec<redis::Value>>(&mut node)
+            .await
+        else {
+            return false;
+        };
+        matches!(
+            role.first(),
+            Some(redis::Value::BulkString(r)) if r == b"slave"
+        ) && matches!(
+            role.get(3),
+            Some(redis::Value::BulkString(state)) if state == b"connected"
+        )
     }
 
     /// Stops the data node on `port` (SIGKILL).

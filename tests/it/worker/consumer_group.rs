@@ -359,6 +359,59 @@ async fn answers_around_a_held_charge(max_in_flight: usize) -> (Vec<String>, Str
     (order, held)
 }
 
+/// A drain finishes every command the partition admitted, those queued behind their
+/// key included: the offset it commits is past every answered command, so the
+/// partition's next owner answers none of them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drain_finishes_what_it_admitted_and_commits_past_every_answer() {
+    // Both below the session timeout (6 s), which a drain deadline must stay under.
+    const HOLD: Duration = Duration::from_secs(4);
+    let mut records = operator::generate(
+        &WorkloadSpec {
+            count: 20,
+            duplicate_ratio: 0.0,
+            invalid_ratio: 0.0,
+            decline_ratio: 0.0,
+            seed: 5,
+        },
+        "drainq",
+    );
+    // The held command's duplicate right behind it waits in its key's lane.
+    records.insert(1, records[0].clone());
+    let (stack, held) = Stack::holding_the_first_charge(&records, HOLD).await;
+    let settings = payment_worker::configuration::WorkerSettings {
+        drain_deadline: Duration::from_millis(5500),
+        ..quick_worker_settings()
+    };
+    let worker = stack.start_worker("drain", &settings);
+    // The others are answered around the held charge; then the worker stops.
+    let around = stack
+        .wait_for_results(records.len() - 2, Duration::from_secs(60))
+        .await;
+    assert!(
+        around
+            .iter()
+            .all(|r| r.idempotency_key.as_deref() != Some(held.as_str())),
+        "the held command was answered before the drain began"
+    );
+    stop_all(vec![worker]).await;
+
+    let results = stack.results().await;
+    let mut positions: Vec<i64> = results.iter().map(|r| r.source.offset).collect();
+    positions.sort_unstable();
+    let every: Vec<i64> = (0..records.len() as i64).collect();
+    assert_eq!(
+        positions, every,
+        "every command answered once, the queued one too"
+    );
+    assert_eq!(
+        stack.committed().await.get(&0),
+        Some(&(records.len() as i64)),
+        "the drain committed past every answered command"
+    );
+    stack.assert_books_balance().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn different_keys_of_one_partition_run_in_parallel() {
     // Order, not timing: while the gateway holds the partition's first charge for
