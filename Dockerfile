@@ -10,7 +10,10 @@
 # needs a C toolchain, make and perl; TLS (and so SASL SCRAM) links OpenSSL through
 # libssl-dev and pkg-config (all in this image); zstd is built from source. zlib and
 # libssl are linked dynamically. `migrations/` is embedded at compile time by `sqlx::migrate!`.
-FROM rust:1.95-bookworm AS builder
+# Base images are pinned by digest (the tag says which release the digest is): a
+# rebuild gets the same bases until someone moves the pin on purpose. Refresh with
+# `docker buildx imagetools inspect <image>:<tag>` and take the index digest.
+FROM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS builder
 # The production build carries Kafka OIDC (feature kafka-oidc): librdkafka with
 # libcurl, built through CMake.
 RUN apt-get update \
@@ -38,7 +41,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
                     | awk '/libz\.so/ { print $3 }' | sort -u); do cp "$lib" /runtime-libs/; done
 
 # The development tools' image: the default build (gateway-sim for docker-compose).
-FROM gcr.io/distroless/cc-debian12:nonroot AS devtools
+FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f AS devtools
 COPY --from=builder /runtime-libs/ /usr/lib/
 COPY --from=builder /usr/local/bin/payment-worker-devtools /usr/local/bin/payment-worker
 ENTRYPOINT ["payment-worker"]
@@ -46,7 +49,7 @@ ENTRYPOINT ["payment-worker"]
 # Runtime stage: distroless (glibc, libssl for librdkafka's TLS, CA certificates for
 # HTTPS gateways and TLS to Kafka, Postgres, Redis and OTLP), the product-only
 # binary, no shell: the health check is the binary's own `healthcheck` command.
-FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f AS runtime
 ARG PAYMENT_WORKER_COMMIT=unknown
 ARG VERSION=0.2.0
 ARG SOURCE=https://example.invalid/payment-worker

@@ -474,8 +474,9 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: PROCESSOR,
         breaks: "a key in unresolved_charges, or after an attempt that may have charged, is looked up first",
-        from: "(Remembered::ChargeUnknown, _) | (_, ChargeEvidence::MayHaveCharged) => {",
-        to: "(Remembered::ChargeUnknown, _) | (_, ChargeEvidence::MayHaveCharged) if false => {",
+        // The arm stays (the match must stay exhaustive); what it decides goes.
+        from: "MayHaveCharged) => {\n                            ChargeHistory::Unresolved",
+        to: "MayHaveCharged) => {\n                            ChargeHistory::Fresh",
         tests: &["gateway::unknown_outcomes::a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges_again"],
     },
     // The fence check before COMMIT (I5): `extend` refused treated as fine.
