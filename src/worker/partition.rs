@@ -96,8 +96,9 @@ enum Ending {
     Settled,
     /// A drain stopped it first: the offset stays pending.
     Interrupted,
-    /// Handling it panicked; the record comes back to be tried again.
-    Panicked(OwnedMessage),
+    /// Handling it panicked (this many times so far, counted when it was caught);
+    /// the record comes back to be tried again.
+    Panicked(OwnedMessage, u32),
 }
 
 struct Finished {
@@ -189,8 +190,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                             }
                         }
                         Ending::Interrupted => stop_answers(&order, offset),
-                        Ending::Panicked(message) => {
-                            let count = self.panics.record(&self.topic, self.partition, offset);
+                        Ending::Panicked(message, count) => {
                             if inbox_open && !self.inbox.is_closed() {
                                 // Same lane, same place: the records behind it wait.
                                 self.spawn(&mut running, message, lane, &draining, count, &order);
@@ -274,6 +274,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let turn = order.as_ref().map(|order| order.turn(message.offset()));
         let draining = draining.clone();
         let span = command_span(&message, &self.group_id);
+        let (counts, topic) = (Arc::clone(&self.panics), self.topic.clone());
         crate::telemetry::metrics().in_flight.add(1, &[]);
         let (partition, offset) = (self.partition, message.offset());
         running.spawn(async move {
@@ -306,16 +307,20 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 Ok(None) => Ending::Interrupted,
                 Err(panic) => {
                     crate::telemetry::metrics().panics.add(1, &[]);
+                    // Counted here, where it was caught: an exactly-once abort may
+                    // abandon this partition task before it joins this one, and a
+                    // panic counted only there would be forgotten and handled again.
+                    let count = counts.record(&topic, partition, offset);
                     span.in_scope(|| {
                         tracing::error!(
                             partition,
                             offset,
-                            panics = panics + 1,
+                            panics = count,
                             panic = %panic_message(panic.as_ref()),
                             "handling a record panicked; its token is left to its lease"
                         )
                     });
-                    Ending::Panicked(message)
+                    Ending::Panicked(message, count)
                 }
             };
             Finished {

@@ -52,7 +52,15 @@ impl RedisBackend {
 #[async_trait::async_trait]
 impl Backend for RedisBackend {
     async fn store(&self, policy: TokenPolicy) -> Arc<dyn TokenStore> {
-        let conn = ConnectionManager::new(self.client.clone()).await.unwrap();
+        // The contract asserts who wins, not how fast: with redis-rs's default
+        // half-second answer timeout, a racer on a loaded machine failed for the
+        // machine's sake (and the others waited for it at the round's barrier).
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(10)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
+        let conn = ConnectionManager::new_with_config(self.client.clone(), config)
+            .await
+            .unwrap();
         // Settles announced as a worker's store (`connect_to`) has them.
         Arc::new(
             RedisTokenStore::new(conn, self.prefix.clone(), policy)

@@ -22,22 +22,31 @@ where
     F: Fn(Arc<dyn TokenStore>, usize, IdempotencyKey) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = T> + Send,
 {
-    let barrier = Arc::new(tokio::sync::Barrier::new(stores.len()));
-    let mut tasks = Vec::new();
+    let racers = stores.len();
+    let barrier = Arc::new(tokio::sync::Barrier::new(racers));
+    let mut tasks = tokio::task::JoinSet::new();
     for (task, store) in stores.into_iter().enumerate() {
         let (barrier, keys, op) = (barrier.clone(), keys.clone(), op.clone());
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut out = Vec::with_capacity(keys.len());
             for key in keys.iter() {
                 barrier.wait().await;
                 out.push(op(store.clone(), task, key.clone()).await);
             }
-            out
-        }));
+            (task, out)
+        });
     }
-    let mut per_task = Vec::new();
-    for t in tasks {
-        per_task.push(t.await.expect("racer panicked"));
+    // A racer that fails leaves the others waiting at the next barrier for ever:
+    // the first failure ends the race, and the test, at once.
+    let mut per_task: Vec<Vec<T>> = (0..racers).map(|_| Vec::new()).collect();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((task, out)) => per_task[task] = out,
+            Err(error) => {
+                tasks.abort_all();
+                panic!("racer failed: {error}");
+            }
+        }
     }
     let rounds = keys.len();
     let mut per_round: Vec<Vec<T>> = (0..rounds)
