@@ -383,7 +383,6 @@ fn sync_entry(from: &Path, to: &Path) {
     }
 }
 
-/// Builds the scratch crate's `it` target, then runs exactly `tests`.
 /// Mutants that share one build: a Lua script runs only in the Redis token store and
 /// a statement of `postgres_statements.rs` only in the Postgres one, and the tests
 /// named for each exercise only their own store, so one of each, applied together,

@@ -274,7 +274,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let turn = order.as_ref().map(|order| order.turn(message.offset()));
         let draining = draining.clone();
         let span = command_span(&message, &self.group_id);
-        let (counts, topic) = (Arc::clone(&self.panics), self.topic.clone());
+        let counts = Arc::clone(&self.panics);
         crate::telemetry::metrics().in_flight.add(1, &[]);
         let (partition, offset) = (self.partition, message.offset());
         running.spawn(async move {
@@ -310,7 +310,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     // Counted here, where it was caught: an exactly-once abort may
                     // abandon this partition task before it joins this one, and a
                     // panic counted only there would be forgotten and handled again.
-                    let count = counts.record(&topic, partition, offset);
+                    let count = counts.record(message.topic(), partition, offset);
                     span.in_scope(|| {
                         tracing::error!(
                             partition,
