@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use rdkafka::message::Message;
 
 use super::topics::{partition_ranges, read_ranges, PartitionRange};
@@ -201,6 +202,13 @@ async fn examine(
         anyhow::Ok((in_range, records))
     })
     .await??;
+    // Keys given up on with their charge unknown: the workers look these up before
+    // any charge, whatever their token says.
+    let unknown: HashMap<String, DateTime<Utc>> = crate::payment::unresolved_charges(pool, "")
+        .await?
+        .into_iter()
+        .map(|u| (u.idempotency_key, u.dead_lettered_at))
+        .collect();
     let mut verdicts = Vec::with_capacity(records.len());
     // Keys this replay would charge (or look up) at an earlier record: the workers
     // answer their later records from that first one, not from today's state.
@@ -239,7 +247,12 @@ async fn examine(
                         ),
                         None => {
                             let token = store.show(&command.idempotency_key).await?;
-                            let verdict = token_verdict(token.as_ref(), mode, scope.lookup);
+                            let verdict = token_verdict(
+                                token.as_ref(),
+                                mode,
+                                scope.lookup,
+                                unknown.get(command.idempotency_key.as_str()).copied(),
+                            );
                             if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
                                 decided_here.insert(
                                     command.idempotency_key.as_str().to_owned(),
@@ -267,18 +280,25 @@ async fn examine(
 /// The verdict for a command with no payment row, from its token: the processor
 /// looks the charge up first whenever its reservation is not the first (fence > 1),
 /// which is so for a token restored after an attempt or taken over after its
-/// lease expired, and always under `--gateway-lookup always`.
+/// lease expired, for a key in `unresolved_charges` (`charge_unknown_since`: given
+/// up on with its charge unknown, whatever its token says now), and always under
+/// `--gateway-lookup always`.
 fn token_verdict(
     token: Option<&crate::token::TokenView>,
     mode: TokenMode,
     lookup: GatewayLookup,
+    charge_unknown_since: Option<DateTime<Utc>>,
 ) -> (&'static str, String) {
-    let charge = || {
-        if lookup == GatewayLookup::Always {
-            (WOULD_LOOK_UP, "--gateway-lookup always".to_owned())
-        } else {
-            (WOULD_CHARGE, String::new())
-        }
+    let charge = || match (charge_unknown_since, lookup) {
+        (Some(since), _) => (
+            WOULD_LOOK_UP,
+            format!(
+                "charge unknown since {} (unresolved_charges)",
+                since.format("%Y-%m-%dT%H:%M:%SZ")
+            ),
+        ),
+        (None, GatewayLookup::Always) => (WOULD_LOOK_UP, "--gateway-lookup always".to_owned()),
+        (None, _) => (WOULD_CHARGE, String::new()),
     };
     match token {
         None if mode == TokenMode::Issued => (
@@ -412,7 +432,7 @@ mod tests {
             payment_id: None,
         };
         let verdict = |token: Option<crate::token::TokenView>, mode, lookup| {
-            token_verdict(token.as_ref(), mode, lookup).0
+            token_verdict(token.as_ref(), mode, lookup, None).0
         };
         let (implicit, uncertain) = (TokenMode::Implicit, GatewayLookup::Uncertain);
         assert_eq!(verdict(None, implicit, uncertain), WOULD_CHARGE);
@@ -463,6 +483,19 @@ mod tests {
                 implicit,
                 uncertain
             ),
+            "duplicate"
+        );
+        // A key given up on with its charge unknown: looked up whatever its token,
+        // even with none (expired, or the store flushed) or a first reservation's.
+        let since = Some(chrono::Utc::now());
+        for token in [None, Some(view(TokenState::Pending, 0, None))] {
+            let (verdict, detail) = token_verdict(token.as_ref(), implicit, uncertain, since);
+            assert_eq!(verdict, WOULD_LOOK_UP);
+            assert!(detail.contains("unresolved_charges"), "{detail}");
+        }
+        let completed = Some(view(TokenState::Completed, 1, None));
+        assert_eq!(
+            token_verdict(completed.as_ref(), implicit, uncertain, since).0,
             "duplicate"
         );
     }

@@ -116,8 +116,10 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     .await;
     assert_eq!(reported_prefix(&again), "cli-fixed");
 
-    // Two more commands by file: one whose token an earlier attempt held and gave
-    // back (fence 1: the next worker looks the charge up first), one never seen.
+    // Three more commands by file: one whose token an earlier attempt held and gave
+    // back (fence 1: the next worker looks the charge up first), one given up on
+    // with its charge unknown and no token left (looked up first all the same),
+    // one never seen.
     let held = IdempotencyKey::try_from("cli-held-1").unwrap();
     let Reservation::Reserved { fence } = stack.tokens.reserve(&held, "earlier").await.unwrap()
     else {
@@ -134,6 +136,13 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
         )
         .await
         .unwrap();
+    sqlx::query(
+        "INSERT INTO unresolved_charges (idempotency_key, amount_minor, currency, reason, attempts)
+         VALUES ('cli-unknown-1', 500, 'EUR', 'retries_exhausted: gateway answered 502', 5)",
+    )
+    .execute(&stack.db.pool)
+    .await
+    .unwrap();
     let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_cli_file"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("commands.jsonl");
@@ -148,8 +157,9 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     std::fs::write(
         &file,
         format!(
-            "{}\n{}\nnot json\n{}\n{}\n",
+            "{}\n{}\n{}\nnot json\n{}\n{}\n",
             line("cli-held-1"),
+            line("cli-unknown-1"),
             line("cli-new-1"),
             line("cli-new-1"),
             line_of("cli-new-1", 501)
@@ -160,7 +170,7 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let report = dry_run_json(&stack, &["--list"]).await;
-    assert_eq!(report["records_in_range"], 67, "{report}");
+    assert_eq!(report["records_in_range"], 68, "{report}");
     let counts = &report["counts"];
     assert_eq!(counts["duplicate"], 61, "{report}");
     assert_eq!(
@@ -171,13 +181,13 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
         counts["key_reused"], 1,
         "cli-new-1 with another amount: {report}"
     );
-    assert_eq!(counts["would_look_up"], 1, "{report}");
+    assert_eq!(counts["would_look_up"], 2, "{report}");
     assert_eq!(counts["invalid"], 1, "{report}");
     for verdict in ["in_flight", "token_missing"] {
         assert_eq!(counts[verdict], 0, "{verdict}: {report}");
     }
     let records = report["records"].as_array().unwrap();
-    assert_eq!(records.len(), 67);
+    assert_eq!(records.len(), 68);
     let verdict_of = |key: &str| {
         records
             .iter()
@@ -189,6 +199,11 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
         Some(serde_json::json!("would_look_up"))
     );
     assert_eq!(
+        verdict_of("cli-unknown-1"),
+        Some(serde_json::json!("would_look_up")),
+        "a key in unresolved_charges is never charged blind: {report}"
+    );
+    assert_eq!(
         verdict_of("cli-new-1"),
         Some(serde_json::json!("would_charge"))
     );
@@ -196,11 +211,11 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     // Workers that always look up would look up before each of the three charges.
     let report = dry_run_json(&stack, &["--gateway-lookup", "always"]).await;
     assert_eq!(report["counts"]["would_charge"], 0, "{report}");
-    assert_eq!(report["counts"]["would_look_up"], 4, "{report}");
+    assert_eq!(report["counts"]["would_look_up"], 5, "{report}");
 
     // --limit examines that many records, and says how many the range holds.
     let report = dry_run_json(&stack, &["--limit", "10", "--list"]).await;
-    assert_eq!(report["records_in_range"], 67, "{report}");
+    assert_eq!(report["records_in_range"], 68, "{report}");
     assert_eq!(report["examined"], 10);
     assert_eq!(report["records"].as_array().unwrap().len(), 10);
     let counted: u64 = report["counts"]
@@ -225,7 +240,7 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
             "{verdict}: {text}"
         );
     }
-    assert!(text.contains("examined 10 of 67 records"), "{text}");
+    assert!(text.contains("examined 10 of 68 records"), "{text}");
     // Dry runs never reach the gateway: it holds the 60 charges of the two runs.
     assert_eq!(stack.ledger().len(), 60);
 
