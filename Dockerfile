@@ -34,6 +34,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && cp target/release/payment-worker /usr/local/bin/payment-worker \
     && cargo build --release --locked --bin payment-worker \
     && cp target/release/payment-worker /usr/local/bin/payment-worker-devtools \
+    # Debug information is 114 MB of the product binary's 142 MB: the Rust code's line
+    # tables (a panic's backtrace names file:line) and what the C libraries
+    # (librdkafka, libcurl, mimalloc) are built with. Compressed in place, where
+    # backtraces still read it, the binary takes 56 MB.
+    && objcopy --compress-debug-sections=zlib /usr/local/bin/payment-worker \
+    && objcopy --compress-debug-sections=zlib /usr/local/bin/payment-worker-devtools \
     # The runtime has glibc, libssl and CA certificates but no zlib, which
     # librdkafka links: carried over from here.
     && mkdir -p /runtime-libs \
