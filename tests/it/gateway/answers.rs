@@ -264,12 +264,24 @@ async fn every_gateway_answer_is_settled_without_a_second_charge() {
                     TokenState::Pending,
                     "{key}: restored"
                 );
+                // What a panic in the next attempt must not lose, even one before
+                // its POST: the charge stays at stake across the retry...
+                assert!(
+                    processor.charge_at_stake(key).is_some(),
+                    "{key}: at stake after the unknown answer"
+                );
                 let second = once(&processor, &cmd).await;
                 rig.assert_booked_once(key, &final_outcome(second)).await;
                 assert_eq!(
                     rig.front.posts_seen(key),
                     1,
                     "{key}: booked from the look-up"
+                );
+                // ... until an attempt answers for good.
+                assert_eq!(
+                    processor.charge_at_stake(key),
+                    None,
+                    "{key}: settled by the booking"
                 );
             }
             Expect::Refused(kind) => {
