@@ -79,6 +79,19 @@ mod tests {
     }
 
     #[test]
+    fn an_echo_holds_no_card_number_in_any_reading_even_when_one_reading_masks_another_number() {
+        // One number in ASCII, another in UTF-16 after it: masking the first reading
+        // changes the ASCII one and may leave the wide one whole; that is no echo.
+        for wide in [" 5500000000000004", "  5500000000000004"] {
+            let bytes = [b"4111111111111111".as_slice(), &utf16le(wide)].concat();
+            assert!(holds_card_number(&bytes));
+            if let Some(masked) = masked_for_echo(&bytes) {
+                assert!(!holds_card_number(masked.as_bytes()), "{masked:?}");
+            }
+        }
+    }
+
+    #[test]
     fn keys_of_the_key_alphabet_are_judged_by_the_identifier_rule() {
         // Two groups of eight digits: an order number, whatever Luhn says of its
         // sixteen digits together (the broad rule would refuse it).
