@@ -6,6 +6,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use payment_worker::devtools::SimulatorConfig;
+use payment_worker::payment::{record_unresolved_charge, PaymentCommand, SourcePosition};
 use payment_worker::token::{Claim, IdempotencyKey, Reservation};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
@@ -136,11 +137,21 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
         )
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO unresolved_charges (idempotency_key, amount_minor, currency, reason, attempts)
-         VALUES ('cli-unknown-1', 500, 'EUR', 'retries_exhausted: gateway answered 502', 5)",
+    // Remembered as the worker remembers a command it gave up on.
+    let unknown =
+        PaymentCommand::new("cli-unknown-1", "acct_1", 500, "EUR", "pm_card_visa", None).unwrap();
+    let given_up_at = SourcePosition {
+        topic: stack.settings.commands_topic.clone(),
+        partition: 0,
+        offset: 0,
+    };
+    record_unresolved_charge(
+        &stack.db.pool,
+        &unknown,
+        &given_up_at,
+        "retries_exhausted: gateway answered 502",
+        5,
     )
-    .execute(&stack.db.pool)
     .await
     .unwrap();
     let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_cli_file"));

@@ -99,18 +99,21 @@ async fn a_result_the_broker_refuses_as_too_large_goes_out_unkeyed_after_the_abo
             "offset {offset}: {outcome}"
         );
     }
-    let long = committed
-        .iter()
-        .find(|m| result_records(std::slice::from_ref(*m))[0].source.offset == 1)
-        .unwrap();
+    let result_at = |offset: i64| {
+        committed
+            .iter()
+            .find(|m| result_records(std::slice::from_ref(*m))[0].source.offset == offset)
+            .unwrap()
+    };
+    let long = result_at(1);
     assert_eq!(long.key(), None, "the result went out without its key");
     // Only that one: the others keep their keys.
     for (offset, key) in [(0, "before"), (2, "after")] {
-        let message = committed
-            .iter()
-            .find(|m| result_records(std::slice::from_ref(*m))[0].source.offset == offset)
-            .unwrap();
-        assert_eq!(message.key(), Some(key.as_bytes()), "offset {offset}");
+        assert_eq!(
+            result_at(offset).key(),
+            Some(key.as_bytes()),
+            "offset {offset}"
+        );
     }
     use sha2::Digest;
     assert_eq!(
