@@ -221,9 +221,18 @@ impl TestRedis {
 /// instrument's sake. The worker's own connections keep their settings.
 pub async fn observer_connection(url: &str) -> redis::aio::ConnectionManager {
     let client = redis::Client::open(url).expect("redis url");
+    patient_connection(client, Duration::from_secs(5)).await
+}
+
+/// A connection that waits up to `answer_timeout` for each answer (and 10 s to
+/// connect), for tests that assert what Redis decides, not how fast it answers.
+pub async fn patient_connection(
+    client: redis::Client,
+    answer_timeout: Duration,
+) -> redis::aio::ConnectionManager {
     let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(5)));
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(answer_timeout));
     redis::aio::ConnectionManager::new_with_config(client, config)
         .await
         .expect("redis connection")

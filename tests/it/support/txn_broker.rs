@@ -24,25 +24,17 @@ fn source_dir() -> PathBuf {
 
 /// The librdkafka tree of the rdkafka-sys crate this build links.
 fn librdkafka_source() -> PathBuf {
-    let output = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--locked"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+    let output = Command::new(source_dir().join("build"))
+        .arg("--print-source")
+        .env("CARGO", env!("CARGO"))
         .output()
-        .expect("running cargo metadata");
+        .expect("running tests/txn_broker/build --print-source");
     assert!(
         output.status.success(),
-        "cargo metadata: {}",
+        "tests/txn_broker/build --print-source: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let manifest = metadata["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "rdkafka-sys")
-        .and_then(|p| p["manifest_path"].as_str())
-        .expect("rdkafka-sys among the packages");
-    Path::new(manifest).parent().unwrap().join("librdkafka")
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
 }
 
 /// The broker binary, built on first use (a minute or two) and kept under target/.

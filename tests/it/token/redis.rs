@@ -12,7 +12,7 @@ use payment_worker::token::{
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 
-use crate::support::helpers::{silent_server, TestRedis, REDIS_URL};
+use crate::support::helpers::{patient_connection, silent_server, TestRedis, REDIS_URL};
 use crate::token::contract::{self as contract, key, policy, Backend, RawToken, RACE_ROUNDS};
 
 struct RedisBackend {
@@ -55,12 +55,7 @@ impl Backend for RedisBackend {
         // The contract asserts who wins, not how fast: with redis-rs's default
         // half-second answer timeout, a racer on a loaded machine failed for the
         // machine's sake (and the others waited for it at the round's barrier).
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(10)))
-            .set_response_timeout(Some(Duration::from_secs(30)));
-        let conn = ConnectionManager::new_with_config(self.client.clone(), config)
-            .await
-            .unwrap();
+        let conn = patient_connection(self.client.clone(), Duration::from_secs(30)).await;
         // Settles announced as a worker's store (`connect_to`) has them.
         Arc::new(
             RedisTokenStore::new(conn, self.prefix.clone(), policy)
