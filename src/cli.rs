@@ -73,7 +73,7 @@ const EXIT_STATUSES: [(u8, &str); 8] = [
     ),
     (
         exit_status::USAGE,
-        "usage error (unknown flag, missing or malformed argument)",
+        "usage error (unknown flag, missing or malformed argument, a setting refused)",
     ),
     (exit_status::VIOLATIONS, "`audit`: invariant violations found"),
     (
@@ -329,8 +329,9 @@ pub enum DlqCommand {
 
 /// The process exit code for a command that failed, from the error's type (the
 /// table is [`exit_status`]): 3 when `audit` found violations, 4 for a fatal broker
-/// error, 65/75/1 for a [`CommandFailure`], 1 for any other error (clap exits with
-/// 2 on a usage error before a command runs).
+/// error, 65/75/1 for a [`CommandFailure`], 2 for a secret file or Kafka setting
+/// refused at start (clap exits with 2 on its own usage errors before a command
+/// runs), 1 for any other error.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     if let Some(failure) = error.downcast_ref::<worker::WorkerFailure>() {
         return failure.exit_code();
@@ -341,6 +342,12 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
     if error
         .downcast_ref::<crate::configuration::SecretError>()
         .is_some_and(crate::configuration::SecretError::is_usage)
+    {
+        return exit_status::USAGE;
+    }
+    if error
+        .downcast_ref::<crate::configuration::RefusedKafkaSetting>()
+        .is_some()
     {
         return exit_status::USAGE;
     }

@@ -23,7 +23,9 @@ pub use secrets::{read_secret, Secret, SecretError, SecretFile, SecretFileParser
 use kafka_passthrough::{
     check_passthrough_key, is_secret_setting, KafkaConfigFileParser, KafkaSettingParser,
 };
-pub use kafka_passthrough::{environment_passthrough, KafkaConfigFile, WorkerOwnedKafkaSetting};
+pub use kafka_passthrough::{
+    environment_passthrough, KafkaConfigFile, RefusedKafkaSetting, WorkerOwnedKafkaSetting,
+};
 
 /// `DATABASE_URL` when none is given: the local `payments` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/payments";
@@ -554,7 +556,7 @@ impl KafkaSettings {
     /// setting given both in KAFKA_CONFIG_FILE and as `KAFKA_CONFIG_*` or
     /// `--kafka-config` (which one should win would be a guess). Every Kafka client
     /// the worker builds for `run` checks it first.
-    pub fn check_passthrough(&self) -> Result<(), WorkerOwnedKafkaSetting> {
+    pub fn check_passthrough(&self) -> Result<(), RefusedKafkaSetting> {
         self.passthrough()
             .iter()
             .try_for_each(|(key, _)| check_passthrough_key(key))?;
@@ -571,10 +573,7 @@ impl KafkaSettings {
                     .iter()
                     .any(|(in_file, _)| normalised(in_file) == normalised(key))
             }) {
-            Some((key, _)) => Err(WorkerOwnedKafkaSetting {
-                key: key.clone(),
-                reason: "it is also in KAFKA_CONFIG_FILE: give each setting once",
-            }),
+            Some((key, _)) => Err(RefusedKafkaSetting::GivenTwice(key.clone())),
             None => Ok(()),
         }
     }

@@ -27,6 +27,23 @@ pub enum GatewayKind {
     Stripe,
 }
 
+impl GatewayKind {
+    /// Whether a gateway of this kind can take `request` at all, decided before
+    /// anything is sent: the adapter's [`PaymentGateway::accepts`], and what
+    /// `replay --dry-run` predicts without a gateway. `Err` is the refusal
+    /// (`<reason code>: <explanation>`).
+    ///
+    /// [`PaymentGateway::accepts`]: crate::gateway::PaymentGateway::accepts
+    pub fn accepts(self, request: &crate::gateway::ChargeRequest) -> Result<(), String> {
+        match self {
+            Self::Charges => Ok(()),
+            Self::Stripe => {
+                crate::gateway::stripe_amount(request.amount_minor, &request.currency).map(|_| ())
+            }
+        }
+    }
+}
+
 /// Where the gateway is and how to reach it: kind, URL, credentials, TLS.
 #[derive(Clone, clap::Args)]
 pub struct GatewayAccess {

@@ -98,6 +98,21 @@ pub struct WorkerOwnedKafkaSetting {
     pub reason: &'static str,
 }
 
+/// Why a passed-through Kafka setting is refused at start: a usage error (exit 2),
+/// as clap's own refusals of `--kafka-config` and of the file's lines are.
+#[derive(Debug, thiserror::Error)]
+pub enum RefusedKafkaSetting {
+    /// The worker sets it itself.
+    #[error(transparent)]
+    WorkerOwned(#[from] WorkerOwnedKafkaSetting),
+    /// Which one should win would be a guess.
+    #[error(
+        "the Kafka setting {0:?} is in KAFKA_CONFIG_FILE and given again as KAFKA_CONFIG_* or \
+         --kafka-config: give each setting once"
+    )]
+    GivenTwice(String),
+}
+
 pub(super) fn check_passthrough_key(key: &str) -> Result<(), WorkerOwnedKafkaSetting> {
     let normalised = key.trim().to_ascii_lowercase();
     // Topic-level settings may be written with a `topic.` prefix.

@@ -70,6 +70,11 @@ impl GatewayTransport {
         crate::telemetry::install_crypto_provider();
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(key) = &self.api_key {
+            anyhow::ensure!(
+                !url_carries(base_url, key.expose()),
+                "the gateway URL carries the API key: it belongs in GATEWAY_API_KEY or \
+                 GATEWAY_API_KEY_FILE only, never in a URL that reaches log lines"
+            );
             let mut value =
                 reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))
                     .map_err(|_| {
@@ -126,5 +131,74 @@ pub(super) fn checked_base_url(base_url: &str) -> anyhow::Result<String> {
         url.username().is_empty() && url.password().is_none(),
         "gateway URL must not carry credentials (use GATEWAY_API_KEY or GATEWAY_API_KEY_FILE)"
     );
+    anyhow::ensure!(
+        !url.path_segments()
+            .into_iter()
+            .flatten()
+            .any(looks_like_stripe_key),
+        "gateway URL must not carry credentials in its path (use GATEWAY_API_KEY or \
+         GATEWAY_API_KEY_FILE)"
+    );
     Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+/// A Stripe secret, restricted or publishable key: never part of a URL.
+fn looks_like_stripe_key(segment: &str) -> bool {
+    ["sk_", "rk_", "pk_"].iter().any(|kind| {
+        segment
+            .strip_prefix(kind)
+            .is_some_and(|rest| rest.starts_with("live_") || rest.starts_with("test_"))
+    })
+}
+
+/// Whether `key` appears in `url`, as written or percent-decoded.
+fn url_carries(url: &str, key: &str) -> bool {
+    if key.is_empty() {
+        return false;
+    }
+    // The form decoder percent-decodes each `&`-separated part of the text.
+    url.contains(key)
+        || url::form_urlencoded::parse(url.as_bytes())
+            .any(|(name, value)| name.contains(key) || value.contains(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_in_the_path_is_refused_and_an_ordinary_path_is_not() {
+        for url in [
+            "https://api.example.com/sk_test_abc123/v1",
+            "https://api.example.com/v1/rk_live_abc123",
+        ] {
+            let error = checked_base_url(url).unwrap_err().to_string();
+            assert!(error.contains("in its path"), "{url}: {error}");
+            assert!(!error.contains("abc123"), "{error}");
+        }
+        assert_eq!(
+            checked_base_url("https://api.example.com/stripe/sk_prefix/").unwrap(),
+            "https://api.example.com/stripe/sk_prefix"
+        );
+    }
+
+    #[test]
+    fn the_configured_key_anywhere_in_the_url_is_refused() {
+        let transport = GatewayTransport::with_api_key(Secret::from("k3y-Of-any-shape"));
+        let timeout = Duration::from_secs(1);
+        for url in [
+            "https://gw.example.com/k3y-Of-any-shape/charges",
+            "https://gw.example.com/k3y%2DOf%2Dany%2Dshape",
+        ] {
+            let error = transport
+                .client(url, timeout, timeout)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("carries the API key"), "{url}: {error}");
+            assert!(!error.contains("k3y"), "{error}");
+        }
+        assert!(transport
+            .client("https://gw.example.com/charges", timeout, timeout)
+            .is_ok());
+    }
 }

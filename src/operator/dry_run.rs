@@ -217,53 +217,54 @@ async fn examine(
         let mut idempotency_key = None;
         let (verdict, detail) = match Inbound::read(record).command {
             Err(reason) => ("invalid", reason.to_string()),
-            Ok(command) if refused_by(scope.gateway, &command).is_some() => {
-                idempotency_key = Some(command.idempotency_key.as_str().to_owned());
-                (
-                    "invalid",
-                    refused_by(scope.gateway, &command).unwrap_or_default(),
-                )
-            }
-            Ok(command) => {
-                idempotency_key = Some(command.idempotency_key.as_str().to_owned());
-                let mut conn = pool.acquire().await?;
-                let existing =
-                    crate::payment::find_payment(&mut conn, command.idempotency_key.as_str())
-                        .await?;
-                drop(conn);
-                match existing {
-                    Some(row) if row.fingerprint == command.fingerprint() => {
-                        ("duplicate", format!("payment {}", row.id))
-                    }
-                    Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
-                    None => match decided_here.get(command.idempotency_key.as_str()) {
-                        Some((fingerprint, first)) if *fingerprint == command.fingerprint() => (
-                            "duplicate",
-                            format!("of offset {first}, earlier in this replay"),
-                        ),
-                        Some((_, first)) => (
-                            "key_reused",
-                            format!("key first used at offset {first}, earlier in this replay"),
-                        ),
-                        None => {
-                            let token = store.show(&command.idempotency_key).await?;
-                            let verdict = token_verdict(
-                                token.as_ref(),
-                                mode,
-                                scope.lookup,
-                                unknown.get(command.idempotency_key.as_str()).copied(),
-                            );
-                            if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
-                                decided_here.insert(
-                                    command.idempotency_key.as_str().to_owned(),
-                                    (command.fingerprint(), record.offset()),
-                                );
-                            }
-                            verdict
-                        }
-                    },
+            Ok(command) => match scope.gateway.accepts(&command.charge_request()) {
+                Err(refusal) => {
+                    idempotency_key = Some(command.idempotency_key.as_str().to_owned());
+                    ("invalid", refusal)
                 }
-            }
+                Ok(()) => {
+                    idempotency_key = Some(command.idempotency_key.as_str().to_owned());
+                    let mut conn = pool.acquire().await?;
+                    let existing =
+                        crate::payment::find_payment(&mut conn, command.idempotency_key.as_str())
+                            .await?;
+                    drop(conn);
+                    match existing {
+                        Some(row) if row.fingerprint == command.fingerprint() => {
+                            ("duplicate", format!("payment {}", row.id))
+                        }
+                        Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
+                        None => match decided_here.get(command.idempotency_key.as_str()) {
+                            Some((fingerprint, first)) if *fingerprint == command.fingerprint() => {
+                                (
+                                    "duplicate",
+                                    format!("of offset {first}, earlier in this replay"),
+                                )
+                            }
+                            Some((_, first)) => (
+                                "key_reused",
+                                format!("key first used at offset {first}, earlier in this replay"),
+                            ),
+                            None => {
+                                let token = store.show(&command.idempotency_key).await?;
+                                let verdict = token_verdict(
+                                    token.as_ref(),
+                                    mode,
+                                    scope.lookup,
+                                    unknown.get(command.idempotency_key.as_str()).copied(),
+                                );
+                                if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
+                                    decided_here.insert(
+                                        command.idempotency_key.as_str().to_owned(),
+                                        (command.fingerprint(), record.offset()),
+                                    );
+                                }
+                                verdict
+                            }
+                        },
+                    }
+                }
+            },
         };
         verdicts.push(DryRunVerdict {
             partition: record.partition(),
@@ -321,17 +322,6 @@ fn token_verdict(
             ),
             TokenState::Pending => charge(),
         },
-    }
-}
-
-/// Why `gateway` would refuse `command` before sending anything, if it would
-/// (the same rule the adapter applies; nothing is asked of the gateway).
-fn refused_by(gateway: GatewayKind, command: &crate::payment::PaymentCommand) -> Option<String> {
-    match gateway {
-        GatewayKind::Charges => None,
-        GatewayKind::Stripe => {
-            crate::gateway::stripe_amount(command.amount_minor, &command.currency).err()
-        }
     }
 }
 
@@ -411,6 +401,9 @@ mod tests {
         let command = |amount, currency| {
             crate::payment::PaymentCommand::new("k", "acct", amount, currency, "pm_card_visa", None)
                 .unwrap()
+        };
+        let refused_by = |gateway: GatewayKind, command: &crate::payment::PaymentCommand| {
+            gateway.accepts(&command.charge_request()).err()
         };
         let kwd = command(1235, "KWD");
         assert_eq!(refused_by(GatewayKind::Charges, &kwd), None);

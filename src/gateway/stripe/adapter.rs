@@ -336,7 +336,7 @@ impl PaymentGateway for StripeGateway {
     }
 
     fn accepts(&self, request: &ChargeRequest) -> Result<(), String> {
-        stripe_amount(request.amount_minor, &request.currency).map(|_| ())
+        crate::configuration::GatewayKind::Stripe.accepts(request)
     }
 
     async fn unconfirmed(&self) -> Result<Vec<Unconfirmed>, GatewayError> {

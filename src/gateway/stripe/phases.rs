@@ -144,6 +144,18 @@ impl StripeGateway {
             Failure::Answered(answer) if answer.is_idempotency_error() => {
                 GatewayError::UnreadableAnswer(format!("confirm of {}: {failure}", intent.id))
             }
+            // Stripe says the refusal was transient (`Stripe-Should-Retry: true`):
+            // nothing was charged and the PaymentIntent still awaits its confirm,
+            // so it is not cancelled; the next attempt looks it up and confirms it
+            // under a new key.
+            Failure::Answered(answer)
+                if matches!(answer.status, 400 | 404) && answer.should_retry == Some(true) =>
+            {
+                GatewayError::Unavailable(format!(
+                    "confirm of {} refused for now ({failure}); Stripe says to retry",
+                    intent.id
+                ))
+            }
             Failure::Answered(answer) if matches!(answer.status, 400 | 404) => {
                 return self.confirm_refused(key, record, intent, &failure).await
             }

@@ -10,6 +10,7 @@ use payment_worker::payment::{record_unresolved_charge, PaymentCommand, SourcePo
 use payment_worker::token::{Claim, IdempotencyKey, Reservation};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
+use crate::support::scripted_stripe::ScriptedStripe;
 
 fn stack_env(stack: &Stack) -> Vec<(String, String)> {
     vec![
@@ -26,10 +27,16 @@ fn stack_env(stack: &Stack) -> Vec<(String, String)> {
 }
 
 async fn pw(stack: &Stack, args: &[&str]) -> Output {
+    pw_with(stack, args, &[]).await
+}
+
+/// `pw` with more environment, as a worker's deployment would set it.
+async fn pw_with(stack: &Stack, args: &[&str], env: &[(&str, &str)]) -> Output {
     let output = tokio::process::Command::new(crate::support::procs::BINARY)
         .args(args)
         .env_clear()
         .envs(stack_env(stack))
+        .envs(env.iter().copied())
         .output()
         .await
         .unwrap();
@@ -157,11 +164,12 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_cli_file"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("commands.jsonl");
-    let line_of = |key: &str, amount: i64| {
+    let line_of_currency = |key: &str, amount: i64, currency: &str| {
         serde_json::json!({"idempotency_key": key, "account_id": "acct_1",
-            "amount_minor": amount, "currency": "EUR", "payment_method": "pm_card_visa"})
+            "amount_minor": amount, "currency": currency, "payment_method": "pm_card_visa"})
         .to_string()
     };
+    let line_of = |key: &str, amount: i64| line_of_currency(key, amount, "EUR");
     let line = |key: &str| line_of(key, 500);
     // cli-new-1 three times: the replay charges the first; the workers answer the
     // second as its duplicate and refuse the third (another amount) as key reuse.
@@ -254,6 +262,57 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     assert!(text.contains("examined 10 of 68 records"), "{text}");
     // Dry runs never reach the gateway: it holds the 60 charges of the two runs.
     assert_eq!(stack.ledger().len(), 60);
+
+    // Under the workers' Stripe settings: a command whose amount Stripe cannot
+    // express (KWD with a last digit) is invalid, and the dry run asks Stripe
+    // nothing (no account, no look-up, no create, no confirm).
+    let stripe = ScriptedStripe::start(&[("sk_test_dry_run_key", "acct_dry")]).await;
+    let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_cli_kwd"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("commands.jsonl");
+    std::fs::write(
+        &file,
+        format!("{}\n", line_of_currency("cli-kwd-1", 1235, "KWD")),
+    )
+    .unwrap();
+    pw(&stack, &["produce", "--file", file.to_str().unwrap()]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let stripe_url = stripe.url();
+    let stripe_env = [
+        ("GATEWAY_KIND", "stripe"),
+        ("GATEWAY_URL", stripe_url.as_str()),
+        ("GATEWAY_API_KEY", "sk_test_dry_run_key"),
+    ];
+    let args = ["replay", "--to-beginning", "--dry-run", "--json", "--list"];
+    let report =
+        |output: Output| -> serde_json::Value { serde_json::from_slice(&output.stdout).unwrap() };
+    let with_stripe = report(pw_with(&stack, &args, &stripe_env).await);
+    let with_charges = report(pw(&stack, &args).await);
+    let verdict = |report: &serde_json::Value| {
+        report["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["idempotency_key"] == "cli-kwd-1")
+            .map(|r| (r["verdict"].clone(), r["detail"].clone()))
+            .unwrap()
+    };
+    assert_eq!(verdict(&with_charges).0, "would_charge", "{with_charges}");
+    let (stripe_verdict, detail) = verdict(&with_stripe);
+    assert_eq!(stripe_verdict, "invalid", "{with_stripe}");
+    assert!(
+        detail
+            .as_str()
+            .unwrap()
+            .starts_with("amount_not_representable:"),
+        "{detail}"
+    );
+    assert_eq!(
+        with_stripe["counts"]["would_charge"],
+        with_charges["counts"]["would_charge"].as_u64().unwrap() - 1,
+        "only that command is judged otherwise"
+    );
+    assert_eq!(stripe.requests(), 0, "the dry run sent Stripe nothing");
 
     // `dlq redrive` with nothing dead-lettered succeeds and says so.
     let output = pw(&stack, &["dlq", "redrive"]).await;

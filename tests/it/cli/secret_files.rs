@@ -160,7 +160,11 @@ async fn secrets_given_as_files_are_used_and_shown_nowhere() {
         &with(&env, &[("KAFKA_CONFIG_CLIENT_ID", "twice")]),
     )
     .await;
-    assert_eq!(code, Some(1), "{output}");
+    assert_eq!(
+        code,
+        Some(2),
+        "a usage error, as for the other settings: {output}"
+    );
     assert!(
         output.contains("KAFKA_CONFIG_FILE") && output.contains("client.id"),
         "{output}"

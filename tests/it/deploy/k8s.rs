@@ -1,7 +1,8 @@
 //! The Kubernetes manifests (`deploy/k8s/`: `base/` and the overlays `dev` and
 //! `production`) render (`kustomize.rs`, compared with `kubectl kustomize` where it
 //! is installed), validate offline against the Kubernetes schemas shipped by
-//! `kubernetes-validate` (KEDA's kinds are checked field by field), and agree with
+//! `kubernetes-validate` (KEDA's kinds against KEDA's own CustomResourceDefinitions,
+//! vendored in `tests/schemas/keda/`), and agree with
 //! each other, with the compose file's partition count and with the worker's own
 //! limits (drain deadline, health endpoints, memory, secrets as files).
 
@@ -42,8 +43,26 @@ fn by_kind<'a>(manifests: &'a [(PathBuf, Value)], kind: &str) -> Vec<&'a Value> 
         .collect()
 }
 
-/// Kinds the Kubernetes schemas do not cover (KEDA's): checked field by field below.
+/// Kinds the Kubernetes schemas do not cover (KEDA's): validated against KEDA's
+/// CustomResourceDefinitions (`tests/schemas/keda/`, from kedacore/keda v2.20.1,
+/// Apache-2.0) by `tests/schemas/validate-custom-resources`, strictly.
 const NOT_IN_THE_KUBERNETES_SCHEMAS: &[&str] = &["ScaledObject", "TriggerAuthentication"];
+
+/// Validates custom resources against the vendored CRDs: the validator's exit status
+/// and what it wrote.
+fn validate_custom_resources(files: &[String]) -> (Option<i32>, String) {
+    let output = Command::new(root().join("tests/schemas/validate-custom-resources"))
+        .arg(root().join("tests/schemas/keda"))
+        .args(files)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("python3 with PyYAML and jsonschema ({KUBERNETES_VALIDATE}): {e}")
+        });
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
 
 fn sorted(mut documents: Vec<Value>) -> Vec<Value> {
     documents.sort_by_key(|d| {
@@ -60,7 +79,8 @@ fn sorted(mut documents: Vec<Value>) -> Vec<Value> {
 
 #[test]
 fn every_overlay_renders_and_validates_against_the_schemas_offline() {
-    for overlay in OVERLAYS {
+    // The base on its own too: an overlay of one's own starts from it.
+    for overlay in std::iter::once(&"deploy/k8s/base").chain(OVERLAYS) {
         let manifests = manifests(overlay);
         assert!(
             manifests.len() >= 9,
@@ -96,18 +116,26 @@ fn every_overlay_renders_and_validates_against_the_schemas_offline() {
         }
         let dir = std::env::temp_dir().join(format!("k8s-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut files = Vec::new();
+        let (mut files, mut custom) = (Vec::new(), Vec::new());
         for (n, (_, document)) in manifests.iter().enumerate() {
-            if NOT_IN_THE_KUBERNETES_SCHEMAS.contains(&document["kind"].as_str().unwrap_or("")) {
-                continue;
-            }
             let file = dir.join(format!("{n}.yaml"));
             std::fs::write(&file, serde_yaml::to_string(document).unwrap()).unwrap();
-            files.push(file.display().to_string());
+            if NOT_IN_THE_KUBERNETES_SCHEMAS.contains(&document["kind"].as_str().unwrap_or("")) {
+                custom.push(file.display().to_string());
+            } else {
+                files.push(file.display().to_string());
+            }
         }
         let mut args = vec!["-m", "kubernetes_validate", "--strict", "--quiet"];
         args.extend(files.iter().map(String::as_str));
         run("python3", &args, KUBERNETES_VALIDATE);
+        assert_eq!(
+            custom.len(),
+            2,
+            "{overlay}: a ScaledObject and a TriggerAuthentication"
+        );
+        let (code, errors) = validate_custom_resources(&custom);
+        assert_eq!(code, Some(0), "{overlay}: {errors}");
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -129,6 +157,38 @@ fn every_overlay_renders_and_validates_against_the_schemas_offline() {
         !output.status.success(),
         "a misspelt field must not validate"
     );
+
+    // So does KEDA's: a misspelt ScaledObject field, a TriggerAuthentication
+    // reference without its parameter, a kind KEDA does not define.
+    for (file, from, to, expected) in [
+        (
+            "scaledobject.yaml",
+            "minReplicaCount:",
+            "minReplicasCount:",
+            Some(1),
+        ),
+        (
+            "triggerauthentication.yaml",
+            "- parameter: sasl\n",
+            "- \n",
+            Some(1),
+        ),
+        (
+            "scaledobject.yaml",
+            "kind: ScaledObject",
+            "kind: ScaledThing",
+            Some(2),
+        ),
+    ] {
+        let original = read(&format!("deploy/k8s/base/{file}"));
+        assert!(original.contains(from), "{file} no longer holds {from:?}");
+        let broken =
+            std::env::temp_dir().join(format!("keda-{}.yaml", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&broken, original.replacen(from, to, 1)).unwrap();
+        let (code, errors) = validate_custom_resources(&[broken.display().to_string()]);
+        std::fs::remove_file(&broken).ok();
+        assert_eq!(code, expected, "{file} with {to:?}: {errors}");
+    }
 }
 
 fn seconds(text: &str) -> u64 {

@@ -232,6 +232,31 @@ async fn the_api_key_file_is_sent_as_bearer_and_never_shown() {
     assert_eq!(code, Some(1), "{output}");
     assert!(output.contains("must not carry credentials"), "{output}");
     assert!(!output.contains("sk_test_in_the_url_55"), "{output}");
+
+    // So is the key in the URL's path, as the configured key or as any Stripe key.
+    for (tag, url) in [
+        ("key-path", "http://127.0.0.1:9/v1/sk_test_revoked_key_99"),
+        (
+            "key-path-other",
+            "http://127.0.0.1:9/sk_live_other_key_77/v1",
+        ),
+    ] {
+        let mut in_path = stores.env(&[
+            ("GATEWAY_KIND", "stripe"),
+            ("GATEWAY_URL", url),
+            ("GATEWAY_API_KEY_FILE", &file),
+        ]);
+        in_path.insert("RUST_LOG".into(), "debug".into());
+        let (code, output, _) = process(&in_path, tag).await;
+        assert_eq!(code, Some(1), "{tag}: {output}");
+        assert!(
+            output.contains("carries the API key") || output.contains("in its path"),
+            "{tag}: {output}"
+        );
+        for secret in ["sk_test_revoked_key_99", "sk_live_other_key_77"] {
+            assert!(!output.contains(secret), "{tag}: {output}");
+        }
+    }
     let _ = std::fs::remove_file(&key_file);
 }
 

@@ -32,6 +32,15 @@ pub enum Scripted {
     Refuse(u16, &'static str, Option<bool>),
 }
 
+/// One create or confirm as it arrived: what the adapter must send on each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub idempotency_key: String,
+    pub stripe_version: Option<String>,
+    /// A confirm's `off_session` field; `None` on a create.
+    pub off_session: Option<String>,
+}
+
 #[derive(Clone)]
 struct Intent {
     id: String,
@@ -60,13 +69,15 @@ struct Books {
     intents: Vec<Intent>,
     /// (account, Idempotency-Key) → the first answer.
     replies: HashMap<(String, String), Reply>,
-    /// Every Idempotency-Key received on a create or confirm, replays included.
-    keys_seen: Vec<String>,
+    /// Every create or confirm received, replays included.
+    received: Vec<Received>,
     /// Charges made, per metadata idempotency key.
     charges: HashMap<String, usize>,
     creates: HashMap<String, VecDeque<Scripted>>,
     confirms: HashMap<String, VecDeque<Scripted>>,
     accounts: HashMap<String, String>,
+    /// Every request of any kind, refused ones included.
+    requests: usize,
     retrieves: usize,
     lists: usize,
     next_id: u64,
@@ -196,15 +207,28 @@ impl ScriptedStripe {
 
     /// Every create or confirm Idempotency-Key received for `key`, in order.
     pub fn keys_seen(&self, key: &str) -> Vec<String> {
+        self.received(key)
+            .into_iter()
+            .map(|r| r.idempotency_key)
+            .collect()
+    }
+
+    /// Every create or confirm received for `key`, in order.
+    pub fn received(&self, key: &str) -> Vec<Received> {
         let prefix = format!("{key}:");
         self.books
             .lock()
             .unwrap()
-            .keys_seen
+            .received
             .iter()
-            .filter(|k| k.starts_with(&prefix))
+            .filter(|r| r.idempotency_key.starts_with(&prefix))
             .cloned()
             .collect()
+    }
+
+    /// Requests of any kind received.
+    pub fn requests(&self) -> usize {
+        self.books.lock().unwrap().requests
     }
 
     pub fn retrieves(&self) -> usize {
@@ -236,7 +260,8 @@ fn form(body: &Bytes) -> HashMap<String, String> {
 }
 
 async fn account(State(books): Shared, headers: HeaderMap) -> Response {
-    let books = books.lock().unwrap();
+    let mut books = books.lock().unwrap();
+    books.requests += 1;
     match account_of(&books, &headers) {
         Some(id) => answer(ok(json!({"id": id})), false),
         None => unauthorized(),
@@ -248,14 +273,21 @@ fn once(
     books: &mut Books,
     account: &str,
     headers: &HeaderMap,
+    off_session: Option<String>,
     work: impl FnOnce(&mut Books) -> Reply,
 ) -> Response {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    books.keys_seen.push(key.clone());
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let key = header("idempotency-key").unwrap_or_default();
+    books.received.push(Received {
+        idempotency_key: key.clone(),
+        stripe_version: header("stripe-version"),
+        off_session,
+    });
     if let Some(first) = books.replies.get(&(account.to_owned(), key.clone())) {
         return answer(first.clone(), true);
     }
@@ -270,6 +302,7 @@ fn once(
 
 async fn create(State(books): Shared, headers: HeaderMap, body: Bytes) -> Response {
     let mut books = books.lock().unwrap();
+    books.requests += 1;
     let Some(account) = account_of(&books, &headers) else {
         return unauthorized();
     };
@@ -279,7 +312,7 @@ async fn create(State(books): Shared, headers: HeaderMap, body: Bytes) -> Respon
         .cloned()
         .unwrap_or_default();
     let owner = account.clone();
-    once(&mut books, &account, &headers, move |books| {
+    once(&mut books, &account, &headers, None, move |books| {
         let scripted = books
             .creates
             .get_mut(&for_key)
@@ -326,13 +359,20 @@ fn intent_index(books: &Books, account: &str, id: &str) -> Option<usize> {
         .position(|i| i.id == id && i.account == account)
 }
 
-async fn confirm(State(books): Shared, Path(id): Path<String>, headers: HeaderMap) -> Response {
+async fn confirm(
+    State(books): Shared,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let mut books = books.lock().unwrap();
+    books.requests += 1;
     let Some(account) = account_of(&books, &headers) else {
         return unauthorized();
     };
     let account_for_work = account.clone();
-    once(&mut books, &account, &headers, move |books| {
+    let off_session = form(&body).remove("off_session");
+    once(&mut books, &account, &headers, off_session, move |books| {
         let Some(at) = intent_index(books, &account_for_work, &id) else {
             return error(404, "invalid_request_error", Some("resource_missing"), None);
         };
@@ -376,6 +416,7 @@ async fn confirm(State(books): Shared, Path(id): Path<String>, headers: HeaderMa
 
 async fn cancel(State(books): Shared, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let mut books = books.lock().unwrap();
+    books.requests += 1;
     let Some(account) = account_of(&books, &headers) else {
         return unauthorized();
     };
@@ -403,6 +444,7 @@ async fn cancel(State(books): Shared, Path(id): Path<String>, headers: HeaderMap
 
 async fn retrieve(State(books): Shared, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let mut books = books.lock().unwrap();
+    books.requests += 1;
     let Some(account) = account_of(&books, &headers) else {
         return unauthorized();
     };
@@ -418,6 +460,7 @@ async fn retrieve(State(books): Shared, Path(id): Path<String>, headers: HeaderM
 
 async fn list(State(books): Shared, headers: HeaderMap, RawQuery(query): RawQuery) -> Response {
     let mut books = books.lock().unwrap();
+    books.requests += 1;
     let Some(account) = account_of(&books, &headers) else {
         return unauthorized();
     };

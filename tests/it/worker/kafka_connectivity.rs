@@ -205,7 +205,7 @@ async fn run_refuses_settings_the_worker_owns() {
     )
     .await;
     let output = lines.join("\n");
-    assert!(!status.success(), "{output}");
+    assert_eq!(status.code(), Some(2), "a usage error: {output}");
     assert!(
         output.contains("\"enable.auto.commit\" cannot be passed through")
             && !output.contains("cannot reach Postgres"),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use payment_worker::configuration::StripeCompat;
+use payment_worker::configuration::{StripeCompat, DEFAULT_STRIPE_API_VERSION};
 use payment_worker::payment::{Attempt, CommandContext, Outcome};
 
 use crate::support::helpers::{http, unique};
@@ -46,6 +46,23 @@ async fn a_confirm_answered_500_after_charging_is_booked_from_the_look_up_never_
         "the confirm went out once; the look-up, not a retry, settled it"
     );
     assert!(server.retrieves() >= 1, "the PaymentIntent was looked up");
+    // Every request pins the API version; the confirm is off session (nobody is
+    // there to authenticate a payment taken from a queue).
+    let received = server.received(&key);
+    assert!(
+        received
+            .iter()
+            .all(|r| r.stripe_version.as_deref() == Some(DEFAULT_STRIPE_API_VERSION)),
+        "{received:?}"
+    );
+    assert_eq!(
+        received
+            .iter()
+            .map(|r| r.off_session.as_deref())
+            .collect::<Vec<_>>(),
+        [None, Some("true")],
+        "the create carries no off_session; the confirm carries off_session=true"
+    );
     let rows = rig.rows(&key).await;
     assert_eq!(
         (rows.len(), rows[0].1.as_str(), rows[0].2.as_deref()),
@@ -227,6 +244,59 @@ async fn refusals_are_retried_under_new_keys_or_final_as_stripe_says_and_charge_
         );
         assert_eq!(server.charges(&key), 1, "{tag}");
     }
+
+    // A confirm refused with 400 that Stripe says to retry (a lock it could not
+    // take, say): nothing was charged and the PaymentIntent still awaits its
+    // confirm, so it is confirmed again under a new key, never cancelled.
+    let key = unique("st-confirm-400-retry");
+    server.script_confirms(
+        &key,
+        &[Scripted::Refuse(400, "invalid_request_error", Some(true))],
+    );
+    let outcome = until_final(&processor, &pay(&key)).await;
+    assert!(matches!(outcome, Outcome::Succeeded { .. }), "{outcome:?}");
+    assert_eq!(
+        server.keys_seen(&key),
+        keys(&key, &["create:1", "confirm:1", "confirm:2"])
+    );
+    assert_eq!(server.charges(&key), 1);
+    assert_eq!(
+        server.intents(&key).len(),
+        1,
+        "one PaymentIntent, not cancelled"
+    );
+
+    // The same refusal without that advice is final: invalid, and the PaymentIntent
+    // it leaves is cancelled rather than left to linger as an orphan.
+    let key = unique("st-confirm-400-final");
+    server.script_confirms(
+        &key,
+        &[Scripted::Refuse(400, "invalid_request_error", Some(false))],
+    );
+    let outcome = until_final(&processor, &pay(&key)).await;
+    assert!(
+        matches!(
+            &outcome,
+            Outcome::Rejected {
+                kind: payment_worker::payment::RejectionKind::Invalid,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        server.keys_seen(&key),
+        keys(&key, &["create:1", "confirm:1"])
+    );
+    assert_eq!(server.charges(&key), 0);
+    assert_eq!(
+        server
+            .intents(&key)
+            .iter()
+            .map(|(_, s)| s.as_str())
+            .collect::<Vec<_>>(),
+        ["canceled"]
+    );
 
     // A create answered 429, or 400 that Stripe says to retry: nothing was made;
     // a new create under a new key.
