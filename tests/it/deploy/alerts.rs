@@ -196,6 +196,59 @@ fn every_alert_fires_and_stays_quiet_in_a_unit_test_and_links_its_runbook() {
             "{name}: no section #{fragment} in docs/OPERATIONS.md"
         );
     }
+    // `scripts/runbook-base` sets that base once for every rule and its unit test,
+    // on a copy here; promtool's tests still pass under the new base.
+    let copy = std::env::temp_dir().join(format!("rules-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&copy).unwrap();
+    for file in ["alerts.yml", "alerts.test.yml"] {
+        std::fs::copy(root().join("deploy/prometheus").join(file), copy.join(file)).unwrap();
+    }
+    let runbook_base = |args: &[&str]| {
+        let output = Command::new(root().join("scripts/runbook-base"))
+            .args(args)
+            .env("RULES_DIR", &copy)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        )
+    };
+    assert_eq!(
+        runbook_base(&[]),
+        (Some(0), base.trim_end_matches("/OPERATIONS.md").to_owned())
+    );
+    assert_eq!(runbook_base(&["https://wiki.example.org/ops/pw/"]).0, Some(0));
+    assert_eq!(runbook_base(&["https://wiki.example.org/ops?pw"]).0, Some(2));
+    let old_base = base.trim_end_matches("/OPERATIONS.md");
+    for file in ["alerts.yml", "alerts.test.yml"] {
+        let text = std::fs::read_to_string(copy.join(file)).unwrap();
+        let urls: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("runbook_url:"))
+            .map(str::trim)
+            .collect();
+        assert!(urls.len() >= rules.len(), "{file}: {urls:?}");
+        for url in urls {
+            assert!(
+                url.starts_with("https://wiki.example.org/ops/pw/OPERATIONS.md#"),
+                "{file}: {url}"
+            );
+        }
+        assert!(!text.contains(old_base), "{file} still names {old_base}");
+    }
+    let promtool = Command::new("promtool")
+        .args(["test", "rules", "alerts.test.yml"])
+        .current_dir(&copy)
+        .output()
+        .unwrap_or_else(|e| panic!("promtool ({PROMTOOL}): {e}"));
+    assert!(
+        promtool.status.success(),
+        "{}",
+        String::from_utf8_lossy(&promtool.stdout)
+    );
+    std::fs::remove_dir_all(&copy).ok();
+
     // The runbook says what to run.
     for command in [
         "audit --repair",
@@ -250,7 +303,8 @@ fn the_dashboard_has_a_panel_for_each_signal_on_its_data_source() {
         }
     }
     // Throughput by outcome, latency percentiles, in flight, lag per partition, dead
-    // letters by kind, retries, token store failures, inconsistencies, panics.
+    // letters by kind, retries, token store failures, inconsistencies, panics,
+    // gateway failures.
     for (signal, needle) in [
         (
             "throughput by outcome",
@@ -278,6 +332,10 @@ fn the_dashboard_has_a_panel_for_each_signal_on_its_data_source() {
             "payment_worker_token_inconsistencies_total",
         ),
         ("panics", "payment_worker_panics_total"),
+        (
+            "gateway failures by operation, class and status",
+            "sum by (operation, class, http_response_status_code) (rate(payment_worker_gateway_failures_total",
+        ),
     ] {
         assert!(
             exprs.iter().any(|e| e.contains(needle)),

@@ -412,15 +412,53 @@ fn agree(overlay: &str, manifests: &[(PathBuf, Value)]) {
         Some("AlwaysAllow")
     );
 
-    // The NetworkPolicy selects the workers: ingress to the health port only, egress
-    // to DNS, Kafka, Postgres, Redis (and Sentinel), the gateway and the collector only.
-    let policy = one("NetworkPolicy");
-    for (key, value) in policy["spec"]["podSelector"]["matchLabels"]
-        .as_mapping()
-        .unwrap()
-    {
-        assert_eq!(&labels[key.as_str().unwrap()], value);
-    }
+    // One NetworkPolicy selects the workers: ingress to the health port only, egress
+    // to DNS, Kafka, Postgres, Redis (and Sentinel), the gateway and the collector
+    // only. Another fences the migration Job: no ingress, egress to DNS and Postgres.
+    let policies = by_kind(manifests, "NetworkPolicy");
+    assert_eq!(policies.len(), 2, "{overlay}: the workers' and the migration's");
+    let selects = |policy: &Value, labels: &Value| {
+        policy["spec"]["podSelector"]["matchLabels"]
+            .as_mapping()
+            .unwrap()
+            .iter()
+            .all(|(key, value)| &labels[key.as_str().unwrap()] == value)
+    };
+    let egress_ports = |policy: &Value| -> BTreeSet<u64> {
+        policy["spec"]["egress"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .inspect(|rule| assert!(rule["to"].is_sequence(), "an egress rule open to anywhere"))
+            .flat_map(|rule| rule["ports"].as_sequence().unwrap().iter())
+            .filter_map(|p| p["port"].as_u64())
+            .collect()
+    };
+    let migration = job;
+    let migration_labels = &migration["spec"]["template"]["metadata"]["labels"];
+    let [policy] = policies
+        .iter()
+        .filter(|p| selects(p, labels))
+        .copied()
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("{overlay}: exactly one NetworkPolicy selects the workers")
+    };
+    let [fence] = policies
+        .iter()
+        .filter(|p| selects(p, migration_labels))
+        .copied()
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("{overlay}: exactly one NetworkPolicy selects the migration Job")
+    };
+    assert!(!selects(policy, migration_labels) && !selects(fence, labels));
+    assert_eq!(
+        fence["spec"]["policyTypes"],
+        serde_yaml::from_str::<Value>("[Ingress, Egress]").unwrap()
+    );
+    assert!(fence["spec"]["ingress"].is_null(), "no ingress to the migration");
+    assert_eq!(egress_ports(fence), BTreeSet::from([53, 5432]));
     let ingress = policy["spec"]["ingress"].as_sequence().unwrap();
     let ingress_ports: BTreeSet<String> = ingress
         .iter()
@@ -428,16 +466,8 @@ fn agree(overlay: &str, manifests: &[(PathBuf, Value)]) {
         .map(|p| serde_yaml::to_string(&p["port"]).unwrap().trim().to_owned())
         .collect();
     assert_eq!(ingress_ports, BTreeSet::from(["health".to_owned()]));
-    let egress_ports: BTreeSet<u64> = policy["spec"]["egress"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .inspect(|rule| assert!(rule["to"].is_sequence(), "an egress rule open to anywhere"))
-        .flat_map(|rule| rule["ports"].as_sequence().unwrap().iter())
-        .filter_map(|p| p["port"].as_u64())
-        .collect();
     assert_eq!(
-        egress_ports,
+        egress_ports(policy),
         BTreeSet::from([53, 9092, 9093, 5432, 6379, 26379, 8080, 443, 4317, 4318])
     );
 
