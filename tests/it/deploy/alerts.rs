@@ -218,8 +218,14 @@ fn every_alert_fires_and_stays_quiet_in_a_unit_test_and_links_its_runbook() {
         runbook_base(&[]),
         (Some(0), base.trim_end_matches("/OPERATIONS.md").to_owned())
     );
-    assert_eq!(runbook_base(&["https://wiki.example.org/ops/pw/"]).0, Some(0));
-    assert_eq!(runbook_base(&["https://wiki.example.org/ops?pw"]).0, Some(2));
+    assert_eq!(
+        runbook_base(&["https://wiki.example.org/ops/pw/"]).0,
+        Some(0)
+    );
+    assert_eq!(
+        runbook_base(&["https://wiki.example.org/ops?pw"]).0,
+        Some(2)
+    );
     let old_base = base.trim_end_matches("/OPERATIONS.md");
     for file in ["alerts.yml", "alerts.test.yml"] {
         let text = std::fs::read_to_string(copy.join(file)).unwrap();

@@ -416,7 +416,11 @@ fn agree(overlay: &str, manifests: &[(PathBuf, Value)]) {
     // to DNS, Kafka, Postgres, Redis (and Sentinel), the gateway and the collector
     // only. Another fences the migration Job: no ingress, egress to DNS and Postgres.
     let policies = by_kind(manifests, "NetworkPolicy");
-    assert_eq!(policies.len(), 2, "{overlay}: the workers' and the migration's");
+    assert_eq!(
+        policies.len(),
+        2,
+        "{overlay}: the workers' and the migration's"
+    );
     let selects = |policy: &Value, labels: &Value| {
         policy["spec"]["podSelector"]["matchLabels"]
             .as_mapping()
@@ -457,7 +461,10 @@ fn agree(overlay: &str, manifests: &[(PathBuf, Value)]) {
         fence["spec"]["policyTypes"],
         serde_yaml::from_str::<Value>("[Ingress, Egress]").unwrap()
     );
-    assert!(fence["spec"]["ingress"].is_null(), "no ingress to the migration");
+    assert!(
+        fence["spec"]["ingress"].is_null(),
+        "no ingress to the migration"
+    );
     assert_eq!(egress_ports(fence), BTreeSet::from([53, 5432]));
     let ingress = policy["spec"]["ingress"].as_sequence().unwrap();
     let ingress_ports: BTreeSet<String> = ingress

@@ -126,6 +126,58 @@ impl PasswordRedis {
 /// The master's name the sentinels watch.
 pub const SENTINEL_MASTER: &str = "pwmaster";
 
+/// One Sentinel over TLS only, watching `master` (a TLS node of the same `pki`) and
+/// reaching it over TLS too (`tls-replication yes`): what `rediss+sentinel://`
+/// connects to.
+pub struct TlsSentinel {
+    pub _dir: TempDir,
+    pub _sentinel: Proc,
+    pub port: u16,
+}
+
+impl TlsSentinel {
+    pub async fn start(pki: &TestPki, master: u16) -> Self {
+        let dir = TempDir::new("pw-redis-tls-sentinel");
+        let port = free_port();
+        let config = dir.0.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {}\n\
+                 tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                 tls-auth-clients no\ntls-replication yes\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master} 1\n",
+                path_str(&dir.0),
+                path_str(&pki.server_cert()),
+                path_str(&pki.server_key()),
+                path_str(&pki.ca()),
+            ),
+        )
+        .unwrap();
+        let mut command = std::process::Command::new("redis-server");
+        command.arg(&config).arg("--sentinel");
+        let mut sentinel = Proc::spawn(format!("redis-tls-sentinel-{port}"), command);
+        sentinel
+            .wait_for(Duration::from_secs(30), |l| {
+                l.contains("+monitor master").then_some(())
+            })
+            .await;
+        Self {
+            _dir: dir,
+            _sentinel: sentinel,
+            port,
+        }
+    }
+
+    /// `rediss+sentinel://` naming this sentinel and the master.
+    pub fn url(&self) -> String {
+        format!(
+            "rediss+sentinel://127.0.0.1:{}/{SENTINEL_MASTER}",
+            self.port
+        )
+    }
+}
+
 /// A master, one replica, and three sentinels (quorum 2) watching them.
 pub struct PrivateSentinels {
     pub _dir: TempDir,

@@ -4,17 +4,20 @@
 //! and the same store, without being told, goes on with the new master: the tokens
 //! Redis kept (replicated before the failover) are all there, its scripts work on
 //! the new master, and `audit`, given only the sentinels' addresses, reads the new
-//! master once the old one is gone.
+//! master once the old one is gone. Over TLS (`rediss+sentinel://`), the sentinel
+//! and the master are both reached with the CA the store is given, and another CA
+//! is refused.
 
 use std::time::Duration;
 
 use payment_worker::token::{
     Claim, IdempotencyKey, RedisTarget, RedisTokenStore, Reservation, TokenError, TokenMode,
-    TokenState, TokenStore, Transition,
+    TokenPolicy, TokenState, TokenStore, Transition,
 };
 
 use crate::support::helpers::unique;
-use crate::support::redis_servers::PrivateSentinels;
+use crate::support::pki::TestPki;
+use crate::support::redis_servers::{PrivateSentinels, TlsRedis, TlsSentinel};
 use crate::token::contract::{key, policy};
 use crate::token::redis_topologies::audit_stuck_tokens;
 
@@ -144,4 +147,62 @@ async fn tokens_survive_a_sentinel_failover_and_the_store_follows_the_master() {
     group.kill_node(first_master);
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(audit_stuck_tokens(&group.url(), &stuck_prefix).await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_store_asks_the_sentinel_and_pays_on_the_master_it_names() {
+    let pki = TestPki::new();
+    let master = TlsRedis::start(&pki, false).await;
+    let sentinel = TlsSentinel::start(&pki, master.port).await;
+    let ca = std::fs::read(pki.ca()).unwrap();
+    let target = RedisTarget::parse(&sentinel.url(), false)
+        .unwrap()
+        .with_ca_pem(Some(ca.clone()));
+    let prefix = unique("pwsenttls");
+    let store = RedisTokenStore::connect_to(
+        &target,
+        prefix.clone(),
+        policy(TokenMode::Issued, 30_000, 3_600_000, 3_600_000),
+    )
+    .await
+    .unwrap();
+    let keys: Vec<IdempotencyKey> = (0..10).map(|_| key("tls")).collect();
+    issue_all(&store, &keys).await;
+    for k in &keys[..5] {
+        pay(&store, k).await;
+    }
+    for (n, k) in keys.iter().enumerate() {
+        let state = retried("show", || store.show(k)).await.map(|v| v.state);
+        let expected = if n < 5 {
+            TokenState::Completed
+        } else {
+            TokenState::Pending
+        };
+        assert_eq!(state, Some(expected), "{k}");
+    }
+
+    // The tokens are on the master the sentinel named, read over TLS directly.
+    let direct = RedisTarget::parse(&master.url(), false)
+        .unwrap()
+        .with_ca_pem(Some(ca));
+    let mut connection = direct.connect().await.unwrap();
+    let on_master: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:token:*"))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(on_master.len(), 10);
+
+    // Another CA: neither the sentinel nor the master is trusted.
+    let wrong = RedisTarget::parse(&sentinel.url(), false)
+        .unwrap()
+        .with_ca_pem(Some(std::fs::read(pki.wrong_ca()).unwrap()));
+    let error = RedisTokenStore::connect_to(&wrong, "x", TokenPolicy::default())
+        .await
+        .expect_err("a sentinel signed by another CA must be refused");
+    let shown = format!("{error:#}");
+    assert!(
+        shown.contains("certificate") || shown.contains("UnknownIssuer"),
+        "{shown}"
+    );
 }
