@@ -45,6 +45,12 @@ impl TraceService for Received {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let encoding = request
+            .metadata()
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        self.1.lock().unwrap().push(encoding);
         self.record(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
@@ -60,7 +66,9 @@ async fn tls_receiver(pki: &TestPki, require_clients: bool) -> (u16, Received) {
     let port = listener.local_addr().unwrap().port();
     drop(listener);
     let identity = Identity::from_pem(&pki.server_cert_pem, &pki.server_key_pem);
-    let service = TraceServiceServer::new(received.clone());
+    // It takes gzip, as a collector does; each request's `grpc-encoding` is recorded.
+    let service = TraceServiceServer::new(received.clone())
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let mut tls = ServerTlsConfig::new().identity(identity);
     if require_clients {
         tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(&pki.ca_pem));
@@ -305,6 +313,25 @@ async fn otlp_compression_gzip_compresses_every_export() {
     assert!(
         encodings.iter().all(|e| e.as_deref() == Some("gzip")),
         "requests not gzip-encoded: {encodings:?}"
+    );
+
+    // Over gRPC too: every export arrives gzip-encoded (`grpc-encoding: gzip`).
+    let (grpc_port, grpc_received) = tls_receiver(&pki, false).await;
+    run_one_command(
+        &stack,
+        grpc_port,
+        "grpc",
+        &pki.ca(),
+        "otlp-grpc-gzip",
+        &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")],
+    )
+    .await;
+    assert_spans_of_a_command(&grpc_received, "grpc gzip");
+    let encodings = grpc_received.1.lock().unwrap().clone();
+    assert!(!encodings.is_empty());
+    assert!(
+        encodings.iter().all(|e| e.as_deref() == Some("gzip")),
+        "gRPC requests not gzip-encoded: {encodings:?}"
     );
 
     // A compression the exporter cannot do is refused, not silently dropped.
