@@ -29,9 +29,9 @@ pub enum GatewayKind {
 
 impl GatewayKind {
     /// Whether a gateway of this kind can take `request` at all, decided before
-    /// anything is sent: the adapter's [`PaymentGateway::accepts`], and what
-    /// `replay --dry-run` predicts without a gateway. `Err` is the refusal
-    /// (`<reason code>: <explanation>`).
+    /// anything is sent, by the rule its adapter's [`PaymentGateway::accepts`]
+    /// applies (`stripe_amount` for Stripe): what `replay --dry-run` predicts
+    /// without a gateway. `Err` is the refusal (`<reason code>: <explanation>`).
     ///
     /// [`PaymentGateway::accepts`]: crate::gateway::PaymentGateway::accepts
     pub fn accepts(self, request: &crate::gateway::ChargeRequest) -> Result<(), String> {

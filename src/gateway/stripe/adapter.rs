@@ -336,7 +336,7 @@ impl PaymentGateway for StripeGateway {
     }
 
     fn accepts(&self, request: &ChargeRequest) -> Result<(), String> {
-        crate::configuration::GatewayKind::Stripe.accepts(request)
+        stripe_amount(request.amount_minor, &request.currency).map(|_| ())
     }
 
     async fn unconfirmed(&self) -> Result<Vec<Unconfirmed>, GatewayError> {
