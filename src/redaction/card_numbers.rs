@@ -307,6 +307,16 @@ mod tests {
         ] {
             assert_eq!(mask_printed_card_numbers(value), masked, "{value}");
         }
+        // Groups are joined across one dash or one space only: an underscore or a
+        // doubled separator makes them separate identifiers.
+        for value in ["4111_1111_1111_1111", "4111--1111--1111--1111"] {
+            assert!(!contains_printed_card_number(value), "{value}");
+        }
+        // A printed card is found wherever it starts, after any number of groups.
+        assert_eq!(
+            mask_printed_card_numbers("ref 1/2/3/4 amex 3782 822463 10005"),
+            "ref 1/2/3/4 amex **** ****** *0005"
+        );
         // The broad rule, for payloads, masks the grouped id too.
         assert_eq!(
             mask_card_numbers("ord-20260115-00000008"),

@@ -26,11 +26,6 @@ impl Undecodable {
             Self::KeyMismatch => "kafka_key_mismatch",
         }
     }
-
-    /// Whether the value held a card number, so its dead letter must be masked.
-    pub fn holds_card_number(&self) -> bool {
-        matches!(self, Self::Command(invalid) if invalid.holds_card_number())
-    }
 }
 
 /// One command record, decoded.

@@ -176,18 +176,6 @@ impl InvalidCommand {
         }
     }
 
-    /// Whether the command was refused for carrying a card-number-like value, so
-    /// every copy of it (dead letter included) must be masked.
-    pub fn holds_card_number(&self) -> bool {
-        matches!(
-            self,
-            Self::CardNumberAsKey
-                | Self::CardNumberInAccountId
-                | Self::CardNumberAsPaymentMethod
-                | Self::CardNumberInDescription
-        )
-    }
-
     /// The offending field, when the problem is with one field.
     pub fn field(&self) -> Option<&'static str> {
         match self {

@@ -140,7 +140,9 @@ proptest! {
                     .filter(|h| h.name.starts_with(b"x-"))
                     .count();
                 prop_assert!(kept + ours >= header_list.len() + 6);
-                if undecodable.holds_card_number() {
+                // Refused for a card number (`card_number_as_key`, `_in_account_id`,
+                // `_as_payment_method`, `_in_description`): its dead letter is masked.
+                if code.starts_with("card_number_") {
                     let redacted = payment_worker::payment::redact_payload(
                         record.payload().unwrap_or_default(),
                     );
