@@ -15,6 +15,4 @@ pub use persistence::{
     BookedPayment, PaymentRecord, PaymentStatus, SourcePosition,
 };
 pub use processor::{ChargeAtStake, CommandContext, GatewayLookup, Processor};
-pub use unresolved::{
-    record_unresolved_charge, record_unresolved_stake, unresolved_charges, UnresolvedCharge,
-};
+pub use unresolved::{record_unresolved_stake, unresolved_charges, UnresolvedCharge};

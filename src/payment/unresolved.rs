@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::persistence::SourcePosition;
-use super::{ChargeAtStake, PaymentCommand};
+use super::ChargeAtStake;
 
 /// Longest reason kept (the dead letter carries the same text).
 const MAX_REASON_CHARS: usize = 512;
@@ -31,20 +31,9 @@ pub struct UnresolvedCharge {
     pub dead_lettered_at: DateTime<Utc>,
 }
 
-/// Remembers `command` as given up on with its charge unknown. A key given up on
-/// again (after a redrive) keeps one row, with the latest attempt's details.
-pub async fn record_unresolved_charge(
-    pool: &PgPool,
-    command: &PaymentCommand,
-    source: &SourcePosition,
-    reason: &str,
-    attempts: u32,
-) -> Result<(), sqlx::Error> {
-    record_unresolved_stake(pool, &ChargeAtStake::of(command), source, reason, attempts).await
-}
-
-/// [`record_unresolved_charge`] for a record that is not decoded again (it made its
-/// handler panic): what the attempt that sent the POST kept of it.
+/// Remembers the command behind `command` (what the attempt that may have charged
+/// kept of it) as given up on with its charge unknown. A key given up on again
+/// (after a redrive) keeps one row, with the latest attempt's details.
 pub async fn record_unresolved_stake(
     pool: &PgPool,
     command: &ChargeAtStake,

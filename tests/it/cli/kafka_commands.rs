@@ -6,7 +6,9 @@ use std::process::Output;
 use std::time::Duration;
 
 use payment_worker::devtools::SimulatorConfig;
-use payment_worker::payment::{record_unresolved_charge, PaymentCommand, SourcePosition};
+use payment_worker::payment::{
+    record_unresolved_stake, ChargeAtStake, PaymentCommand, SourcePosition,
+};
 use payment_worker::token::{Claim, IdempotencyKey, Reservation};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
@@ -152,9 +154,9 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
         partition: 0,
         offset: 0,
     };
-    record_unresolved_charge(
+    record_unresolved_stake(
         &stack.db.pool,
-        &unknown,
+        &ChargeAtStake::of(&unknown),
         &given_up_at,
         "retries_exhausted: gateway answered 502",
         5,
