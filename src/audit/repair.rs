@@ -97,7 +97,7 @@ pub(super) async fn repair_stuck_token(
     }
     let owner = format!("audit:{}", Uuid::new_v4().simple());
     let fence = match tokens.reserve(key, &owner).await {
-        Ok(Reservation::Reserved { fence }) => fence,
+        Ok(Reservation::Reserved { fence, .. }) => fence,
         Ok(Reservation::InFlight { .. } | Reservation::Completed { .. }) => {
             return repair(key, RepairAction::AlreadyMoved, "a worker got to it first")
         }
@@ -236,7 +236,7 @@ pub(super) async fn cancel_orphan(
     }
     let owner = format!("audit:{}", Uuid::new_v4().simple());
     let fence = match tokens.reserve(&key, &owner).await {
-        Ok(Reservation::Reserved { fence }) => fence,
+        Ok(Reservation::Reserved { fence, .. }) => fence,
         Ok(Reservation::InFlight { .. }) => {
             return repair(
                 &key,

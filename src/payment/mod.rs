@@ -14,5 +14,5 @@ pub use persistence::{
     booked_payments, delete_payments_with_prefix, find_payment, payments_table_exists,
     BookedPayment, PaymentRecord, PaymentStatus, SourcePosition,
 };
-pub use processor::{ChargeAtStake, CommandContext, GatewayLookup, Processor};
+pub use processor::{ChargeAtStake, CommandContext, GatewayLookup, Processor, Watched};
 pub use unresolved::{record_unresolved_stake, unresolved_charges, UnresolvedCharge};

@@ -121,6 +121,25 @@ impl Attempt {
         }
     }
 
+    /// This attempt as it counts when `earlier` attempts (this delivery's, or the
+    /// token's previous holder) may have charged: until an answer is booked the charge
+    /// stays unknown. A retry keeps it so; a refusal that books nothing is answered
+    /// as unbooked (flagged, and listed for `audit`). Answers a payment row gave are
+    /// booked and never pass through here.
+    pub fn knowing(self, earlier: ChargeEvidence) -> Self {
+        match (self, earlier) {
+            (Self::Retry { after, reason, .. }, ChargeEvidence::MayHaveCharged) => Self::Retry {
+                after,
+                reason,
+                charge: ChargeEvidence::MayHaveCharged,
+            },
+            (Self::Final(rejected @ Outcome::Rejected { .. }), ChargeEvidence::MayHaveCharged) => {
+                Self::Unbooked(rejected)
+            }
+            (attempt, _) => attempt,
+        }
+    }
+
     /// The final outcome, if this attempt reached one.
     pub fn into_final(self) -> Option<Outcome> {
         match self {
@@ -153,6 +172,15 @@ pub enum ChargeEvidence {
 }
 
 impl ChargeEvidence {
+    /// `MayHaveCharged` when `unknown`, else `Unchanged`.
+    pub fn from_unknown(unknown: bool) -> Self {
+        if unknown {
+            Self::MayHaveCharged
+        } else {
+            Self::Unchanged
+        }
+    }
+
     /// Whether a charge may exist unrecorded, given what was known before (`earlier`).
     pub fn may_have_charged(self, earlier: bool) -> bool {
         match self {

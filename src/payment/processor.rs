@@ -22,7 +22,8 @@ use crate::fault::{FaultPoint, Faults};
 use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
 use crate::retry::{classify_sqlx, DatabaseFailure};
 use crate::token::{
-    Claim, IdempotencyKey, Reservation, SettleWatch, TokenError, TokenStore, Transition,
+    Claim, IdempotencyKey, Predecessor, Reservation, SettleWatch, TokenError, TokenStore,
+    Transition,
 };
 
 pub use at_stake::ChargeAtStake;
@@ -81,6 +82,44 @@ pub struct CommandContext<'a> {
     /// fence: the token may have vanished meanwhile (its deadline passed during a
     /// restore) and a new one starts at fence 1.
     pub earlier: ChargeEvidence,
+    /// The owner this delivery's previous attempt reserved the token as, if it did
+    /// ([`Watched::claimed_as`]). A reservation whose predecessor is anyone else
+    /// inherits an outcome this delivery cannot know (see [`Predecessor`]).
+    pub previous_claim: Option<&'a str>,
+}
+
+impl CommandContext<'_> {
+    /// What this attempt knows of an earlier charge, given who held the token before
+    /// its reservation: a stranger's (a holder killed after its POST, or whose
+    /// look-ups failed) is a charge that may exist, exactly as if this delivery had
+    /// sent it and lost the answer.
+    fn evidence_after(&self, predecessor: &Predecessor) -> ChargeEvidence {
+        if predecessor.is_stranger(self.previous_claim) {
+            ChargeEvidence::MayHaveCharged
+        } else {
+            self.earlier
+        }
+    }
+}
+
+/// What an attempt leaves beside its answer, for the retry loop.
+#[derive(Default)]
+struct Aside {
+    watch: Option<SettleWatch>,
+    claimed_as: Option<String>,
+}
+
+/// One attempt as the retry loop sees it.
+#[derive(Debug)]
+pub struct Watched {
+    /// What the attempt came to.
+    pub attempt: Attempt,
+    /// Set when the attempt met another owner's live lease: ends when that owner
+    /// settles the token.
+    pub watch: Option<SettleWatch>,
+    /// The owner the attempt reserved the token as, when it did: the next attempt of
+    /// the same delivery passes it as [`CommandContext::previous_claim`].
+    pub claimed_as: Option<String>,
 }
 
 /// A reservation and how long it is certainly still ours.
@@ -134,7 +173,7 @@ pub struct Processor {
     /// nothing and with no acquire timeout to run into.
     attempts: Arc<tokio::sync::Semaphore>,
     /// Keys whose charge may exist while no attempt settled it (see [`ChargeAtStake`]).
-    at_stake: Mutex<HashMap<String, ChargeAtStake>>,
+    at_stake: Mutex<HashMap<String, at_stake::Stake>>,
 }
 
 impl Processor {
@@ -197,7 +236,7 @@ impl Processor {
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
         // Never closed, so acquiring only fails if that changes: then run unbounded.
         let _slot = self.attempts.acquire().await.ok();
-        self.attempt(command, context, &mut None).await
+        self.attempt(command, context, &mut Aside::default()).await
     }
 
     /// `process`, and when the attempt met another owner's live lease, a watch that
@@ -212,25 +251,29 @@ impl Processor {
         &self,
         command: &PaymentCommand,
         context: &CommandContext<'_>,
-    ) -> (Attempt, Option<SettleWatch>) {
+    ) -> Watched {
         // Never closed, so acquiring only fails if that changes: then run unbounded.
         let _slot = self.attempts.acquire().await.ok();
-        let mut watch = None;
-        let attempt = self.attempt(command, context, &mut watch).await;
-        (attempt, watch)
+        let mut aside = Aside::default();
+        let attempt = self.attempt(command, context, &mut aside).await;
+        Watched {
+            attempt,
+            watch: aside.watch,
+            claimed_as: aside.claimed_as,
+        }
     }
 
     async fn attempt(
         &self,
         command: &PaymentCommand,
         context: &CommandContext<'_>,
-        watch: &mut Option<SettleWatch>,
+        aside: &mut Aside,
     ) -> Attempt {
-        let mut attempt = self.decide(command, context, watch).await;
+        let mut attempt = self.decide(command, context, aside).await;
         // A final answer settles what was at stake (an unbooked one is recorded by
         // the caller); a retry leaves it, so a panic in a later attempt still knows.
         if !matches!(attempt, Attempt::Retry { .. }) {
-            self.stakes().remove(command.idempotency_key.as_str());
+            self.settle_stake(command.idempotency_key.as_str());
         }
         if let Attempt::Final(Outcome::Duplicate {
             payment_id,
@@ -261,7 +304,7 @@ impl Processor {
         &self,
         command: &PaymentCommand,
         context: &CommandContext<'_>,
-        watch: &mut Option<SettleWatch>,
+        aside: &mut Aside,
     ) -> Attempt {
         let key = &command.idempotency_key;
         // A command this gateway cannot take at all (an amount Stripe cannot
@@ -295,18 +338,33 @@ impl Processor {
         tracing::Span::current().record("token.verdict", verdict);
         tracing::debug!(idempotency_key = %key, ?reservation, "token reserve");
         match reservation {
-            Reservation::Reserved { fence } => {
+            Reservation::Reserved { fence, predecessor } => {
+                let inherited = context.evidence_after(&predecessor);
+                if inherited != context.earlier {
+                    tracing::warn!(
+                        idempotency_key = %key,
+                        fence,
+                        "the token's previous holder may have charged: looked up first"
+                    );
+                }
+                let context = CommandContext {
+                    earlier: inherited,
+                    ..*context
+                };
                 let claim = Claim { owner, fence };
                 let lease = Lease {
                     claim: &claim,
                     surely_held_until: asked_at + self.tokens.policy().lease / 2,
                 };
-                self.run_reserved(command, &fingerprint, context, &lease)
-                    .await
+                let attempt = self
+                    .run_reserved(command, &fingerprint, &context, &lease)
+                    .await;
+                aside.claimed_as = Some(claim.owner);
+                attempt
             }
             Reservation::InFlight { lease_left } => {
                 // Woken by the holder's settle rather than only by the backoff.
-                *watch = self.tokens.watch_settle(key).await;
+                aside.watch = self.tokens.watch_settle(key).await;
                 Attempt::Retry {
                     after: lease_left,
                     reason: "token in flight at another worker".to_owned(),
@@ -388,7 +446,7 @@ impl Processor {
             // The key's charge was made for another request (or the gateway answered
             // for another key): never book it as this one.
             (Ok(Some(found)), _) => {
-                self.mark_at_stake(command);
+                self.mark_at_stake(command, context.source);
                 match charging::checked_charge(found, command) {
                     Ok(charge) => charge,
                     Err(mismatch) => return mismatch,
@@ -499,6 +557,7 @@ impl Processor {
                 outcome.into()
             }
             Settlement::Restore(attempt) => {
+                let attempt = attempt.knowing(context.earlier);
                 let retried = std::sync::atomic::AtomicBool::new(false);
                 let restored = (|| {
                     self.tokens
@@ -537,7 +596,7 @@ impl Processor {
                 }
                 attempt
             }
-            Settlement::LeaveToLease(attempt) => attempt,
+            Settlement::LeaveToLease(attempt) => attempt.knowing(context.earlier),
             Settlement::Settled(outcome) => {
                 if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit, key.as_str()).await {
                     // Token and payment were committed together: nothing is left behind.
@@ -613,7 +672,7 @@ impl Processor {
             .with_lease(
                 key,
                 claim,
-                self.obtain_charge(command, payment_id, lease, history),
+                self.obtain_charge(command, context.source, payment_id, lease, history),
             )
             .await;
         let charge = match charge {

@@ -18,6 +18,6 @@ pub use redis_sentinel::{SentinelConnection, SentinelService};
 pub use settle_wait::{SettleWatch, Woken};
 
 pub use store::{
-    Claim, Housekeeping, IssueOutcome, LockOutcome, Reservation, SettleInTransaction, TokenError,
-    TokenMode, TokenPolicy, TokenState, TokenStore, TokenView, Transition,
+    Claim, Housekeeping, IssueOutcome, LockOutcome, Predecessor, Reservation, SettleInTransaction,
+    TokenError, TokenMode, TokenPolicy, TokenState, TokenStore, TokenView, Transition,
 };

@@ -24,7 +24,7 @@ use super::postgres_statements::{
 };
 use super::settle_wait::{SettleWatch, Woken};
 use super::{
-    Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Reservation,
+    Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Predecessor, Reservation,
     SettleInTransaction, TokenError, TokenMode, TokenPolicy, TokenState, TokenStore, TokenView,
     Transition,
 };
@@ -204,6 +204,18 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
+/// Who held the token before a reservation under `fence`, from the `previous_owner`
+/// the reserve statement returned: none kept means nobody for a first reservation and
+/// somebody unknown after that (a completed token's tombstone ran out, or a row
+/// restored before the column existed).
+fn predecessor(fence: u64, previous_owner: Option<String>) -> Predecessor {
+    match previous_owner {
+        Some(owner) => Predecessor::Holder(owner),
+        None if fence <= 1 => Predecessor::Nobody,
+        None => Predecessor::Unknown,
+    }
+}
+
 fn fence_of(key: &IdempotencyKey, fence: i64) -> Result<u64, TokenError> {
     u64::try_from(fence)
         .map_err(|_| TokenError::Corrupt(format!("token {key} has a negative fence {fence}")))
@@ -348,7 +360,7 @@ impl TokenStore for PostgresTokenStore {
         };
         for _ in 0..RESERVE_ATTEMPTS {
             for &(statement, takes_ttl) in statements {
-                let query = sqlx::query_scalar::<_, i64>(statement)
+                let query = sqlx::query_as::<_, (i64, Option<String>)>(statement)
                     .bind(key.as_str())
                     .bind(owner)
                     .bind(lease);
@@ -360,9 +372,11 @@ impl TokenStore for PostgresTokenStore {
                 let reserved = self
                     .timed("reserve", key, query.fetch_optional(&self.pool))
                     .await?;
-                if let Some(fence) = reserved {
+                if let Some((fence, previous_owner)) = reserved {
+                    let fence = fence_of(key, fence)?;
                     return Ok(Reservation::Reserved {
-                        fence: fence_of(key, fence)?,
+                        fence,
+                        predecessor: predecessor(fence, previous_owner),
                     });
                 }
             }

@@ -9,7 +9,8 @@ pub(super) const ISSUE: &str = "
 INSERT INTO idempotency_tokens AS t (key, status, fence, expires_at)
 VALUES ($1, 'pending', 0, now() + $2::bigint * interval '1 millisecond')
 ON CONFLICT (key) DO UPDATE
-   SET status = 'pending', owner = NULL, lease_expires_at = NULL, payment_id = NULL,
+   SET status = 'pending', owner = NULL, previous_owner = NULL, lease_expires_at = NULL,
+       payment_id = NULL,
        fingerprint = NULL, expires_at = EXCLUDED.expires_at, created_at = now(),
        updated_at = now()
  WHERE NOT (t.expires_at > now()
@@ -51,15 +52,23 @@ VALUES ($1, 'processing', $2, 1,
         now() + $3::bigint * interval '1 millisecond',
         now() + $4::bigint * interval '1 millisecond')
 ON CONFLICT (key) DO NOTHING
-RETURNING fence";
+RETURNING fence, previous_owner";
 
 /// Implicit mode, existing row: taken over when pending, when its lease expired, or when
 /// its life is over (the row only lingers; the fence keeps growing). A token whose own
 /// deadline is still ahead keeps it (restore goes back to it); otherwise it gets a
 /// fresh one.
+///
+/// Both reservations return who held the token before (`Reservation::Reserved`'s
+/// predecessor), read from the row as it was: every expression of an `UPDATE`'s `SET`
+/// sees the old row, so it is exact under any concurrency. The holder whose lease ran
+/// out (`processing`), or who restored the token (`pending`, kept by `RESTORE`); none
+/// for a completed row whose tombstone ran out.
 pub(super) const RESERVE_IMPLICIT: &str = "
 UPDATE idempotency_tokens
-   SET status = 'processing',
+   SET previous_owner = CASE status WHEN 'processing' THEN owner
+                                    WHEN 'pending' THEN previous_owner END,
+       status = 'processing',
        owner = $2,
        fence = fence + 1,
        lease_expires_at = now() + $3::bigint * interval '1 millisecond',
@@ -74,12 +83,13 @@ UPDATE idempotency_tokens
    AND (status = 'pending'
         OR (status = 'processing' AND lease_expires_at <= now())
         OR (status = 'completed' AND expires_at <= now()))
-RETURNING fence";
+RETURNING fence, previous_owner";
 
 /// Issued mode: only a live token that is pending or whose lease expired is taken.
 pub(super) const RESERVE_ISSUED: &str = "
 UPDATE idempotency_tokens
-   SET status = 'processing',
+   SET previous_owner = CASE status WHEN 'processing' THEN owner ELSE previous_owner END,
+       status = 'processing',
        owner = $2,
        fence = fence + 1,
        lease_expires_at = now() + $3::bigint * interval '1 millisecond',
@@ -88,7 +98,7 @@ UPDATE idempotency_tokens
  WHERE key = $1
    AND expires_at > now()
    AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))
-RETURNING fence";
+RETURNING fence, previous_owner";
 
 /// Issued mode, after `RESERVE_ISSUED` took nothing and no live row is there: a
 /// `processing` row whose deadline and lease both passed less than `$2` ms ago (the
@@ -126,7 +136,8 @@ SELECT fence, CASE WHEN waiters THEN pg_notify('payment_worker_token_settled', k
 pub(super) const RESTORE: &str = "
 WITH settled AS (
 UPDATE idempotency_tokens
-   SET status = 'pending', owner = NULL, lease_expires_at = NULL, updated_at = now()
+   SET status = 'pending', previous_owner = owner, owner = NULL, lease_expires_at = NULL,
+       updated_at = now()
  WHERE key = $1 AND status = 'processing' AND owner = $2 AND fence = $3
    AND (expires_at > now() OR lease_expires_at > now())
 RETURNING key, expires_at <= now() AS dead, waiters)

@@ -15,8 +15,8 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use uuid::Uuid;
 
 use super::{
-    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode,
-    TokenPolicy, TokenState, TokenStore, TokenView, Transition,
+    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Predecessor, Reservation, TokenError,
+    TokenMode, TokenPolicy, TokenState, TokenStore, TokenView, Transition,
 };
 use crate::redaction::redact_url;
 
@@ -273,6 +273,16 @@ fn non_negative_millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
+/// `'nobody'`, `'unknown'` or `'holder', owner`: who held the token before (reserve.lua).
+fn predecessor(items: &[Value]) -> Option<Predecessor> {
+    match (items.first().and_then(text).as_deref(), items.get(1)) {
+        (Some("nobody"), None) => Some(Predecessor::Nobody),
+        (Some("unknown"), None) => Some(Predecessor::Unknown),
+        (Some("holder"), Some(owner)) => text(owner).map(Predecessor::Holder),
+        _ => None,
+    }
+}
+
 fn parse_reservation(key: &IdempotencyKey, value: Value) -> Result<Reservation, TokenError> {
     let Value::Array(items) = &value else {
         return Err(corrupt("reserve", key, &value));
@@ -281,7 +291,8 @@ fn parse_reservation(key: &IdempotencyKey, value: Value) -> Result<Reservation, 
     let reservation = match (tag.as_deref(), items.get(1)) {
         (Some("reserved"), Some(fence)) => integer(fence)
             .and_then(|f| u64::try_from(f).ok())
-            .map(|fence| Reservation::Reserved { fence }),
+            .zip(predecessor(&items[2..]))
+            .map(|(fence, predecessor)| Reservation::Reserved { fence, predecessor }),
         (Some("inflight"), Some(left)) => integer(left).map(|ms| Reservation::InFlight {
             lease_left: non_negative_millis(ms),
         }),
@@ -581,8 +592,30 @@ mod tests {
         let pid = Uuid::new_v4();
         let cases = [
             (
-                Value::Array(vec![bulk("reserved"), Value::Int(3)]),
-                Reservation::Reserved { fence: 3 },
+                Value::Array(vec![bulk("reserved"), Value::Int(1), bulk("nobody")]),
+                Reservation::Reserved {
+                    fence: 1,
+                    predecessor: Predecessor::Nobody,
+                },
+            ),
+            (
+                Value::Array(vec![
+                    bulk("reserved"),
+                    Value::Int(3),
+                    bulk("holder"),
+                    bulk("w1:abc"),
+                ]),
+                Reservation::Reserved {
+                    fence: 3,
+                    predecessor: Predecessor::Holder("w1:abc".into()),
+                },
+            ),
+            (
+                Value::Array(vec![bulk("reserved"), Value::Int(5), bulk("unknown")]),
+                Reservation::Reserved {
+                    fence: 5,
+                    predecessor: Predecessor::Unknown,
+                },
             ),
             (
                 Value::Array(vec![bulk("inflight"), Value::Int(1500)]),
@@ -615,8 +648,12 @@ mod tests {
                 Value::Array(vec![
                     Value::SimpleString("reserved".into()),
                     Value::SimpleString("4".into()),
+                    Value::SimpleString("unknown".into()),
                 ]),
-                Reservation::Reserved { fence: 4 },
+                Reservation::Reserved {
+                    fence: 4,
+                    predecessor: Predecessor::Unknown,
+                },
             ),
             (
                 Value::Array(vec![bulk("inflight"), bulk("250")]),
@@ -638,7 +675,15 @@ mod tests {
             Value::Int(1),
             Value::Array(vec![]),
             Value::Array(vec![bulk("reserved")]),
-            Value::Array(vec![bulk("reserved"), Value::Int(-1)]),
+            Value::Array(vec![bulk("reserved"), Value::Int(-1), bulk("nobody")]),
+            Value::Array(vec![bulk("reserved"), Value::Int(2)]),
+            Value::Array(vec![bulk("reserved"), Value::Int(2), bulk("holder")]),
+            Value::Array(vec![
+                bulk("reserved"),
+                Value::Int(2),
+                bulk("nobody"),
+                bulk("x"),
+            ]),
             Value::Array(vec![bulk("completed"), bulk("not-a-uuid")]),
             Value::Array(vec![bulk("completed"), Value::Nil]),
             Value::Array(vec![bulk("bogus"), Value::Int(1)]),

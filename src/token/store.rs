@@ -11,6 +11,9 @@ pub enum Reservation {
     Reserved {
         /// The fencing number of this reservation.
         fence: u64,
+        /// Who held the token before this reservation: an attempt the caller knows
+        /// nothing of may have charged.
+        predecessor: Predecessor,
     },
     /// Another owner holds an unexpired lease.
     InFlight {
@@ -33,6 +36,36 @@ pub enum Reservation {
     /// tombstone for the completed-token TTL, and the caller looks the charge up
     /// instead of taking the token for missing. Nothing is reserved.
     Unsettled,
+}
+
+/// Who held a token before a reservation took it. A holder that is not one of the
+/// caller's own earlier attempts may have sent its charge and ended without booking
+/// it (killed, partitioned, its look-ups failing): the new holder inherits an unknown
+/// outcome it cannot see in its own attempts (docs/CONTRACT.md, "Unknown outcomes").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Predecessor {
+    /// Nobody: the token is new (implicit mode), or an issued token is reserved for
+    /// the first time.
+    Nobody,
+    /// The last holder, by its owner (`<worker_id>:<uuid>`, unique per attempt): it
+    /// restored the token, or its lease ran out and this reservation took over.
+    Holder(String),
+    /// Somebody held the token and the store does not know who (a token restored by a
+    /// release that did not keep the holder).
+    Unknown,
+}
+
+impl Predecessor {
+    /// Whether the token was held before by anyone other than `own` (the owner of the
+    /// caller's own previous reservation, if it had one): then that holder's outcome
+    /// is unknown to the caller.
+    pub fn is_stranger(&self, own: Option<&str>) -> bool {
+        match self {
+            Self::Nobody => false,
+            Self::Holder(owner) => own != Some(owner.as_str()),
+            Self::Unknown => true,
+        }
+    }
 }
 
 /// Result of an owner-checked operation (confirm, restore, extend).

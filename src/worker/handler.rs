@@ -1,22 +1,21 @@
 //! One command record, from bytes to an acknowledged result: read it once
 //! (`inbound.rs`), process it with retries, hand the final outcome to the publisher.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backon::Retryable;
+use backon::{BackoffBuilder, Retryable};
 use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 
 use super::answer_order::{AnswerTurn, Turn};
-use super::inbound::{record_key, source_of, Inbound};
+use super::inbound::{charge_flag, record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
 use crate::fault::FaultPoint;
 use crate::payment::{
     record_unresolved_stake, Attempt, ChargeAtStake, ChargeEvidence, CommandContext, Outcome,
-    PaymentCommand, Processor, RejectionKind, SourcePosition,
+    PaymentCommand, Processor, RejectionKind, SourcePosition, Watched,
 };
 use crate::retry::RetryPolicy;
 use crate::token::SettleWatch;
@@ -36,13 +35,7 @@ pub struct Answer {
     pub transaction: Option<super::transactions::AnswerGuard>,
 }
 
-/// The watch slot; a panic elsewhere leaves it usable (it holds plain data).
-fn lock(slot: &Mutex<Option<SettleWatch>>) -> MutexGuard<'_, Option<SettleWatch>> {
-    slot.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A not-yet-final attempt, as an error so backon drives the retries.
+/// A not-yet-final attempt: why, and how long another owner's lease still runs.
 #[derive(Debug)]
 struct NotYet {
     after: Duration,
@@ -79,9 +72,34 @@ fn judge(attempt: Attempt, earlier: bool) -> (Result<(Outcome, bool), NotYet>, b
             }),
             true,
         ),
+        // A refusal books nothing: after an attempt that may have charged (or a record
+        // flagged so), the charge is still unknown, and the answer says so.
+        Attempt::Final(outcome @ Outcome::Rejected { .. }) if earlier => {
+            (Ok((outcome, true)), earlier)
+        }
         Attempt::Final(outcome) => (Ok((outcome, false)), earlier),
         Attempt::Unbooked(outcome) => (Ok((outcome, true)), earlier),
     }
+}
+
+/// The wait before the next attempt: `delay`, cut short by a drain (the attempt after
+/// it is the last), and, when the last attempt met another owner's live lease, by
+/// that owner's settle, so a duplicate is answered right after it.
+async fn back_off(delay: Duration, watch: Option<SettleWatch>, draining: &CancellationToken) {
+    let Some(watch) = watch else {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = draining.cancelled() => {}
+        }
+        return;
+    };
+    let woken_by = tokio::select! {
+        woken = watch.settled() => woken.as_str(),
+        _ = tokio::time::sleep(delay) => "backoff",
+        _ = draining.cancelled() => "drain",
+    };
+    crate::telemetry::record_settle_wait(woken_by);
+    tracing::Span::current().record("token.woken_by", woken_by);
 }
 
 impl Handler {
@@ -126,11 +144,12 @@ impl Handler {
             source,
             key,
             command,
+            flagged,
         } = Inbound::read(message);
         let verdict = match command {
             Ok(command) => {
                 let (outcome, attempts, charge_unknown) = self
-                    .process_with_retries(&command, &source, draining)
+                    .process_with_retries(&command, &source, flagged, draining)
                     .await?;
                 Verdict {
                     outcome,
@@ -139,6 +158,7 @@ impl Handler {
                     charge_unknown,
                 }
             }
+            // A flagged record keeps its flag: nothing here settles its charge.
             Err(undecodable) => Verdict {
                 outcome: Outcome::Rejected {
                     kind: RejectionKind::Invalid,
@@ -146,7 +166,7 @@ impl Handler {
                 },
                 key,
                 attempts: 1,
-                charge_unknown: false,
+                charge_unknown: flagged == ChargeEvidence::MayHaveCharged,
             },
         };
         let answer = self.answer(message, source, verdict, started, turn).await;
@@ -169,13 +189,12 @@ impl Handler {
         turn: Option<AnswerTurn>,
     ) -> Option<Answer> {
         let key = record_key(message);
-        // A panic after the POST (or after a look-up found the charge) left the
-        // charge at stake with nobody to book it: say so, and remember the key.
-        let stake = key
-            .as_deref()
-            .and_then(|key| self.processor.charge_at_stake(key));
-        let mut reason = format!("panicked: handling this record panicked {panics} times");
         let source = source_of(message);
+        // A panic after the POST (or after a look-up found the charge) left the
+        // charge at stake with nobody to book it: say so, and remember the key (a
+        // record without a Kafka key is found by its position).
+        let stake = self.processor.charge_at_stake_of(key.as_deref(), &source);
+        let mut reason = format!("panicked: handling this record panicked {panics} times");
         if let Some(stake) = &stake {
             reason.push_str("; a charge may exist that no payment row records");
             self.remember_unresolved(stake, &source, &reason, panics)
@@ -189,7 +208,9 @@ impl Handler {
             outcome,
             key,
             attempts: panics,
-            charge_unknown: stake.is_some(),
+            // A record flagged so keeps its flag whatever happened to it here.
+            charge_unknown: stake.is_some()
+                || charge_flag(message) == ChargeEvidence::MayHaveCharged,
         };
         // Not decoded again: whatever made it panic may be in the value.
         self.answer(message, source, verdict, Instant::now(), turn)
@@ -249,136 +270,112 @@ impl Handler {
         })
     }
 
+    /// Attempts until one is final, the retry budget is spent or a drain stops the
+    /// retries. Returns the outcome, the attempts made and whether the answer must
+    /// say a charge may exist unbooked; `None` when a drain interrupted the retries
+    /// (the partition's next owner takes the command over).
+    ///
+    /// `flagged`: the record itself says a charge may exist (`x-charge-unknown: true`
+    /// on a redriven dead letter): the first attempt looks the charge up before any
+    /// POST, and the flag is kept unless an answer is booked.
     async fn process_with_retries(
         &self,
         command: &PaymentCommand,
         source: &SourcePosition,
+        flagged: ChargeEvidence,
         draining: &CancellationToken,
     ) -> Option<(Outcome, u32, bool)> {
         let started = Instant::now();
-        let budget = self.retry.budget;
+        let mut delays = self.retry.backoff().build();
         let mut attempts = 0u32;
         // Whether an earlier attempt may have charged with no look-up resolving it.
-        let charge_unknown = AtomicBool::new(false);
-        // Set by an attempt that met another owner's lease: the backoff after it
-        // also ends when that owner settles the token.
-        let settle_watch: Arc<Mutex<Option<SettleWatch>>> = Arc::default();
-        let attempt = || {
+        let mut charge_unknown = flagged == ChargeEvidence::MayHaveCharged;
+        // The owner this delivery last reserved the token as: a reservation after our
+        // own restore inherits nothing, one after anyone else's inherits their charge.
+        let mut previous_claim: Option<String> = None;
+        let last = loop {
             attempts += 1;
-            async {
-                let earlier = charge_unknown.load(Ordering::Relaxed);
-                // The processor looks the charge up first after such an attempt.
-                let context = CommandContext {
-                    source: Some(source),
-                    trace_id: None,
-                    earlier: if earlier {
-                        ChargeEvidence::MayHaveCharged
-                    } else {
-                        ChargeEvidence::Unchanged
-                    },
-                };
-                let (attempt, watch) = self.processor.process_watching(command, &context).await;
-                *lock(&settle_watch) = watch;
-                let (answer, may_have_charged) = judge(attempt, earlier);
-                charge_unknown.store(may_have_charged, Ordering::Relaxed);
-                answer
+            let context = CommandContext {
+                source: Some(source),
+                trace_id: None,
+                earlier: ChargeEvidence::from_unknown(charge_unknown),
+                previous_claim: previous_claim.as_deref(),
+            };
+            let Watched {
+                attempt,
+                watch,
+                claimed_as,
+            } = self.processor.process_watching(command, &context).await;
+            if claimed_as.is_some() {
+                previous_claim = claimed_as;
             }
-        };
-        let result = attempt
-            .retry(self.retry.backoff())
-            .when(|_| started.elapsed() < budget && !draining.is_cancelled())
-            // A drain cuts the backoff short; the attempt after it is the last. So does
-            // the settle of the token another owner held: the duplicate is answered
-            // right after it instead of after its backoff.
-            .sleep({
-                let draining = draining.clone();
-                let settle_watch = Arc::clone(&settle_watch);
-                move |delay| {
-                    let draining = draining.clone();
-                    let watch = lock(&settle_watch).take();
-                    async move {
-                        let Some(watch) = watch else {
-                            tokio::select! {
-                                _ = tokio::time::sleep(delay) => {}
-                                _ = draining.cancelled() => {}
-                            }
-                            return;
+            let (answer, may_have_charged) = judge(attempt, charge_unknown);
+            charge_unknown = may_have_charged;
+            let not_yet = match answer {
+                Ok((outcome, unbooked)) => {
+                    if unbooked {
+                        let reason = match &outcome {
+                            Outcome::Rejected { reason, .. } => reason.as_str(),
+                            _ => "the gateway charged and no payment row records it",
                         };
-                        let woken_by = tokio::select! {
-                            woken = watch.settled() => woken.as_str(),
-                            _ = tokio::time::sleep(delay) => "backoff",
-                            _ = draining.cancelled() => "drain",
-                        };
-                        crate::telemetry::record_settle_wait(woken_by);
-                        tracing::Span::current().record("token.woken_by", woken_by);
-                    }
-                }
-            })
-            // Another worker's lease tells us when to look again; do not sleep past it.
-            .adjust(|not_yet: &NotYet, delay| {
-                delay.map(|d| {
-                    if not_yet.after.is_zero() {
-                        d
-                    } else {
-                        d.min(not_yet.after + Duration::from_millis(5))
-                    }
-                })
-            })
-            .notify(|not_yet, after| {
-                crate::telemetry::metrics().retries.add(1, &[]);
-                tracing::debug!(reason = %not_yet.reason, ?after, "retrying command");
-            })
-            .await;
-        match result {
-            Ok((outcome, unbooked)) => {
-                if unbooked {
-                    let reason = match &outcome {
-                        Outcome::Rejected { reason, .. } => reason.as_str(),
-                        _ => "the gateway charged and no payment row records it",
-                    };
-                    self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts)
+                        self.remember_unresolved(
+                            &ChargeAtStake::of(command),
+                            source,
+                            reason,
+                            attempts,
+                        )
                         .await;
+                    }
+                    return Some((outcome, attempts, unbooked));
                 }
-                Some((outcome, attempts, unbooked))
+                Err(not_yet) => not_yet,
+            };
+            // A drain lets the attempt running when it began finish, then no other.
+            if draining.is_cancelled() || started.elapsed() >= self.retry.budget {
+                break not_yet;
             }
+            let Some(delay) = delays.next() else {
+                break not_yet;
+            };
+            // Another worker's lease tells us when to look again; do not sleep past it.
+            let delay = if not_yet.after.is_zero() {
+                delay
+            } else {
+                delay.min(not_yet.after + Duration::from_millis(5))
+            };
+            crate::telemetry::metrics().retries.add(1, &[]);
+            tracing::debug!(reason = %not_yet.reason, after = ?delay, "retrying command");
+            back_off(delay, watch, draining).await;
+        };
+        if draining.is_cancelled() {
             // Not exhausted, interrupted: the partition's next owner takes it over.
             // It starts knowing nothing of a charge this member could not settle (in
             // issued mode it may find no token and no charge yet, and answer
             // token_missing), so the key is kept where `audit` lists it until a row
             // books it.
-            Err(_) if draining.is_cancelled() => {
-                if charge_unknown.load(Ordering::Relaxed) {
-                    let reason = "handed over by a drain with the charge unknown";
-                    self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts)
-                        .await;
-                }
-                None
-            }
-            Err(last) => {
-                let reason = format!(
-                    "retries_exhausted after {attempts} attempts: {}",
-                    last.reason
-                );
-                let charge_unknown = charge_unknown.load(Ordering::Relaxed);
-                if charge_unknown {
-                    self.remember_unresolved(
-                        &ChargeAtStake::of(command),
-                        source,
-                        &reason,
-                        attempts,
-                    )
+            if charge_unknown {
+                let reason = "handed over by a drain with the charge unknown";
+                self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts)
                     .await;
-                }
-                Some((
-                    Outcome::Rejected {
-                        kind: RejectionKind::RetriesExhausted,
-                        reason,
-                    },
-                    attempts,
-                    charge_unknown,
-                ))
             }
+            return None;
         }
+        let reason = format!(
+            "retries_exhausted after {attempts} attempts: {}",
+            last.reason
+        );
+        if charge_unknown {
+            self.remember_unresolved(&ChargeAtStake::of(command), source, &reason, attempts)
+                .await;
+        }
+        Some((
+            Outcome::Rejected {
+                kind: RejectionKind::RetriesExhausted,
+                reason,
+            },
+            attempts,
+            charge_unknown,
+        ))
     }
 
     /// A charge may exist unbooked (retries ran out, or a drain interrupted them,

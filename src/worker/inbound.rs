@@ -4,7 +4,7 @@
 
 use rdkafka::message::{Message, OwnedMessage};
 
-use crate::payment::{InvalidCommand, PaymentCommand, SourcePosition};
+use crate::payment::{ChargeEvidence, InvalidCommand, PaymentCommand, SourcePosition};
 
 /// Why a record is not a payment command. `Display` is `code: explanation`, the
 /// `x-error-reason` of its dead letter; neither part repeats the record's content.
@@ -38,11 +38,13 @@ pub struct Inbound {
     pub key: Option<String>,
     /// The command, or why the record is not one.
     pub command: Result<PaymentCommand, Undecodable>,
+    /// What the record itself says of an earlier charge ([`charge_flag`]).
+    pub flagged: ChargeEvidence,
 }
 
 impl Inbound {
     /// Reads `message`. Total: any key, value and headers end as a command or a
-    /// reason; headers are not read.
+    /// reason; of the headers only `x-charge-unknown` is read.
     pub fn read(message: &OwnedMessage) -> Self {
         let command = decode(message);
         let key = match &command {
@@ -53,8 +55,26 @@ impl Inbound {
             source: source_of(message),
             key,
             command,
+            flagged: charge_flag(message),
         }
     }
+}
+
+/// What a record says of an earlier charge: `x-charge-unknown: true` (a dead letter
+/// redriven by `dlq redrive`, which keeps the flag) means an earlier delivery ended
+/// while a charge may exist. When `unresolved_charges` could not be written during
+/// the very outage that left the outcome unknown, this flag is the only memory of it,
+/// so it counts as evidence: the charge is looked up before any POST, and the flag
+/// stays on the answer unless one is booked. A producer setting it costs only a
+/// look-up.
+pub fn charge_flag(message: &OwnedMessage) -> ChargeEvidence {
+    let flagged = message
+        .headers()
+        .and_then(|headers| {
+            crate::kafka_headers::last_value(headers, super::messages::CHARGE_UNKNOWN)
+        })
+        .is_some_and(|value| value == b"true");
+    ChargeEvidence::from_unknown(flagged)
 }
 
 /// Where `message` sits on its topic.

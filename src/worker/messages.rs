@@ -25,6 +25,12 @@ pub struct ResultRecord {
     /// On a `duplicate`: the first answer, like a cached response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original: Option<OriginalAnswer>,
+    /// `true` when a charge may exist for this command that no payment row records
+    /// (its dead letter says `x-charge-unknown: true`, and `audit` lists it): a client
+    /// reading only results must not resubmit it under a new key, or it may pay twice.
+    /// Absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub charge_unknown: bool,
 }
 
 /// Dead-letter header: the rejection's code.
@@ -36,10 +42,12 @@ pub const SOURCE_PARTITION: &str = "x-source-partition";
 pub const SOURCE_OFFSET: &str = "x-source-offset";
 /// Dead-letter header: attempts made.
 pub const ATTEMPTS: &str = "x-attempts";
-/// `true` when a charge may exist that no payment row records: on a
-/// `retries_exhausted` dead letter when an earlier attempt may have charged and no
-/// look-up resolved it, on an `internal` one when the database refused to record a
-/// charge the gateway made (absent otherwise).
+/// `true` when a charge may exist that no payment row records: on a dead letter
+/// whose command ended without a booked answer after an attempt that may have
+/// charged (a timeout, a 5xx after the POST, a panic after it, a look-up that could
+/// not answer, a takeover of a holder's expired lease, a record flagged so), or whose
+/// charge the database refused to record (absent otherwise). Read back as evidence
+/// on a redriven record.
 pub const CHARGE_UNKNOWN: &str = "x-charge-unknown";
 /// On a dead letter whose value was masked: what was masked (`card_number`).
 pub const PAYLOAD_REDACTED: &str = "x-payload-redacted";

@@ -159,7 +159,12 @@ fn with_dead_letter_headers(
 }
 
 /// The result record of `outcome` for the command at `source`.
-fn result_record(key: Option<String>, outcome: &Outcome, source: SourcePosition) -> ResultRecord {
+fn result_record(
+    key: Option<String>,
+    outcome: &Outcome,
+    source: SourcePosition,
+    charge_unknown: bool,
+) -> ResultRecord {
     let (transaction, reason) = match outcome {
         Outcome::Succeeded { transaction_id, .. } => (Some(transaction_id.clone()), None),
         Outcome::Declined { transaction_id, .. } => (
@@ -181,6 +186,7 @@ fn result_record(key: Option<String>, outcome: &Outcome, source: SourcePosition)
         gateway_transaction_id: transaction,
         reason,
         source,
+        charge_unknown,
     }
 }
 
@@ -371,7 +377,7 @@ impl Publisher {
             };
             self.dead_letter(original, &echoed, &source, letter).await;
         }
-        let result = result_record(key, &outcome, source.clone());
+        let result = result_record(key, &outcome, source.clone(), charge_unknown);
         self.publish_result(&echoed, &source, &result).await;
     }
 

@@ -24,8 +24,8 @@ use crate::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition,
 };
 use crate::token::{
-    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenPolicy,
-    TokenStore, TokenView, Transition,
+    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Predecessor, Reservation, TokenError,
+    TokenPolicy, TokenStore, TokenView, Transition,
 };
 
 /// Every reservation is granted and every owner check passes: no round trip.
@@ -63,7 +63,10 @@ impl TokenStore for GrantingTokens {
         Err(unused("release"))
     }
     async fn reserve(&self, _: &IdempotencyKey, _: &str) -> Result<Reservation, TokenError> {
-        Ok(Reservation::Reserved { fence: 1 })
+        Ok(Reservation::Reserved {
+            fence: 1,
+            predecessor: Predecessor::Nobody,
+        })
     }
     async fn confirm(
         &self,
@@ -251,7 +254,7 @@ pub async fn token_round_trips(
             let key = &keys[n];
             let owner = format!("bench:{}", Uuid::new_v4().simple());
             let fence = match tokens.reserve(key, &owner).await {
-                Ok(Reservation::Reserved { fence }) => fence,
+                Ok(Reservation::Reserved { fence, .. }) => fence,
                 other => {
                     tracing::warn!(?other, "token reserve did not reserve");
                     return false;

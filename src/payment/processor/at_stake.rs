@@ -30,24 +30,63 @@ impl ChargeAtStake {
     }
 }
 
+/// A charge at stake and the command record it was made for, when the attempt knew
+/// it: a record without a Kafka key is found again by its position.
+#[derive(Debug, Clone)]
+pub(super) struct Stake {
+    charge: ChargeAtStake,
+    record: Option<SourcePosition>,
+}
+
 impl Processor {
     /// The charge that may exist for `key` after attempts that never ended (a panic
     /// after the POST). It stays listed until an attempt for the key answers for
     /// good: in exactly-once mode a dead letter given up on after panics may be
     /// aborted with its transaction and given up on again, flagged again.
     pub fn charge_at_stake(&self, key: &str) -> Option<ChargeAtStake> {
-        self.stakes().get(key).cloned()
+        self.stakes().get(key).map(|stake| stake.charge.clone())
     }
 
-    pub(super) fn stakes(&self) -> MutexGuard<'_, HashMap<String, ChargeAtStake>> {
+    /// The charge at stake for the command record at `record`: by its Kafka key when
+    /// it has one (a command's key is its record key), else by the record's position,
+    /// which the attempts noted. A record without a key that panicked after its POST
+    /// is flagged like any other.
+    pub fn charge_at_stake_of(
+        &self,
+        record_key: Option<&str>,
+        record: &SourcePosition,
+    ) -> Option<ChargeAtStake> {
+        let stakes = self.stakes();
+        match record_key {
+            Some(key) => stakes.get(key).map(|stake| stake.charge.clone()),
+            // Only charges between their POST and a final answer are listed: a few.
+            None => stakes
+                .values()
+                .find(|stake| stake.record.as_ref() == Some(record))
+                .map(|stake| stake.charge.clone()),
+        }
+    }
+
+    fn stakes(&self) -> MutexGuard<'_, HashMap<String, Stake>> {
         // Only inserts and removes happen under the lock: a poisoned map is whole.
         self.at_stake.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// From here on a charge may exist for `command` that no row records.
-    pub(super) fn mark_at_stake(&self, command: &PaymentCommand) {
-        let stake = ChargeAtStake::of(command);
-        self.stakes()
-            .insert(stake.idempotency_key.as_str().to_owned(), stake);
+    /// From here on a charge may exist for `command` (read from `record`) that no
+    /// row records.
+    pub(super) fn mark_at_stake(&self, command: &PaymentCommand, record: Option<&SourcePosition>) {
+        let charge = ChargeAtStake::of(command);
+        self.stakes().insert(
+            charge.idempotency_key.as_str().to_owned(),
+            Stake {
+                charge,
+                record: record.cloned(),
+            },
+        );
+    }
+
+    /// An attempt for `key` answered for good: nothing is at stake any more.
+    pub(super) fn settle_stake(&self, key: &str) {
+        self.stakes().remove(key);
     }
 }

@@ -8,6 +8,7 @@ impl Processor {
     pub(super) async fn obtain_charge(
         &self,
         command: &PaymentCommand,
+        record: Option<&SourcePosition>,
         payment_id: Uuid,
         lease: &Lease<'_>,
         history: ChargeHistory,
@@ -23,7 +24,7 @@ impl Processor {
             // cannot answer leaves that charge as unknown as it was.
             match self.gateway.lookup(key).await {
                 Ok(Some(found)) => {
-                    self.mark_at_stake(command);
+                    self.mark_at_stake(command, record);
                     return charge_for(found, command);
                 }
                 Ok(None) => {}
@@ -67,7 +68,7 @@ impl Processor {
         let request = command.charge_request().for_payment(payment_id);
         // From here until an attempt answers for good, a charge may exist: a panic
         // before then leaves it marked for the record's dead letter.
-        self.mark_at_stake(command);
+        self.mark_at_stake(command, record);
         match self.gateway.charge(key, &request).await {
             Ok(charge) => Ok(charge),
             Err(

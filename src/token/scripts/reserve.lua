@@ -3,8 +3,12 @@
 -- KEYS[1] token hash; ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' implicit / '0' issued,
 -- ARGV[4] ttl ms of an implicitly created token, ARGV[5] ms a processing token outlives
 -- its deadline and lease as a tombstone (issued mode: the completed TTL; else 0).
--- Returns {'reserved', fence} | {'inflight', lease_left_ms} |
+-- Returns {'reserved', fence, predecessor[, owner]} | {'inflight', lease_left_ms} |
 --         {'completed', payment_id, fingerprint} | {'missing'} | {'unsettled'}.
+-- predecessor: 'nobody' (a new token, or an issued one never reserved), 'holder' and
+-- the owner who held it last (restored it, or let its lease run out: a takeover), or
+-- 'unknown' (held before, by whom not kept). A holder the caller does not know may
+-- have charged: the caller treats its outcome as unknown.
 local key = KEYS[1]
 local owner = ARGV[1]
 local implicit = ARGV[3] == '1'
@@ -13,10 +17,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now + tonumber(ARGV[2])
 
 local h = redis.call('HMGET', key, 'status', 'fence', 'lease_until_ms', 'expires_at_ms',
-  'payment_id', 'fingerprint')
+  'payment_id', 'fingerprint', 'owner', 'previous_owner')
 local status = h[1]
 local fence = 0
 local expires_at
+-- processing: the holder whose lease ran out; pending: who restored it (restore.lua).
+local previous = false
 
 if status == false then
   if redis.call('EXISTS', key) == 1 then
@@ -42,7 +48,10 @@ else
     if held_until > now then
       return {'inflight', held_until - now}
     end
-  elseif status ~= 'pending' then
+    previous = h[7]
+  elseif status == 'pending' then
+    previous = h[8]
+  else
     return redis.error_reply('CORRUPT token status ' .. tostring(status))
   end
   -- The token's own life is over; it only lingered because a lease ran past it.
@@ -70,4 +79,9 @@ redis.call('HSET', key, 'status', 'processing', 'owner', owner,
 -- issued mode the tombstone time after both (restore and confirm set their own).
 redis.call('PEXPIREAT', key,
   string.format('%d', math.max(expires_at, lease_until) + (tonumber(ARGV[5]) or 0)))
-return {'reserved', fence}
+if previous then
+  return {'reserved', fence, 'holder', previous}
+elseif fence == 1 then
+  return {'reserved', fence, 'nobody'}
+end
+return {'reserved', fence, 'unknown'}

@@ -17,7 +17,10 @@ if expires_at <= now then
   redis.call('PUBLISH', KEYS[1], 'deleted')
   return 1
 end
-redis.call('HSET', KEYS[1], 'status', 'pending')
+-- The holder is kept as previous_owner: the next reservation tells its caller who
+-- held the token last (reserve.lua), so an attempt can tell its own restore from a
+-- stranger's, whose charge it cannot know.
+redis.call('HSET', KEYS[1], 'status', 'pending', 'previous_owner', ARGV[1])
 redis.call('HDEL', KEYS[1], 'owner', 'lease_until_ms')
 redis.call('PEXPIREAT', KEYS[1], string.format('%d', expires_at))
 redis.call('PUBLISH', KEYS[1], 'pending')

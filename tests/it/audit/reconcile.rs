@@ -331,7 +331,8 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
         .charge(&key("tomb-1"), &charge_request())
         .await
         .unwrap();
-    let Reservation::Reserved { fence } = short.reserve(&key("tomb-1"), "gone:3").await.unwrap()
+    let Reservation::Reserved { fence, .. } =
+        short.reserve(&key("tomb-1"), "gone:3").await.unwrap()
     else {
         panic!("tomb-1 not reserved")
     };

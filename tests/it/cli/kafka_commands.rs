@@ -131,7 +131,7 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     // with its charge unknown and no token left (looked up first all the same),
     // one never seen.
     let held = IdempotencyKey::try_from("cli-held-1").unwrap();
-    let Reservation::Reserved { fence } = stack.tokens.reserve(&held, "earlier").await.unwrap()
+    let Reservation::Reserved { fence, .. } = stack.tokens.reserve(&held, "earlier").await.unwrap()
     else {
         panic!("not reserved")
     };

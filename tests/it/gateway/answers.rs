@@ -436,7 +436,7 @@ async fn a_lease_lost_before_the_post_means_no_post() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     let taken = rig.store.reserve(&ikey(key), "new-owner").await.unwrap();
     assert!(
-        matches!(taken, Reservation::Reserved { fence: 2 }),
+        matches!(taken, Reservation::Reserved { fence: 2, .. }),
         "{taken:?}"
     );
     blocker.rollback().await.unwrap();

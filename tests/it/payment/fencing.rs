@@ -267,7 +267,7 @@ async fn a_held_first_attempt_checks_its_lease_before_the_post(backend: Backend)
     let deadline = Instant::now() + PATIENCE;
     loop {
         match rig.tokens.reserve(&ikey(key), "b:takeover").await.unwrap() {
-            payment_worker::token::Reservation::Reserved { fence } => {
+            payment_worker::token::Reservation::Reserved { fence, .. } => {
                 assert_eq!(fence, 2);
                 break;
             }

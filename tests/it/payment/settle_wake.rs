@@ -64,7 +64,11 @@ async fn duplicate_is_woken_by_the_holders_settle(
         payment_worker::payment::GatewayLookup::Uncertain,
         "b",
     );
-    let (met, watch) = b.process_watching(&cmd, &CommandContext::default()).await;
+    let payment_worker::payment::Watched {
+        attempt: met,
+        watch,
+        ..
+    } = b.process_watching(&cmd, &CommandContext::default()).await;
     let Attempt::Retry { after, reason, .. } = &met else {
         panic!("B should have met A's lease: {met:?}");
     };
@@ -166,7 +170,11 @@ impl PgRig<'_> {
             payment_worker::payment::GatewayLookup::Uncertain,
             "b",
         );
-        let (met, watch) = b.process_watching(&cmd, &CommandContext::default()).await;
+        let payment_worker::payment::Watched {
+            attempt: met,
+            watch,
+            ..
+        } = b.process_watching(&cmd, &CommandContext::default()).await;
         assert!(
             matches!(&met, Attempt::Retry { reason, after, .. }
                 if reason == IN_FLIGHT && *after > Duration::from_secs(60)),

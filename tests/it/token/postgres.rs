@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::token::{
-    Claim, IdempotencyKey, PostgresTokenStore, Reservation, TokenError, TokenMode, TokenPolicy,
-    TokenStore, Transition,
+    Claim, IdempotencyKey, PostgresTokenStore, Predecessor, Reservation, TokenError, TokenMode,
+    TokenPolicy, TokenStore, Transition,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -186,6 +186,11 @@ async fn lapsed_lease_is_reservable(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn reservations_name_the_previous_holder(pool: PgPool) {
+    contract::reservations_name_the_previous_holder(&PgBackend::over(pool)).await;
+}
+
+#[sqlx::test]
 async fn long_deadlines_are_kept_whole(pool: PgPool) {
     contract::long_deadlines_are_kept_whole(&PgBackend::over(pool)).await;
 }
@@ -317,7 +322,10 @@ async fn dead_rows_count_as_absent(pool: PgPool) {
     assert_eq!(issued.reserve(&k, "w").await.unwrap(), Reservation::Missing);
     assert_eq!(
         implicit.reserve(&k, "w").await.unwrap(),
-        Reservation::Reserved { fence: 8 }
+        Reservation::Reserved {
+            fence: 8,
+            predecessor: Predecessor::Holder("ghost".into())
+        }
     );
     let row = backend.raw_token(&k).await.unwrap();
     assert_eq!(

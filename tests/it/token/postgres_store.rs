@@ -146,7 +146,7 @@ async fn a_claim_taken_over_before_commit_rolls_the_payment_back() {
     };
     let store = PostgresTokenStore::new(db.pool.clone(), policy);
     let key = IdempotencyKey::try_from("pg-fenced-1").unwrap();
-    let Reservation::Reserved { fence } = store.reserve(&key, "old:1").await.unwrap() else {
+    let Reservation::Reserved { fence, .. } = store.reserve(&key, "old:1").await.unwrap() else {
         panic!("first reservation");
     };
     let stale = payment_worker::token::Claim {
@@ -156,7 +156,7 @@ async fn a_claim_taken_over_before_commit_rolls_the_payment_back() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(matches!(
         store.reserve(&key, "new:2").await.unwrap(),
-        Reservation::Reserved { fence: 2 }
+        Reservation::Reserved { fence: 2, .. }
     ));
     let settle = store
         .in_transaction()
@@ -419,7 +419,7 @@ async fn lease_renewal_is_served_while_every_payment_connection_is_held() {
     let shared_pool = PostgresTokenStore::new(payment_pool.clone(), policy)
         .with_op_timeout(Duration::from_millis(800));
     let key = IdempotencyKey::try_from("pg-renew-1").unwrap();
-    let Reservation::Reserved { fence } = own_pool.reserve(&key, "w:1").await.unwrap() else {
+    let Reservation::Reserved { fence, .. } = own_pool.reserve(&key, "w:1").await.unwrap() else {
         panic!("reserved");
     };
     let claim = payment_worker::token::Claim {

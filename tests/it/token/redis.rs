@@ -162,6 +162,11 @@ async fn lapsed_lease_is_reservable() {
 }
 
 #[tokio::test]
+async fn reservations_name_the_previous_holder() {
+    contract::reservations_name_the_previous_holder(&RedisBackend::new().await).await;
+}
+
+#[tokio::test]
 async fn long_deadlines_are_kept_whole() {
     contract::long_deadlines_are_kept_whole(&RedisBackend::new().await).await;
 }
@@ -277,7 +282,10 @@ async fn scripts_survive_a_script_flush() {
     let k = key("flush");
     assert_eq!(
         store.reserve(&k, "w").await.unwrap(),
-        Reservation::Reserved { fence: 1 }
+        Reservation::Reserved {
+            fence: 1,
+            predecessor: payment_worker::token::Predecessor::Nobody
+        }
     );
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")

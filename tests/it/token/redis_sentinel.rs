@@ -53,7 +53,7 @@ async fn issue_all(store: &RedisTokenStore, keys: &[IdempotencyKey]) {
 async fn pay(store: &RedisTokenStore, k: &IdempotencyKey) {
     let owner = format!("sentinel-test:{}", uuid::Uuid::new_v4().simple());
     let fence = match retried("reserve", || store.reserve(k, &owner)).await {
-        Reservation::Reserved { fence } => fence,
+        Reservation::Reserved { fence, .. } => fence,
         other => panic!("{k}: {other:?}"),
     };
     let claim = Claim { owner, fence };

@@ -68,7 +68,7 @@ pub(crate) async fn live(backend: &dyn Backend, key: &IdempotencyKey) -> Option<
 
 pub(crate) fn reserved_fence(r: Reservation) -> u64 {
     match r {
-        Reservation::Reserved { fence } => fence,
+        Reservation::Reserved { fence, .. } => fence,
         other => panic!("expected Reserved, got {other:?}"),
     }
 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use payment_worker::token::{Claim, IssueOutcome, Reservation, TokenMode, TokenState, Transition};
+use payment_worker::token::{
+    Claim, IssueOutcome, Predecessor, Reservation, TokenMode, TokenState, Transition,
+};
 use uuid::Uuid;
 
 use super::backend::*;
@@ -91,7 +93,10 @@ pub async fn restore_keeps_original_ttl(backend: &dyn Backend) {
     // ... and reserving again keeps it too.
     assert_eq!(
         issued.reserve(&k1, "w2").await.unwrap(),
-        Reservation::Reserved { fence: 2 }
+        Reservation::Reserved {
+            fence: 2,
+            predecessor: Predecessor::Holder("w".into())
+        }
     );
     let again = live(backend, &k1).await.unwrap();
     assert!(again.expires_in_ms <= 2_050, "{again:?}");
@@ -231,7 +236,10 @@ pub async fn missing_expired_consumed(backend: &dyn Backend) {
     );
     assert_eq!(
         store.reserve(&expired, "w").await.unwrap(),
-        Reservation::Reserved { fence: 1 }
+        Reservation::Reserved {
+            fence: 1,
+            predecessor: Predecessor::Nobody
+        }
     );
 }
 

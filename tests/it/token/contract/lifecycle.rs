@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use payment_worker::token::{Claim, IssueOutcome, Reservation, TokenMode, TokenState, Transition};
+use payment_worker::token::{
+    Claim, IssueOutcome, Predecessor, Reservation, TokenMode, TokenState, Transition,
+};
 use uuid::Uuid;
 
 use super::backend::*;
@@ -216,7 +218,10 @@ pub async fn modes(backend: &dyn Backend) {
     assert_eq!(implicit.show(&k).await.unwrap(), None);
     assert_eq!(
         implicit.reserve(&k, "w1").await.unwrap(),
-        Reservation::Reserved { fence: 1 }
+        Reservation::Reserved {
+            fence: 1,
+            predecessor: Predecessor::Nobody
+        }
     );
     let view = implicit
         .show(&k)
@@ -288,7 +293,10 @@ pub async fn modes(backend: &dyn Backend) {
     );
     assert_eq!(
         issued.reserve(&k, "w1").await.unwrap(),
-        Reservation::Reserved { fence: 1 }
+        Reservation::Reserved {
+            fence: 1,
+            predecessor: Predecessor::Nobody
+        }
     );
     assert!(matches!(
         issued.reserve(&k, "w2").await.unwrap(),
@@ -306,7 +314,10 @@ pub async fn modes(backend: &dyn Backend) {
     );
     assert_eq!(
         implicit.reserve(&k2, "w3").await.unwrap(),
-        Reservation::Reserved { fence: 1 }
+        Reservation::Reserved {
+            fence: 1,
+            predecessor: Predecessor::Nobody
+        }
     );
     let stored = live(backend, &k2).await.unwrap();
     assert!(
@@ -336,7 +347,10 @@ pub async fn lapsed_lease_is_reservable(backend: &dyn Backend) {
     store.issue(&k, Duration::from_secs(60)).await.unwrap();
     assert_eq!(
         store.reserve(&k, "a").await.unwrap(),
-        Reservation::Reserved { fence: 1 }
+        Reservation::Reserved {
+            fence: 1,
+            predecessor: Predecessor::Nobody
+        }
     );
     match store.reserve(&k, "b").await.unwrap() {
         Reservation::InFlight { lease_left } => {
@@ -354,9 +368,60 @@ pub async fn lapsed_lease_is_reservable(backend: &dyn Backend) {
     assert_eq!(store.expired_leases(100).await.unwrap(), vec![k.clone()]);
     assert_eq!(
         store.reserve(&k, "b").await.unwrap(),
-        Reservation::Reserved { fence: 2 }
+        Reservation::Reserved {
+            fence: 2,
+            predecessor: Predecessor::Holder("a".into())
+        }
     );
     assert!(store.expired_leases(100).await.unwrap().is_empty());
     let stored = live(backend, &k).await.unwrap();
     assert_eq!((stored.owner.as_deref(), stored.fence), (Some("b"), 2));
+}
+
+/// A reservation says who held the token before it: nobody for a new token, else the
+/// owner who restored it last (kept across the restore), so the caller can tell its
+/// own earlier attempt from a stranger whose charge it cannot know.
+pub async fn reservations_name_the_previous_holder(backend: &dyn Backend) {
+    let store = backend
+        .store(policy(TokenMode::Implicit, 30_000, 120_000, 60_000))
+        .await;
+    let k = key("predecessor");
+    let first = store.reserve(&k, "w1").await.unwrap();
+    assert_eq!(
+        first,
+        Reservation::Reserved {
+            fence: 1,
+            predecessor: Predecessor::Nobody
+        }
+    );
+    let w1 = Claim {
+        owner: "w1".into(),
+        fence: 1,
+    };
+    assert_eq!(store.restore(&k, &w1).await.unwrap(), Transition::Applied);
+    // The restore leaves nobody holding it, but remembers who did.
+    let stored = live(backend, &k).await.unwrap();
+    assert_eq!(
+        (stored.status.as_str(), stored.owner.as_deref()),
+        ("pending", None)
+    );
+    assert_eq!(
+        store.reserve(&k, "w2").await.unwrap(),
+        Reservation::Reserved {
+            fence: 2,
+            predecessor: Predecessor::Holder("w1".into())
+        }
+    );
+    let w2 = Claim {
+        owner: "w2".into(),
+        fence: 2,
+    };
+    assert_eq!(store.restore(&k, &w2).await.unwrap(), Transition::Applied);
+    let third = store.reserve(&k, "w3").await.unwrap();
+    let Reservation::Reserved { predecessor, .. } = &third else {
+        panic!("{third:?}");
+    };
+    assert!(predecessor.is_stranger(Some("w1")), "w2 restored it last");
+    assert!(!predecessor.is_stranger(Some("w2")), "{third:?}");
+    assert!(predecessor.is_stranger(None), "{third:?}");
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::token::{
-    IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenMode, TokenPolicy, TokenStore,
+    IdempotencyKey, IssueOutcome, LockOutcome, Predecessor, Reservation, TokenMode, TokenPolicy,
+    TokenStore,
 };
 
 use super::backend::*;
@@ -117,7 +118,10 @@ pub async fn race_reserve(backend: &dyn Backend, mode: TokenMode, rounds: usize)
         let winner = winners[0];
         assert_eq!(
             outcomes[winner],
-            Reservation::Reserved { fence: 1 },
+            Reservation::Reserved {
+                fence: 1,
+                predecessor: Predecessor::Nobody
+            },
             "round {round}"
         );
         for (task, r) in outcomes.iter().enumerate() {
@@ -160,7 +164,10 @@ pub async fn race_takeover(backend: &dyn Backend, rounds: usize) {
     for k in keys.iter() {
         assert_eq!(
             short.reserve(k, "crashed").await.unwrap(),
-            Reservation::Reserved { fence: 1 }
+            Reservation::Reserved {
+                fence: 1,
+                predecessor: Predecessor::Nobody
+            }
         );
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -174,7 +181,13 @@ pub async fn race_takeover(backend: &dyn Backend, rounds: usize) {
             .filter(|t| matches!(outcomes[*t], Reservation::Reserved { .. }))
             .collect();
         assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
-        assert_eq!(outcomes[winners[0]], Reservation::Reserved { fence: 2 });
+        assert_eq!(
+            outcomes[winners[0]],
+            Reservation::Reserved {
+                fence: 2,
+                predecessor: Predecessor::Holder("crashed".into())
+            }
+        );
         assert!(outcomes
             .iter()
             .enumerate()
