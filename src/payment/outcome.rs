@@ -211,3 +211,56 @@ impl Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry(charge: ChargeEvidence) -> Attempt {
+        Attempt::Retry {
+            after: Duration::ZERO,
+            reason: "gateway: 503".to_owned(),
+            charge,
+        }
+    }
+
+    fn refused() -> Outcome {
+        Outcome::Rejected {
+            kind: RejectionKind::Invalid,
+            reason: "gateway_rejected: HTTP 400".to_owned(),
+        }
+    }
+
+    #[test]
+    fn what_was_known_before_an_attempt_stays_known_until_an_answer_is_booked() {
+        let unknown = ChargeEvidence::MayHaveCharged;
+        assert_eq!(
+            retry(ChargeEvidence::Unchanged).knowing(unknown),
+            retry(unknown)
+        );
+        assert_eq!(
+            Attempt::Final(refused()).knowing(unknown),
+            Attempt::Unbooked(refused())
+        );
+        let booked = Outcome::Succeeded {
+            payment_id: Uuid::nil(),
+            transaction_id: "txn_1".to_owned(),
+        };
+        assert_eq!(
+            Attempt::Final(booked.clone()).knowing(unknown),
+            Attempt::Final(booked)
+        );
+        // Nothing known before: the attempt counts as it is.
+        let nothing = ChargeEvidence::Unchanged;
+        assert_eq!(
+            retry(nothing).knowing(nothing),
+            retry(ChargeEvidence::Unchanged)
+        );
+        assert_eq!(
+            Attempt::Final(refused()).knowing(nothing),
+            Attempt::Final(refused())
+        );
+        assert_eq!(ChargeEvidence::from_unknown(true), unknown);
+        assert_eq!(ChargeEvidence::from_unknown(false), nothing);
+    }
+}

@@ -366,6 +366,18 @@ mod tests {
     }
 
     #[test]
+    fn only_the_callers_own_previous_reservation_is_no_stranger() {
+        let holder = Predecessor::Holder("w:1".into());
+        assert!(!holder.is_stranger(Some("w:1")));
+        assert!(holder.is_stranger(Some("w:2")));
+        assert!(holder.is_stranger(None));
+        assert!(!Predecessor::Nobody.is_stranger(None));
+        assert!(!Predecessor::Nobody.is_stranger(Some("w:1")));
+        assert!(Predecessor::Unknown.is_stranger(Some("w:1")));
+        assert!(Predecessor::Unknown.is_stranger(None));
+    }
+
+    #[test]
     fn a_view_prints_durations_for_people() {
         let view = TokenView {
             state: TokenState::Processing,

@@ -466,12 +466,22 @@ mod tests {
         let (answer, unknown) = judge(retry(ChargeEvidence::Unchanged), false);
         assert_eq!(answer.expect_err("a retry").after, Duration::from_millis(7));
         assert!(!unknown);
-        // Final answers keep what was known; only an unbooked one is marked so.
-        let declined = Attempt::Final(Outcome::Rejected {
-            kind: RejectionKind::Invalid,
-            reason: "gateway_rejected: HTTP 400".to_owned(),
+        // A refusal books nothing: after an attempt that may have charged it is
+        // answered flagged; without one it is a plain refusal. A booked answer
+        // (succeeded, declined, duplicate) is never flagged.
+        let refused = || {
+            Attempt::Final(Outcome::Rejected {
+                kind: RejectionKind::Invalid,
+                reason: "gateway_rejected: HTTP 400".to_owned(),
+            })
+        };
+        assert!(matches!(judge(refused(), true), (Ok((_, true)), true)));
+        assert!(matches!(judge(refused(), false), (Ok((_, false)), false)));
+        let booked = Attempt::Final(Outcome::Succeeded {
+            payment_id: uuid::Uuid::nil(),
+            transaction_id: "txn_1".to_owned(),
         });
-        assert!(matches!(judge(declined, true), (Ok((_, false)), true)));
+        assert!(matches!(judge(booked, true), (Ok((_, false)), true)));
         let unbooked = Attempt::Unbooked(Outcome::Rejected {
             kind: RejectionKind::Internal,
             reason: "recording the charge failed".to_owned(),

@@ -490,4 +490,40 @@ pub const MUTANTS: &[Mutant] = &[
             "payment::fencing::survivor_with_the_postgres_token_store_does_not_commit",
         ],
     },
+    // ---- Who held a token before: a stranger's charge is evidence (I2 unknown outcomes).
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: a takeover names the holder whose lease ran out",
+        from: "    previous = h[7]\n",
+        to: "    previous = false\n",
+        tests: &["token::redis::lapsed_lease_is_reservable"],
+    },
+    Mutant {
+        file: RESTORE_LUA,
+        breaks: "restore: the holder is kept for the next reservation",
+        from: "'status', 'pending', 'previous_owner', ARGV[1])",
+        to: "'status', 'pending')",
+        tests: &["token::redis::reservations_name_the_previous_holder"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESTORE: the holder is kept for the next reservation",
+        from: "SET status = 'pending', previous_owner = owner, owner = NULL,",
+        to: "SET status = 'pending', owner = NULL,",
+        tests: &["token::postgres::reservations_name_the_previous_holder"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (issued): a takeover names the holder whose lease ran out",
+        from: "CASE status WHEN 'processing' THEN owner ELSE previous_owner END",
+        to: "CASE status WHEN 'processing' THEN NULL ELSE previous_owner END",
+        tests: &["token::postgres::lapsed_lease_is_reservable"],
+    },
+    Mutant {
+        file: PROCESSOR,
+        breaks: "a reservation after a stranger's inherits its unknown charge",
+        from: "if predecessor.is_stranger(self.previous_claim) {",
+        to: "if false {",
+        tests: &["gateway::takeovers::a_successor_that_cannot_look_up_a_killed_holders_charge_flags_it_and_a_redrive_books_it"],
+    },
 ];

@@ -7,5 +7,6 @@ mod metrics;
 mod sim_binary;
 mod simulator;
 mod stripe;
+mod takeovers;
 mod unknown_charges;
 mod unknown_outcomes;

@@ -25,14 +25,14 @@ use crate::support::scripted_gateway::{LookupAnswer, PostAnswer, ScriptedGateway
 
 use super::answers::ikey;
 
-fn header(message: &OwnedMessage, name: &str) -> Option<String> {
+pub(super) fn header(message: &OwnedMessage, name: &str) -> Option<String> {
     message
         .headers()
         .and_then(|h| payment_worker::kafka_headers::last_value(h, name))
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
-fn record(key: &str, amount_minor: i64) -> WorkloadRecord {
+pub(super) fn record(key: &str, amount_minor: i64) -> WorkloadRecord {
     let value = serde_json::json!({
         "idempotency_key": key, "account_id": "acct_9", "amount_minor": amount_minor,
         "currency": "USD", "payment_method": "pm_card_visa",
@@ -45,7 +45,7 @@ fn record(key: &str, amount_minor: i64) -> WorkloadRecord {
     }
 }
 
-fn short_budget(budget: Duration) -> RetryPolicy {
+pub(super) fn short_budget(budget: Duration) -> RetryPolicy {
     RetryPolicy {
         min_delay: Duration::from_millis(50),
         max_delay: Duration::from_millis(300),
@@ -53,7 +53,7 @@ fn short_budget(budget: Duration) -> RetryPolicy {
     }
 }
 
-fn charges_for(stack: &Stack, key: &str) -> Vec<LedgerEntry> {
+pub(super) fn charges_for(stack: &Stack, key: &str) -> Vec<LedgerEntry> {
     stack
         .ledger()
         .into_iter()
@@ -61,14 +61,14 @@ fn charges_for(stack: &Stack, key: &str) -> Vec<LedgerEntry> {
         .collect()
 }
 
-fn letter_of<'a>(letters: &'a [OwnedMessage], key: &str) -> &'a OwnedMessage {
+pub(super) fn letter_of<'a>(letters: &'a [OwnedMessage], key: &str) -> &'a OwnedMessage {
     letters
         .iter()
         .find(|m| m.key() == Some(key.as_bytes()))
         .unwrap_or_else(|| panic!("no dead letter for {key}"))
 }
 
-async fn unresolved_keys(stack: &Stack) -> Vec<String> {
+pub(super) async fn unresolved_keys(stack: &Stack) -> Vec<String> {
     unresolved_charges(&stack.db.pool, "")
         .await
         .unwrap()
@@ -78,7 +78,7 @@ async fn unresolved_keys(stack: &Stack) -> Vec<String> {
 }
 
 /// A stack whose worker gateway is a scripted front over the simulator's ledger.
-async fn behind_a_front(
+pub(super) async fn behind_a_front(
     simulator: SimulatorConfig,
     policy: TokenPolicy,
 ) -> (Stack, ScriptedGateway) {
@@ -325,7 +325,12 @@ async fn a_look_up_answering_another_amount_or_another_key_is_never_booked_and_f
 
 /// A `payment-worker run` of this stack (its gateway: `gateway_url`), once it owns
 /// the partition.
-async fn start_run(stack: &Stack, name: &str, gateway_url: &str, extra: &[(&str, &str)]) -> Proc {
+pub(super) async fn start_run(
+    stack: &Stack,
+    name: &str,
+    gateway_url: &str,
+    extra: &[(&str, &str)],
+) -> Proc {
     let mut env = stack.run_env();
     env.insert("GATEWAY_URL".into(), gateway_url.to_owned());
     for (k, v) in extra {
