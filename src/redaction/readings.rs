@@ -151,23 +151,63 @@ pub(crate) enum Triage<'a> {
     Every,
 }
 
-/// Sorts `bytes` by the readings they need. No allocation: most keys, headers and
-/// references end here as [`Triage::Clean`].
+/// A byte that is an ASCII digit.
+const DIGIT: u8 = 1;
+/// A byte another reading may decode: what the wider encodings (a zero or control
+/// byte), JSON escapes (`\\`) and percent-encoding (`%`, `+`) write, and any byte
+/// outside ASCII (other scripts' digits, or not UTF-8).
+const DECODABLE: u8 = 2;
+
+/// Every byte's class, so the common pass over a clean field is one table look-up
+/// per byte without a branch (as fast as the plain digit count it replaced).
+const CLASS: [u8; 256] = {
+    let mut class = [0u8; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        class[byte] = if b.is_ascii_digit() {
+            DIGIT
+        } else if b < 0x20 || b >= 0x7f || b == b'\\' || b == b'%' || b == b'+' {
+            DECODABLE
+        } else {
+            0
+        };
+        byte += 1;
+    }
+    class
+};
+
+/// Whether `byte` makes the wider encodings, JSON escapes or percent-encoding worth
+/// reading.
+fn opens_another_reading(byte: u8) -> bool {
+    byte < 0x20 || byte == 0x7f || byte == b'\\' || byte == b'%' || byte == b'+'
+}
+
+/// Sorts `bytes` by the readings they need, in one pass without allocating: most
+/// keys, headers and references end here as [`Triage::Clean`].
 pub(crate) fn triage(bytes: &[u8]) -> Triage<'_> {
     let mut digits = 0usize;
-    let mut ascii = true;
+    let mut seen = 0u8;
     for &byte in bytes {
-        match byte {
-            b'0'..=b'9' => digits += 1,
-            // What the wider encodings, JSON escapes and percent-encoding write.
-            0x00..=0x1f | 0x7f | b'\\' | b'%' | b'+' => return Triage::Every,
-            0x80..=0xff => ascii = false,
-            _ => {}
+        let class = CLASS[usize::from(byte)];
+        digits += usize::from(class & DIGIT);
+        seen |= class;
+    }
+    if seen & DECODABLE == 0 {
+        if digits < 13 {
+            return Triage::Clean;
         }
+        // Plain ASCII (so UTF-8), which no other reading changes.
+        return match std::str::from_utf8(bytes) {
+            Ok(text) => Triage::OneReading(text),
+            Err(_) => Triage::Every,
+        };
     }
-    if ascii && digits < 13 {
-        return Triage::Clean;
+    if bytes.iter().copied().any(opens_another_reading) {
+        return Triage::Every;
     }
+    // Only bytes outside ASCII: one reading when they are UTF-8 (its digits of other
+    // scripts are counted by the detector itself).
     match std::str::from_utf8(bytes) {
         Ok(text) => Triage::OneReading(text),
         Err(_) => Triage::Every,
