@@ -181,4 +181,31 @@ mod tests {
         let fields = b"4000123\x00456789017\x00";
         assert_eq!(dead_letter_redaction(fields), None);
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::redaction::card_cases::{card_in_text, encode, encoding};
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn a_dead_letter_value_keeps_no_card_in_any_encoding(
+                text in card_in_text(),
+                encoding in encoding(),
+            ) {
+                let value = format!(r#"{{"payment_method":"{text}","amount_minor":100}}"#);
+                let payload = encode(&value, encoding);
+                match dead_letter_redaction(&payload) {
+                    None => prop_assert!(false, "not redacted: {:?} {:?}", value, encoding),
+                    Some(RedactedPayload::Masked(masked)) => {
+                        prop_assert!(!holds_card_number(&masked), "{:?}", String::from_utf8_lossy(&masked));
+                    }
+                    Some(RedactedPayload::Dropped) => {}
+                }
+            }
+        }
+    }
 }
