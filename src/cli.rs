@@ -249,6 +249,9 @@ pub enum Command {
     /// Probe a running worker's `/healthz` (`--probe readyz`: `/readyz`): exit 0 when it answers
     /// 2xx, 1 otherwise. For container health checks, without shell tools.
     Healthcheck(crate::operator::HealthcheckArgs),
+    /// Print the `x-key-hmac-sha256` of a record key (under KEY_HASH_SECRET_FILE, as the
+    /// workers compute it), to find the answers of a key they show masked.
+    KeyHash(crate::operator::KeyHashArgs),
     /// A standalone local Kafka (librdkafka mock cluster) for development.
     #[cfg(feature = "devtools")]
     DevKafka(crate::devtools::DevKafkaArgs),
@@ -505,12 +508,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 } => {
                     let keys: Vec<IdempotencyKey> = if keys.is_empty() {
                         (0..count)
-                            .map(|_| {
-                                IdempotencyKey::try_from(format!(
-                                    "tok-{}",
-                                    uuid::Uuid::new_v4().simple()
-                                ))
-                            })
+                            .map(|_| IdempotencyKey::random("tok"))
                             .collect::<Result<_, _>>()?
                     } else {
                         keys
@@ -572,6 +570,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             command: DlqCommand::Redrive(args),
         } => crate::operator::redrive(args).await,
         Command::Healthcheck(args) => crate::operator::healthcheck(args).await,
+        Command::KeyHash(args) => {
+            crate::operator::key_hash(&args, std::io::stdin().lock(), std::io::stdout().lock())
+        }
         #[cfg(feature = "devtools")]
         Command::DevKafka(args) => crate::devtools::run_dev_kafka(args).await,
         #[cfg(feature = "devtools")]

@@ -12,12 +12,14 @@ use crate::token::{TokenMode, TokenPolicy};
 
 mod gateway;
 mod kafka_passthrough;
+mod key_hash;
 mod secrets;
 
 pub use gateway::{
     GatewayAccess, GatewayKind, StripeCompat, StripeSettings, DEFAULT_CHARGES_URL,
     DEFAULT_STRIPE_API_VERSION, DEFAULT_STRIPE_URL,
 };
+pub use key_hash::KeyHashSettings;
 pub use secrets::{read_secret, Secret, SecretError, SecretFile, SecretFileParser};
 
 use kafka_passthrough::{
@@ -657,6 +659,9 @@ pub struct WorkerSettings {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub transaction_max_records: u64,
+    /// The secret of the keyed hash answers carry for a key they echo masked.
+    #[command(flatten)]
+    pub key_hash: KeyHashSettings,
 }
 
 /// How results and offsets leave the worker (docs/ARCHITECTURE.md, "Result delivery").
@@ -690,6 +695,7 @@ impl Default for WorkerSettings {
             results: ResultsMode::AtLeastOnce,
             transaction_interval: Duration::from_millis(100),
             transaction_max_records: 1000,
+            key_hash: KeyHashSettings::default(),
         }
     }
 }

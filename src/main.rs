@@ -7,6 +7,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // Before anything can panic: the default hook would print a panic's message, which
+    // may quote a record's data, to stderr unmasked.
+    payment_worker::redaction::install_panic_hook();
     let cli = payment_worker::cli::Cli::parse();
     // Demo and bench print their own reports; their workers' info logs would bury them.
     let default_filter = if cli.command.prints_its_own_report() {

@@ -39,7 +39,14 @@ pub const COMMAND_SPAN: &str = "process";
 
 mod log_fields;
 pub mod prometheus;
+mod trace_context;
+mod w3c;
 pub use log_fields::LogFields;
+pub use trace_context::{
+    adopt_remote_parent, current_trace_headers, link_to, remote_context, trace_ids,
+    with_trace_headers, CardFreeIds, RemoteContext, BAGGAGE, TRACEPARENT, TRACESTATE,
+};
+pub use w3c::{parse_traceparent, sanitize_baggage, sanitize_tracestate, TraceParent};
 
 /// Held by `main`; `shutdown` flushes buffered spans and metrics.
 pub struct Telemetry {
@@ -343,6 +350,7 @@ fn tracer_provider() -> Option<SdkTracerProvider> {
         Ok(exporter) => Some(
             SdkTracerProvider::builder()
                 .with_resource(resource())
+                .with_id_generator(CardFreeIds::default())
                 .with_batch_exporter(exporter)
                 .build(),
         ),
@@ -623,101 +631,6 @@ pub fn record_token_inconsistency(expected: &'static str, actual: &'static str) 
             KeyValue::new("actual", actual),
         ],
     );
-}
-
-// ---------------------------------------------------------------------------
-// W3C trace context across Kafka headers and HTTP.
-
-use opentelemetry::propagation::{Extractor, Injector};
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
-use rdkafka::message::{Header, OwnedHeaders};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
-
-/// Reads trace context from raw Kafka headers: names or values that are not UTF-8
-/// are skipped, never unwrapped (see `kafka_headers.rs`).
-struct KafkaHeaderExtractor<'a>(Vec<crate::kafka_headers::RawHeader<'a>>);
-
-impl Extractor for KafkaHeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(key.as_bytes()))
-            .and_then(|h| h.value)
-            .and_then(|v| std::str::from_utf8(v).ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.iter().filter_map(|h| h.name_str()).collect()
-    }
-}
-
-/// Makes `span` a child of the `traceparent`/`tracestate` carried by `headers`.
-/// A missing or malformed header leaves the span a root: bad tracing data never
-/// fails a payment.
-pub fn adopt_remote_parent(span: &tracing::Span, headers: Option<&OwnedHeaders>) {
-    let Some(headers) = headers else { return };
-    let extractor = KafkaHeaderExtractor(crate::kafka_headers::raw(headers));
-    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&extractor));
-    if parent.span().span_context().is_valid() {
-        let _ = span.set_parent(parent);
-    }
-}
-
-#[derive(Default)]
-struct PairInjector(Vec<(String, String)>);
-
-impl Injector for PairInjector {
-    fn set(&mut self, key: &str, value: String) {
-        self.0.push((key.to_owned(), value));
-    }
-}
-
-/// `traceparent` (and `tracestate`) of the current span, for outgoing requests.
-pub fn current_trace_headers() -> Vec<(String, String)> {
-    let context = tracing::Span::current().context();
-    let mut injector = PairInjector::default();
-    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&context, &mut injector));
-    injector.0
-}
-
-/// `headers` plus the current trace context.
-pub fn with_trace_headers(mut headers: OwnedHeaders) -> OwnedHeaders {
-    for (key, value) in current_trace_headers() {
-        headers = headers.insert(Header {
-            key: &key,
-            value: Some(value.as_bytes()),
-        });
-    }
-    headers
-}
-
-/// Trace id and span id (hex) of `span`, when it is being traced.
-pub fn trace_ids(span: &tracing::Span) -> Option<(String, String)> {
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    span_context.is_valid().then(|| {
-        (
-            span_context.trace_id().to_string(),
-            span_context.span_id().to_string(),
-        )
-    })
-}
-
-/// Links `span` to a span of another trace (a replayed duplicate to the run that
-/// charged). Ignores ids that do not parse.
-pub fn link_to(span: &tracing::Span, trace_id: &str, span_id: &str) {
-    let (Ok(trace_id), Ok(span_id)) = (TraceId::from_hex(trace_id), SpanId::from_hex(span_id))
-    else {
-        return;
-    };
-    let remote = SpanContext::new(
-        trace_id,
-        span_id,
-        TraceFlags::SAMPLED,
-        true,
-        TraceState::default(),
-    );
-    span.add_link(remote);
 }
 
 // ---------------------------------------------------------------------------

@@ -100,6 +100,16 @@ pub struct SecretFile {
 }
 
 impl SecretFile {
+    /// Reads `name`'s file form at `path` now, as the command line does
+    /// ([`read_secret`]).
+    pub fn read(name: &'static str, path: &Path) -> Result<Self, SecretError> {
+        let contents = read_secret(name, None, Some(path))?.ok_or(SecretError::Empty { name })?;
+        Ok(Self {
+            path: path.to_owned(),
+            contents,
+        })
+    }
+
     /// The file named.
     pub fn path(&self) -> &Path {
         &self.path
@@ -144,18 +154,12 @@ impl clap::builder::TypedValueParser for SecretFileParser {
         _: Option<&clap::Arg>,
         value: &std::ffi::OsStr,
     ) -> Result<Self::Value, clap::Error> {
-        let path = PathBuf::from(value);
-        match read_secret(self.name, None, Some(&path)) {
-            Ok(Some(contents)) => Ok(SecretFile { path, contents }),
-            Ok(None) => Err(clap::Error::raw(
-                clap::error::ErrorKind::ValueValidation,
-                format!("{}_FILE: no file named\n", self.name),
-            )),
-            Err(error) => Err(clap::Error::raw(
+        SecretFile::read(self.name, &PathBuf::from(value)).map_err(|error| {
+            clap::Error::raw(
                 clap::error::ErrorKind::ValueValidation,
                 format!("{error}\n"),
-            )),
-        }
+            )
+        })
     }
 }
 

@@ -158,7 +158,9 @@ impl Faults {
         match &self.armed {
             Some((armed, FaultAction::Fail)) if *armed == point => Err(InjectedFault(point)),
             Some((armed, FaultAction::Panic)) if *armed == point => {
-                panic!("fault injected: panic at {}", point.as_str())
+                // With the key, as a real bug's message may quote the data that caused
+                // it: the panic hook and the worker's log of it must mask it.
+                panic!("fault injected: panic at {} for key {key}", point.as_str())
             }
             Some((armed, FaultAction::Pause(pause))) if *armed == point => {
                 pause.hold().await;

@@ -25,7 +25,7 @@ use reqwest::StatusCode;
 
 use super::interface::{Charge, ChargeRequest, GatewayError, LedgerEntry, PaymentGateway};
 use super::transport::{checked_base_url, GatewayTransport};
-use crate::redaction::mask_card_numbers;
+use crate::redaction::masked_text;
 use crate::token::IdempotencyKey;
 
 /// A rejection reason is shown to operators; a gateway could send a whole page.
@@ -303,8 +303,8 @@ pub(super) fn reason_from_body(body: String) -> String {
             }
         });
     // The reason travels on (results, dead-letter headers, logs), and a gateway
-    // that echoes the request could put a card number in it.
-    let mut reason = mask_card_numbers(&from_json.unwrap_or(body)).into_owned();
+    // that echoes the request could put a card number in it, in any writing.
+    let mut reason = masked_text(&from_json.unwrap_or(body)).into_owned();
     if reason.trim().is_empty() {
         reason = "no reason given".to_owned();
     }

@@ -1,9 +1,10 @@
 //! Operator commands around the worker: `produce`, `replay` (and its dry run),
-//! `dlq redrive`, `healthcheck`, and the outcome `process` prints. They use the worker's Kafka
+//! `dlq redrive`, `healthcheck`, `key-hash`, and the outcome `process` prints. They use the worker's Kafka
 //! settings and message formats; the worker itself never calls them.
 mod dry_run;
 mod group_members;
 mod healthcheck;
+mod key_hash;
 mod outcome_view;
 mod produce;
 mod redrive;
@@ -15,9 +16,10 @@ pub use dry_run::{
     dry_run_report, dry_run_verdicts, DryRunReport, DryRunScope, DryRunVerdict, VERDICTS,
 };
 pub use healthcheck::{healthcheck, HealthcheckArgs, Probe};
+pub use key_hash::{key_hash, KeyHashArgs};
 pub use outcome_view::OutcomeView;
 pub use produce::{produce, publish_records, ProduceArgs};
 pub use redrive::{redrive, RedriveArgs};
 pub use replay::{replay, rewind_group, ReplayArgs};
 pub use topics::{partition_count, read_partitions, read_ranges, PartitionRange};
-pub use workload::{generate, RecordKind, WorkloadRecord, WorkloadSpec};
+pub use workload::{generate, numbered_key, RecordKind, WorkloadRecord, WorkloadSpec};

@@ -39,16 +39,22 @@ pub struct ProduceArgs {
     /// Seed of the generated workload (amounts, duplicates, invalid records).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Prefix of generated idempotency keys, which are `PREFIX-000000`,
-    /// `PREFIX-000001`, ... Default: `cmd-` and a fresh run id (`cmd-1a2b3c4d`), so
+    /// Prefix of generated idempotency keys, which are `PREFIX:000000`,
+    /// `PREFIX:000001`, ... Default: `cmd-` and a fresh run id (`cmd-1a2b3c4d`), so
     /// each run's commands are new payments; give the same prefix (and --seed) to
     /// send the same commands again.
     #[arg(long, value_parser = parse_key_prefix)]
     pub key_prefix: Option<String>,
 }
 
-/// A prefix is usable when the keys made from it are valid idempotency keys.
+/// A prefix is usable when the keys made from it are valid idempotency keys, none
+/// of them a card number.
 fn parse_key_prefix(prefix: &str) -> Result<String, String> {
+    if crate::redaction::holds_card_number(prefix.as_bytes()) {
+        return Err(
+            "the prefix holds a card number: every key made from it would be refused".to_owned(),
+        );
+    }
     crate::token::IdempotencyKey::try_from(format!("{prefix}-bad-000000"))
         .map(|_| prefix.to_owned())
         .map_err(|e| format!("keys made from this prefix would be refused: {e}"))
@@ -121,7 +127,7 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     publish_records(&producer, &topic, partitions, &records).await?;
     match generated_keys {
         Some(prefix) => println!(
-            "produced {} records to {topic} (keys {prefix}-NNNNNN)",
+            "produced {} records to {topic} (keys {prefix}:NNNNNN)",
             records.len()
         ),
         None => println!("produced {} records to {topic}", records.len()),
@@ -159,4 +165,36 @@ fn read_json_lines(path: &PathBuf) -> anyhow::Result<Vec<WorkloadRecord>> {
         });
     }
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::operator::numbered_key;
+    use crate::redaction::holds_card_number;
+
+    #[test]
+    fn a_prefix_that_holds_a_card_number_is_refused() {
+        for prefix in [
+            "4111111111111111",
+            "ord-41111111-11111111",
+            "x.4111.1111.1111.1111",
+        ] {
+            assert!(parse_key_prefix(prefix).is_err(), "{prefix}");
+        }
+        assert_eq!(parse_key_prefix("ord-2026").as_deref(), Ok("ord-2026"));
+        assert!(parse_key_prefix("has space").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn the_default_prefix_makes_no_card_number(n in 0usize..10_000_000) {
+            let prefix = run_key_prefix();
+            prop_assert!(parse_key_prefix(&prefix).is_ok(), "{}", prefix);
+            let key = numbered_key(&prefix, n, 6);
+            prop_assert!(!holds_card_number(key.as_bytes()), "{}", key);
+        }
+    }
 }

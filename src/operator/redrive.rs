@@ -16,7 +16,8 @@ use crate::configuration::KafkaSettings;
 use crate::payment::RejectionKind;
 use crate::worker::{
     base_config, create_client, producer_config, without_dead_letter_headers, CHARGE_UNKNOWN,
-    ERROR_KIND, KEY_SHA256, ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+    ERROR_KIND, KEY_HMAC_SHA256, LEGACY_KEY_SHA256, ORIGINAL_DROPPED, PAYLOAD_DROPPED,
+    PAYLOAD_REDACTED,
 };
 
 /// `payment-worker dlq redrive`: which dead letters, how many.
@@ -268,15 +269,16 @@ fn redriven_headers(record: &rdkafka::message::OwnedMessage) -> Option<OwnedHead
 }
 
 /// The dead letter carries a masked or dropped value instead of the original, or a
-/// masked key (`x-key-sha256`: its key held a card number, and without it the
-/// value's own key would decide).
+/// masked key (`x-key-hmac-sha256`, or `x-key-sha256` from an earlier version: its
+/// key held a card number, and without it the value's own key would decide).
 fn is_altered(record: &rdkafka::message::OwnedMessage) -> bool {
     record.headers().is_some_and(|headers| {
         [
             PAYLOAD_REDACTED,
             PAYLOAD_DROPPED,
             ORIGINAL_DROPPED,
-            KEY_SHA256,
+            KEY_HMAC_SHA256,
+            LEGACY_KEY_SHA256,
         ]
         .iter()
         .any(|name| crate::kafka_headers::last_value(headers, name).is_some())
@@ -331,7 +333,11 @@ mod tests {
                 (CHARGE_UNKNOWN.to_owned(), "true".to_owned())
             ]
         );
-        let plain = dead_letter(&[("traceparent", "00-1-2-01"), (ERROR_KIND, "invalid")]);
+        let plain = dead_letter(&[
+            ("traceparent", "00-1-2-01"),
+            (ERROR_KIND, "invalid"),
+            (LEGACY_KEY_SHA256, "9bbef194"),
+        ]);
         let kept = redriven_headers(&plain).expect("headers");
         assert_eq!(
             names_and_values(&kept),

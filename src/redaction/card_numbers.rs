@@ -1,14 +1,31 @@
-//! Card numbers (PANs) in text: found and masked, wherever text may leave the
-//! worker (dead letters, gateway error texts).
+//! Card numbers (PANs) in one text: found and masked. What a text may also be read
+//! as (another encoding, escapes) is `readings.rs`'s; the one detector over every
+//! reading is `echo.rs`'s [`super::holds_card_number`].
 
-// Card numbers (PANs): 13–19 digits passing the Luhn check, written either as one
-// run of digits or in groups separated by single spaces or dashes
-// ("4111 1111 1111 1111", "4111-1111-1111-1111"), alone or inside a longer value
-// ("card:4111111111111111"). Any run of consecutive groups is tried, so a PAN
-// followed by more digits ("4111 1111 1111 1111 123") is still caught. A single
-// unbroken run longer than 19 digits is not a PAN (it is some other identifier).
+// A card number: 13–19 digits passing the Luhn check, written either as one run of
+// digits or in groups of any sizes joined by single separators (space, dash, dot,
+// slash, underscore: "4111 1111 1111 1111", "41111111-11111111", "4-111111111111111",
+// "4111.1111.1111.1111"), alone or inside a longer value ("card:4111111111111111").
+// Digits of any script count (`digits.rs`). A number is made of whole groups: any
+// run of consecutive groups is tried, so a card followed or preceded by more
+// groups ("4111 1111 1111 1111 123") is still caught, but a single unbroken run
+// longer than 19 digits is not a card (it is some other identifier, and one in
+// ten of its 13-digit windows would pass Luhn by chance).
 
-/// Luhn mod-10 check over ASCII digit values (0–9).
+use std::borrow::Cow;
+use std::ops::Range;
+
+use super::digits::digit_value;
+
+/// The digits a card number has, at least and at most.
+const CARD_DIGITS: std::ops::RangeInclusive<usize> = 13..=19;
+
+/// Whether `c` joins the digit groups of one written number.
+fn is_separator(c: char) -> bool {
+    matches!(c, ' ' | '-' | '.' | '/' | '_')
+}
+
+/// Luhn mod-10 check over digit values (0–9).
 fn luhn_valid(digits: &[u8]) -> bool {
     let sum: u32 = digits
         .iter()
@@ -31,8 +48,28 @@ fn luhn_valid(digits: &[u8]) -> bool {
     sum.is_multiple_of(10)
 }
 
-/// One stretch of digit groups; `groups` holds the end offset of each group in
-/// `digits`.
+/// Whether `text` holds fewer digits than a card number needs. One pass and no
+/// allocation: the exit every clean key, reference and header takes.
+pub(super) fn too_few_digits(text: &str) -> bool {
+    let mut count = 0usize;
+    for (at, byte) in text.bytes().enumerate() {
+        if byte.is_ascii_digit() {
+            count += 1;
+        } else if !byte.is_ascii() {
+            // From the first character outside ASCII on, digits of other scripts
+            // count too (`at` starts a character: all before it were ASCII).
+            count += text[at..]
+                .chars()
+                .filter(|&c| digit_value(c).is_some())
+                .count();
+            break;
+        }
+    }
+    count < *CARD_DIGITS.start()
+}
+
+/// One stretch of digit groups joined by single separators; `groups` holds the end
+/// offset of each group in `digits`.
 #[derive(Default)]
 struct DigitRun {
     digits: Vec<u8>,
@@ -40,20 +77,27 @@ struct DigitRun {
 }
 
 impl DigitRun {
+    /// Whether some run of whole consecutive groups is a card number.
     fn looks_like_card(&self) -> bool {
         let starts = std::iter::once(0).chain(self.groups.iter().copied());
         for (first, start) in starts.enumerate().take(self.groups.len()) {
             for &end in &self.groups[first..] {
                 let length = end - start;
-                if length > 19 {
+                if length > *CARD_DIGITS.end() {
                     break;
                 }
-                if length >= 13 && luhn_valid(&self.digits[start..end]) {
+                if CARD_DIGITS.contains(&length) && luhn_valid(&self.digits[start..end]) {
                     return true;
                 }
             }
         }
         false
+    }
+
+    fn close_group(&mut self) {
+        if self.groups.last() != Some(&self.digits.len()) && !self.digits.is_empty() {
+            self.groups.push(self.digits.len());
+        }
     }
 
     fn clear(&mut self) {
@@ -62,46 +106,33 @@ impl DigitRun {
     }
 }
 
-/// Whether `value` holds a card-number-like run.
-pub fn contains_card_number(value: &str) -> bool {
-    !card_runs(value, 1).is_empty()
-}
-
-/// Whether `value` holds the 13 digits a card number needs at least. The cheap exit
-/// of both scans: most references and keys hold far fewer.
-fn too_few_digits(value: &str) -> bool {
-    value.bytes().filter(u8::is_ascii_digit).count() < 13
-}
-
-/// The byte ranges (first digit to last digit) of up to `limit` card-number-like
-/// runs of `value`, in order.
-fn card_runs(value: &str, limit: usize) -> Vec<std::ops::Range<usize>> {
+/// The byte ranges (first digit to last digit) of up to `limit` runs of digit
+/// groups of `text` that hold a card number, in order.
+fn card_runs(text: &str, limit: usize) -> Vec<Range<usize>> {
     let mut found = Vec::new();
-    if too_few_digits(value) {
+    if too_few_digits(text) {
         return found;
     }
     let mut run = DigitRun::default();
     let mut span = 0..0;
+    // Whether the character before was a separator that followed a digit.
     let mut after_separator = false;
-    for (at, c) in value.char_indices() {
-        if c.is_ascii_digit() {
+    for (at, c) in text.char_indices() {
+        if let Some(value) = digit_value(c) {
             if run.digits.is_empty() {
                 span.start = at;
             }
-            span.end = at + 1;
-            run.digits.push(c as u8 - b'0');
+            span.end = at + c.len_utf8();
+            run.digits.push(value);
             after_separator = false;
             continue;
         }
-        let is_separator = c == ' ' || c == '-';
-        if !run.digits.is_empty() && !after_separator {
-            // The group that just ended.
-            run.groups.push(run.digits.len());
-        }
-        if is_separator && !run.digits.is_empty() && !after_separator {
+        run.close_group();
+        if is_separator(c) && !run.digits.is_empty() && !after_separator {
             after_separator = true;
             continue;
         }
+        // Anything else, or a second separator in a row, ends the run.
         if run.looks_like_card() {
             found.push(span.clone());
             if found.len() == limit {
@@ -111,128 +142,47 @@ fn card_runs(value: &str, limit: usize) -> Vec<std::ops::Range<usize>> {
         run.clear();
         after_separator = false;
     }
-    if !run.digits.is_empty() && !after_separator {
-        run.groups.push(run.digits.len());
-    }
+    run.close_group();
     if run.looks_like_card() {
         found.push(span);
     }
     found
 }
 
-/// `value` with the digits of every card-number-like run replaced by `*`, all but
-/// the last four (separators kept): "4111 1111 1111 1111" → "**** **** **** 1111".
-/// Runs are found exactly as [`contains_card_number`] finds them.
-pub fn mask_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
-    mask_runs(value, card_runs(value, usize::MAX))
+/// Whether `text`, as written, holds a card number. Only this one reading of it:
+/// the detector for whatever may leave the worker is
+/// [`super::holds_card_number`], which reads it every way a receiver may.
+pub(super) fn written_card_number(text: &str) -> bool {
+    !card_runs(text, 1).is_empty()
 }
 
-/// The digits a group of a written card number holds: cards print theirs in
-/// groups of three to six (4-4-4-4, 4-4-4-4-3, 4-6-5, 4-6-4, 3-4-4-4-…).
-const PRINTED_GROUP: std::ops::RangeInclusive<usize> = 3..=6;
-
-/// `value` with the digits of every card number written as cards print them
-/// masked like [`mask_card_numbers`] does: one unbroken run of 13–19 digits, or
-/// groups of three to six digits separated by single dashes or spaces, 13–19
-/// digits in all, passing Luhn.
-///
-/// The identifier rule: for idempotency keys, which a key holding such a number is
-/// refused as (`card_number_as_key`), and which log lines and spans show masked by
-/// it. The broad rule of [`mask_card_numbers`], any run of digit groups, would
-/// refuse one "ord-20260115-00000008" in ten: an order, not a card, that operators
-/// grep for.
-pub fn mask_printed_card_numbers(value: &str) -> std::borrow::Cow<'_, str> {
-    mask_runs(value, printed_card_runs(value))
-}
-
-/// Whether `value` holds a card number by the identifier rule of
-/// [`mask_printed_card_numbers`].
-pub fn contains_printed_card_number(value: &str) -> bool {
-    !printed_card_runs(value).is_empty()
-}
-
-fn printed_card_runs(value: &str) -> Vec<std::ops::Range<usize>> {
-    // Every key of every command comes here (its span, its log lines).
-    if too_few_digits(value) {
-        return Vec::new();
-    }
-    let bytes = value.as_bytes();
-    let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at].is_ascii_digit() {
-            let start = at;
-            while at < bytes.len() && bytes[at].is_ascii_digit() {
-                at += 1;
-            }
-            groups.push(start..at);
-        } else {
-            at += 1;
-        }
-    }
-    let digits_of = |ranges: &[std::ops::Range<usize>]| -> Vec<u8> {
-        ranges
-            .iter()
-            .flat_map(|r| bytes[r.clone()].iter().map(|b| b - b'0'))
-            .collect()
-    };
-    let mut found = Vec::new();
-    let mut next = 0;
-    while next < groups.len() {
-        let single = &groups[next..=next];
-        if (13..=19).contains(&single[0].len()) && luhn_valid(&digits_of(single)) {
-            found.push(single[0].clone());
-            next += 1;
-            continue;
-        }
-        // The longest run of joined printed groups from here that is a card.
-        let mut end = next;
-        while end < groups.len()
-            && PRINTED_GROUP.contains(&groups[end].len())
-            && (end == next || {
-                let (before, this) = (&groups[end - 1], &groups[end]);
-                this.start == before.end + 1 && matches!(bytes[before.end], b'-' | b' ')
-            })
-        {
-            end += 1;
-        }
-        let printed = (next + 2..=end).rev().find_map(|last| {
-            let window = &groups[next..last];
-            let digits = digits_of(window);
-            ((13..=19).contains(&digits.len()) && luhn_valid(&digits))
-                .then(|| (window[0].start..window[window.len() - 1].end, window.len()))
-        });
-        match printed {
-            Some((range, count)) => {
-                found.push(range);
-                next += count;
-            }
-            None => next += 1,
-        }
-    }
-    found
-}
-
-/// `value` with the digits of each of `runs` (byte ranges, in order) masked, all
-/// but the last four of each.
-fn mask_runs(value: &str, runs: Vec<std::ops::Range<usize>>) -> std::borrow::Cow<'_, str> {
+/// `text` with the digits of every run that holds a card number replaced by `*`,
+/// all but the last four of the run (separators kept): "4111 1111 1111 1111" →
+/// "**** **** **** 1111". Masks the text as written; a number only another reading
+/// shows (an escape, another encoding) is [`super::masked_for_echo`]'s.
+pub fn mask_card_numbers(text: &str) -> Cow<'_, str> {
+    let runs = card_runs(text, usize::MAX);
     if runs.is_empty() {
-        return std::borrow::Cow::Borrowed(value);
+        return Cow::Borrowed(text);
     }
-    let mut out = String::with_capacity(value.len());
+    let mut out = String::with_capacity(text.len());
     let mut copied = 0;
     for run in runs {
-        out.push_str(&value[copied..run.start]);
-        let text = &value[run.clone()];
-        let keep_from = text
-            .bytes()
-            .filter(u8::is_ascii_digit)
+        out.push_str(&text[copied..run.start]);
+        let written = &text[run.clone()];
+        let keep_from = written
+            .chars()
+            .filter(|&c| digit_value(c).is_some())
             .count()
             .saturating_sub(4);
         let mut seen = 0;
-        for c in text.chars() {
-            if c.is_ascii_digit() {
-                out.push(if seen < keep_from { '*' } else { c });
+        for c in written.chars() {
+            if digit_value(c).is_some() {
+                if seen < keep_from {
+                    out.push('*');
+                } else {
+                    out.push(c);
+                }
                 seen += 1;
             } else {
                 out.push(c);
@@ -240,8 +190,8 @@ fn mask_runs(value: &str, runs: Vec<std::ops::Range<usize>>) -> std::borrow::Cow
         }
         copied = run.end;
     }
-    out.push_str(&value[copied..]);
-    std::borrow::Cow::Owned(out)
+    out.push_str(&text[copied..]);
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -275,52 +225,73 @@ mod tests {
         assert!(!luhn_valid(&[
             4, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2
         ]));
-        assert!(contains_card_number("4111111111111111"));
-        assert!(contains_card_number(
+        assert!(written_card_number("4111111111111111"));
+        assert!(written_card_number(
             "4111  1111 1111 1111 x 4111 1111 1111 1111"
         ));
-        assert!(contains_card_number("x-4111-1111-1111-1111-"));
+        assert!(written_card_number("x-4111-1111-1111-1111-"));
         assert!(
-            !contains_card_number("4111  1111  1111  1111"),
+            !written_card_number("4111  1111  1111  1111"),
             "double spaces break groups"
         );
-        assert!(!contains_card_number("411111111111"), "12 digits");
-        assert!(!contains_card_number("pm_card_visa"));
-        assert!(!contains_card_number("ord-2026-000123"));
+        assert!(!written_card_number("411111111111"), "12 digits");
+        assert!(!written_card_number("pm_card_visa"));
+        assert!(!written_card_number("ord-2026-000123"));
+        assert!(
+            !written_card_number("41111111111111111111"),
+            "one run of 20 digits is no card"
+        );
     }
 
     #[test]
-    fn printed_card_numbers_are_masked_and_grouped_ids_are_not() {
+    fn any_grouping_by_any_of_the_five_separators_is_one_number() {
         for (value, masked) in [
-            ("4111111111111111", "************1111"),
-            ("ord-4111111111111111", "ord-************1111"),
-            ("4111-1111-1111-1111", "****-****-****-1111"),
-            ("pay-3782-822463-10005", "pay-****-******-*0005"),
-            ("4111-1111-1111-1111-7", "****-****-****-1111-7"),
-            ("ord-20260115-00000008", "ord-20260115-00000008"),
-            // Any printed grouping, not only the common ones.
+            ("41111111-11111111", "********-****1111"),
+            ("4-111111111111111", "*-***********1111"),
+            ("4111111111-111111", "**********-**1111"),
+            ("4111.1111.1111.1111", "****.****.****.1111"),
+            ("4111/1111/1111/1111", "****/****/****/1111"),
+            ("4111_1111_1111_1111", "****_****_****_1111"),
+            ("4111 1111-1111.1111", "**** ****-****.1111"),
             ("x 411-1111-1111-11111 y", "x ***-****-****-*1111 y"),
-            ("5500 0000 0000 0004", "**** **** **** 0004"),
-            ("4111-1111-1111-1112", "4111-1111-1111-1112"),
-            ("ord-2026-000123", "ord-2026-000123"),
-            ("1234567890123", "1234567890123"),
+            ("pay-3782-822463-10005", "pay-****-******-*0005"),
+            // A grouped order number is a card number when its digits are one.
+            ("ord-20260115-00000008", "ord-********-****0008"),
+            // More groups around it: the whole run is masked but its last four.
+            ("4111-1111-1111-1111-7", "****-****-****-*111-7"),
+            (
+                "ref 1/2/3/4 amex 3782 822463 10005",
+                "ref 1/2/3/4 amex **** ****** *0005",
+            ),
         ] {
-            assert_eq!(mask_printed_card_numbers(value), masked, "{value}");
+            assert_eq!(mask_card_numbers(value), masked, "{value}");
         }
-        // Groups are joined across one dash or one space only: an underscore or a
-        // doubled separator makes them separate identifiers.
-        for value in ["4111_1111_1111_1111", "4111--1111--1111--1111"] {
-            assert!(!contains_printed_card_number(value), "{value}");
+        for value in [
+            "4111--1111--1111--1111",
+            "4111,1111,1111,1111",
+            "4111:1111:1111:1111",
+            "4111+1111+1111+1111",
+            "4111-1111-1111-1112",
+            "ord-2026-000123",
+            "1234567890123",
+        ] {
+            assert_eq!(mask_card_numbers(value), value, "{value}");
         }
-        // A printed card is found wherever it starts, after any number of groups.
+    }
+
+    #[test]
+    fn digits_of_other_scripts_are_digits() {
         assert_eq!(
-            mask_printed_card_numbers("ref 1/2/3/4 amex 3782 822463 10005"),
-            "ref 1/2/3/4 amex **** ****** *0005"
+            mask_card_numbers("card ４１１１ １１１１ １１１１ １１１１"),
+            "card **** **** **** １１１１"
         );
-        // The broad rule, for payloads, masks the grouped id too.
-        assert_eq!(
-            mask_card_numbers("ord-20260115-00000008"),
-            "ord-********-****0008"
-        );
+        let arabic_indic: String = "4111111111111111"
+            .chars()
+            .map(|c| char::from_u32(0x0660 + u32::from(c as u8 - b'0')).expect("a digit"))
+            .collect();
+        assert!(written_card_number(&arabic_indic));
+        assert!(!too_few_digits(&arabic_indic));
+        assert!(too_few_digits("é 123456789012"));
+        assert!(!too_few_digits("é 1234567890123"));
     }
 }

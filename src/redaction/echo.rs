@@ -1,34 +1,26 @@
-//! Card numbers in the bytes a record brings that the worker echoes — its key and
-//! its headers — in any reading a receiver may give them (UTF-8, UTF-16, UTF-32,
-//! JSON escapes), and what of them may be echoed instead.
+//! The one card-number detector, for every field that may leave the worker —
+//! keys, idempotency keys, headers (trace context included), values, command
+//! fields, panic messages — in any reading a receiver may give its bytes (UTF-8,
+//! UTF-16, UTF-32, JSON escapes, percent-encoding), and what of such bytes may be
+//! echoed instead.
 
-use super::card_numbers::{contains_card_number, contains_printed_card_number, mask_card_numbers};
-use super::readings::readings;
+use super::card_numbers::{mask_card_numbers, written_card_number};
+use super::readings::{readings, triage, Triage};
 
-/// Whether any reading of `bytes` holds a card number by the broad rule (any run of
-/// digit groups): for bytes the worker only ever echoes, never acts on.
+/// Whether any reading of `bytes` holds a card number. A field with fewer than 13
+/// digits and nothing another reading could decode is told clean in one pass,
+/// without allocating.
 pub fn holds_card_number(bytes: &[u8]) -> bool {
-    readings(bytes)
-        .iter()
-        .any(|text| contains_card_number(text))
-}
-
-/// Whether a record key (or a command's `idempotency_key`) is refused as a card
-/// number (`card_number_as_key`). A key of the idempotency-key alphabet
-/// (`[A-Za-z0-9._:-]`, no spaces, no zero bytes, so no wider encoding) is judged by
-/// the identifier rule of [`super::mask_printed_card_numbers`], so that order
-/// numbers with long digit groups stay keys; any other key by the broad rule in
-/// every reading, as it is refused anyway and only its echo is at stake.
-pub fn key_holds_card_number(key: &[u8]) -> bool {
-    match std::str::from_utf8(key) {
-        Ok(text) if is_key_alphabet(text) => contains_printed_card_number(text),
-        _ => holds_card_number(key),
+    match triage(bytes) {
+        Triage::Clean => false,
+        Triage::OneReading(text) => written_card_number(text),
+        Triage::Every => readings(bytes).iter().any(|text| written_card_number(text)),
     }
 }
 
-fn is_key_alphabet(text: &str) -> bool {
-    text.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+/// Whether `text` holds a card number, in any reading ([`holds_card_number`]).
+pub fn contains_card_number(text: &str) -> bool {
+    holds_card_number(text.as_bytes())
 }
 
 /// What may be echoed of `bytes` that hold a card number: the first reading in
@@ -40,6 +32,19 @@ pub fn masked_for_echo(bytes: &[u8]) -> Option<String> {
         let changed = masked != text.as_str();
         (changed && !holds_card_number(masked.as_bytes())).then(|| masked.into_owned())
     })
+}
+
+/// `text` as it may go out in a log line, a span or a panic message: as it is when
+/// it holds no card number, else masked ([`masked_for_echo`]), or a placeholder
+/// when no masking clears it.
+pub fn masked_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if !holds_card_number(text.as_bytes()) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        masked_for_echo(text.as_bytes())
+            .unwrap_or_else(|| "<removed: it held a card number>".to_owned()),
+    )
 }
 
 #[cfg(test)]
@@ -58,13 +63,17 @@ mod tests {
             b"note: card 4111 1111 1111 1111".to_vec(),
             b"x-card-4111111111111111".to_vec(),
             br#"\u0034111111111111111"#.to_vec(),
+            br#"4111\/1111\/1111\/1111"#.to_vec(),
+            b"%34%31%31%31%31%31%31%31%31%31%31%31%31%31%31%31".to_vec(),
+            b"4111+1111+1111+1111".to_vec(),
+            "４１１１１１１１１１１１１１１１".as_bytes().to_vec(),
             utf16le("card 4111111111111111"),
+            utf16le("४१११११११११११११११"),
             [b"\xff".as_slice(), b"4111111111111111"].concat(),
         ] {
             assert!(holds_card_number(&bytes), "{bytes:?}");
-            assert!(key_holds_card_number(&bytes), "{bytes:?}");
             let masked = masked_for_echo(&bytes).expect("maskable");
-            assert!(masked.ends_with("1111"), "{masked}");
+            assert!(masked.contains("****"), "{masked}");
             assert!(!holds_card_number(masked.as_bytes()), "{masked}");
         }
         for bytes in [
@@ -72,9 +81,13 @@ mod tests {
             b"pm_card_visa",
             b"4111111111111112",
             b"plain value",
+            b"100% of 12 items",
         ] {
             assert!(!holds_card_number(bytes), "{bytes:?}");
-            assert!(!key_holds_card_number(bytes), "{bytes:?}");
+            assert_eq!(
+                masked_text(&String::from_utf8_lossy(bytes)),
+                String::from_utf8_lossy(bytes)
+            );
         }
     }
 
@@ -92,19 +105,34 @@ mod tests {
     }
 
     #[test]
-    fn keys_of_the_key_alphabet_are_judged_by_the_identifier_rule() {
-        // Two groups of eight digits: an order number, whatever Luhn says of its
-        // sixteen digits together (the broad rule would refuse it).
+    fn one_detector_judges_keys_as_every_other_field() {
+        // Two groups of eight digits whose sixteen pass Luhn: a card number, even in
+        // the shape of an order number (the contract's one rule for every field).
         assert!(holds_card_number(b"ord-20260115-00000008"));
-        assert!(!key_holds_card_number(b"ord-20260115-00000008"));
         for key in [
+            "41111111-11111111",
+            "4-111111111111111",
+            "4111111111-111111",
+            "4111.1111.1111.1111",
+            "4111_1111_1111_1111",
             "ord-5500000000000004",
-            "5500-0000-0000-0004",
             "pay-3782-822463-10005",
         ] {
-            assert!(key_holds_card_number(key.as_bytes()), "{key}");
+            assert!(holds_card_number(key.as_bytes()), "{key}");
         }
-        // Not of the alphabet (a space): the broad rule.
-        assert!(key_holds_card_number(b"ord 20260115 00000008"));
+        assert!(!holds_card_number(b"cmd-1a2b3c4d:000001"));
+    }
+
+    #[test]
+    fn text_for_logs_and_panics_is_masked_in_any_reading() {
+        assert_eq!(
+            masked_text("boom at 4111-1111-1111-1111"),
+            "boom at ****-****-****-1111"
+        );
+        assert_eq!(
+            masked_text("key 4111+1111+1111+1111"),
+            "key **** **** **** 1111"
+        );
+        assert_eq!(masked_text("nothing here"), "nothing here");
     }
 }

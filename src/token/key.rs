@@ -33,6 +33,20 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A fresh random key, `<label>-` and 128 random bits written as 32 letters
+    /// (`a`–`p`, hex with letters for digits): it holds no digit of its own, so
+    /// it never reads as a card number (which every worker refuses as a key),
+    /// whatever label of few digits comes before it.
+    pub fn random(label: &str) -> Result<Self, InvalidKey> {
+        let bits: u128 = rand::random();
+        let letters: String = (0..32)
+            .rev()
+            // Each nibble (0–15) is one letter; the cast keeps it (< 16).
+            .map(|at| char::from(b'a' + ((bits >> (at * 4)) & 0xf) as u8))
+            .collect();
+        Self::try_from(format!("{label}-{letters}"))
+    }
 }
 
 impl TryFrom<&str> for IdempotencyKey {
@@ -83,7 +97,7 @@ impl AsRef<str> for IdempotencyKey {
 /// gateway and the result records take the key as it is ([`IdempotencyKey::as_str`]).
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::redaction::mask_printed_card_numbers(&self.0))
+        f.write_str(&crate::redaction::mask_card_numbers(&self.0))
     }
 }
 
@@ -136,6 +150,30 @@ mod tests {
         assert_eq!(AsRef::<str>::as_ref(&key), "ord-2026-000123");
         assert_eq!(key.to_string(), "ord-2026-000123");
         assert_eq!(format!("{key:?}"), "IdempotencyKey(ord-2026-000123)");
+    }
+
+    #[test]
+    fn random_keys_are_fresh_and_never_card_numbers() {
+        let one = IdempotencyKey::random("tok").expect("a key");
+        let other = IdempotencyKey::random("tok").expect("a key");
+        assert_ne!(one, other);
+        assert!(
+            one.as_str().starts_with("tok-") && one.as_str().len() == 36,
+            "{one}"
+        );
+        assert!(
+            !one.as_str()[4..].bytes().any(|b| b.is_ascii_digit()),
+            "{one}"
+        );
+        assert!(IdempotencyKey::random("no space").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_random_key_after_a_label_of_few_digits_is_no_card(label in "[a-z][a-z0-9_.-]{0,10}") {
+            let key = IdempotencyKey::random(&label).expect("a key");
+            proptest::prop_assert!(!crate::redaction::holds_card_number(key.as_str().as_bytes()));
+        }
     }
 
     #[test]

@@ -92,7 +92,7 @@ fn decode(message: &OwnedMessage) -> Result<PaymentCommand, Undecodable> {
     // answer, and one that holds a card number is refused for that.
     if message
         .key()
-        .is_some_and(crate::redaction::key_holds_card_number)
+        .is_some_and(crate::redaction::holds_card_number)
     {
         return Err(Undecodable::Command(InvalidCommand::CardNumberAsKey));
     }

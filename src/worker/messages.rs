@@ -60,9 +60,13 @@ pub const ORIGINAL_SIZE: &str = "x-original-size";
 pub const ORIGINAL_DROPPED: &str = "x-original-dropped";
 
 /// On a dead letter or result whose record key is not echoed as it came (it held a
-/// card number and is masked, or it was too large for a result): the hex SHA-256 of
-/// the key as it came, to correlate.
-pub const KEY_SHA256: &str = "x-key-sha256";
+/// card number and is masked, or it was too large for a result): the hex
+/// HMAC-SHA256 of the key as it came under the operators' secret
+/// (`KEY_HASH_SECRET_FILE`), to correlate (`payment-worker key-hash`).
+pub const KEY_HMAC_SHA256: &str = "x-key-hmac-sha256";
+/// What earlier versions wrote instead, an unkeyed SHA-256: stripped like the
+/// worker's other headers, never carried on.
+pub const LEGACY_KEY_SHA256: &str = "x-key-sha256";
 /// On a dead letter: the producer's headers that held a card number (in name or
 /// value) and were masked, by their masked names, comma-separated.
 pub const HEADERS_REDACTED: &str = "x-headers-redacted";
@@ -71,7 +75,7 @@ pub const HEADERS_REDACTED: &str = "x-headers-redacted";
 /// and a dead letter never carries a client's own copy of one (in any letter
 /// case): a `x-payload-dropped` sent with a command would make `dlq redrive` pass
 /// its dead letter over as altered.
-const DEAD_LETTER_HEADERS: [&str; 13] = [
+const DEAD_LETTER_HEADERS: [&str; 14] = [
     ERROR_KIND,
     ERROR_REASON,
     SOURCE_TOPIC,
@@ -83,7 +87,8 @@ const DEAD_LETTER_HEADERS: [&str; 13] = [
     PAYLOAD_DROPPED,
     ORIGINAL_SIZE,
     ORIGINAL_DROPPED,
-    KEY_SHA256,
+    KEY_HMAC_SHA256,
+    LEGACY_KEY_SHA256,
     HEADERS_REDACTED,
 ];
 

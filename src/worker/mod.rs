@@ -28,7 +28,8 @@ pub use kafka::{
 };
 pub use messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
-    HEADERS_REDACTED, KEY_SHA256, ORIGINAL_DROPPED, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+    HEADERS_REDACTED, KEY_HMAC_SHA256, LEGACY_KEY_SHA256, ORIGINAL_DROPPED, PAYLOAD_DROPPED,
+    PAYLOAD_REDACTED,
 };
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;

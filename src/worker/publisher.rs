@@ -14,11 +14,11 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tracing::Instrument;
 
-use super::echo::{key_sha256, redact_headers, EchoedKey};
+use super::echo::{redact_headers, EchoedKey};
 use super::messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
-    KEY_SHA256, ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED, SOURCE_OFFSET,
-    SOURCE_PARTITION, SOURCE_TOPIC,
+    KEY_HMAC_SHA256, ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
+    SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
 };
 use super::oversized::LetterForm;
 use super::spans::produce_span;
@@ -27,6 +27,7 @@ use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
 use crate::payment::{
     dead_letter_redaction, Outcome, RedactedPayload, RejectionKind, SourcePosition,
 };
+use crate::redaction::KeyHasher;
 
 fn is_too_large(error: &KafkaError) -> bool {
     matches!(
@@ -87,6 +88,8 @@ pub struct DeadLetter<'a> {
     pub charge_unknown: bool,
     /// The value to send instead of the original (a card number masked).
     pub redacted: Option<RedactedPayload>,
+    /// `x-key-hmac-sha256`, when the record key is not echoed as it came.
+    pub key_hmac: Option<&'a str>,
 }
 
 /// The original headers plus the dead-letter headers. Headers from an earlier
@@ -125,6 +128,7 @@ fn with_dead_letter_headers(
         reason,
         attempts,
         charge_unknown,
+        key_hmac,
         ..
     } = *letter;
     let partition = message.partition().to_string();
@@ -149,10 +153,10 @@ fn with_dead_letter_headers(
             value: Some("true"),
         });
     }
-    if let Some(sha256) = EchoedKey::of(message.key()).sha256 {
+    if let Some(hmac) = key_hmac {
         headers = headers.insert(Header {
-            key: KEY_SHA256,
-            value: Some(&sha256),
+            key: KEY_HMAC_SHA256,
+            value: Some(hmac),
         });
     }
     headers
@@ -202,6 +206,8 @@ pub struct Publisher {
     /// Why the brokers refuse this producer's records for good (no write permission
     /// on a topic), once one was refused so.
     refused_for_good: Arc<OnceLock<String>>,
+    /// Computes `x-key-hmac-sha256` of a key not echoed as it came.
+    key_hasher: KeyHasher,
 }
 
 impl Publisher {
@@ -228,8 +234,13 @@ impl Publisher {
         }
     }
 
-    /// An at-least-once publisher: each record is acknowledged on its own.
+    /// An at-least-once publisher: each record is acknowledged on its own; keys are
+    /// hashed under this process's random secret.
     pub fn new(settings: &KafkaSettings) -> anyhow::Result<Self> {
+        Self::at_least_once(settings, KeyHasher::for_this_process())
+    }
+
+    fn at_least_once(settings: &KafkaSettings, key_hasher: KeyHasher) -> anyhow::Result<Self> {
         settings.check_passthrough()?;
         let producer = super::kafka::create_client(&super::kafka::producer_config(settings))
             .context("creating the Kafka producer")?;
@@ -239,14 +250,16 @@ impl Publisher {
             dlq_topic: settings.dlq_topic.clone(),
             transactions: None,
             refused_for_good: Arc::default(),
+            key_hasher,
         })
     }
 
     /// The publisher of `worker.results`; in `exactly-once` mode this creates the
     /// process's transactional producer (blocking for its first broker round trips).
     pub fn for_mode(settings: &KafkaSettings, worker: &WorkerSettings) -> anyhow::Result<Self> {
+        let key_hasher = worker.key_hash.hasher()?;
         match worker.results {
-            ResultsMode::AtLeastOnce => Self::new(settings),
+            ResultsMode::AtLeastOnce => Self::at_least_once(settings, key_hasher),
             ResultsMode::ExactlyOnce => {
                 settings.check_passthrough()?;
                 let transactions = Transactions::start(settings, worker)?;
@@ -256,6 +269,7 @@ impl Publisher {
                     dlq_topic: settings.dlq_topic.clone(),
                     transactions: Some(transactions),
                     refused_for_good: Arc::default(),
+                    key_hasher,
                 })
             }
         }
@@ -357,7 +371,7 @@ impl Publisher {
         } = verdict;
         // The record key as every answer echoes it; a masked one also replaces the
         // result's `idempotency_key`.
-        let echoed = EchoedKey::of(original.key());
+        let echoed = EchoedKey::of(original.key(), &self.key_hasher);
         let key = if echoed.is_masked() {
             echoed.masked_text()
         } else {
@@ -374,6 +388,7 @@ impl Publisher {
                 attempts,
                 charge_unknown,
                 redacted: dead_letter_redaction(original.payload().unwrap_or_default()),
+                key_hmac: echoed.hmac.as_deref(),
             };
             self.dead_letter(original, &echoed, &source, letter).await;
         }
@@ -393,10 +408,10 @@ impl Publisher {
         let span = produce_span(&self.results_topic);
         let mut headers =
             span.in_scope(|| crate::telemetry::with_trace_headers(OwnedHeaders::new()));
-        if let Some(sha256) = &echoed.sha256 {
+        if let Some(hmac) = &echoed.hmac {
             headers = headers.insert(Header {
-                key: KEY_SHA256,
-                value: Some(sha256),
+                key: KEY_HMAC_SHA256,
+                value: Some(hmac),
             });
         }
         // Exactly-once only: results an aborted transaction learnt go unkeyed.
@@ -427,11 +442,11 @@ impl Publisher {
                 known.remember_result_unkeyed(source);
             }
         }
-        if echoed.sha256.is_none() {
+        if echoed.hmac.is_none() {
             if let Some(original) = &echoed.key {
                 headers = headers.insert(Header {
-                    key: KEY_SHA256,
-                    value: Some(&key_sha256(original)),
+                    key: KEY_HMAC_SHA256,
+                    value: Some(&self.key_hasher.hex(original)),
                 });
             }
         }
@@ -445,7 +460,7 @@ impl Publisher {
     /// refused for holding a card number goes out `redacted` instead, marked with
     /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
     /// could be kept): a card number in a value never lands on a topic. Nor in its key
-    /// (`echoed`: masked, with `x-key-sha256`) or headers (masked, named in
+    /// (`echoed`: masked, with `x-key-hmac-sha256`) or headers (masked, named in
     /// `x-headers-redacted`). A dead letter too large for the brokers goes out
     /// smaller (`LetterForm`) rather than stall its partition forever.
     async fn dead_letter(

@@ -33,7 +33,7 @@ pub fn command_span(message: &OwnedMessage, group_id: &str) -> tracing::Span {
         // Masked like `IdempotencyKey`'s Display: no card number in a span.
         span.record(
             "payment.idempotency_key",
-            crate::redaction::mask_printed_card_numbers(&key).as_ref(),
+            crate::redaction::mask_card_numbers(&key).as_ref(),
         );
     }
     if let Some((trace_id, span_id)) = crate::telemetry::trace_ids(&span) {

@@ -185,7 +185,7 @@ pub async fn postgres_ceiling(
     // Built before the clock starts: decoding is the worker's cost, not Postgres's.
     let commands: Vec<PaymentCommand> = (0..count)
         .map(|n| {
-            let key = format!("{key_prefix}-{n:07}");
+            let key = crate::operator::numbered_key(key_prefix, n, 7);
             PaymentCommand::parse(command_json(&key, n).as_bytes())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", e.code()))
         })
@@ -240,7 +240,7 @@ pub async fn token_round_trips(
     bar: &ProgressBar,
 ) -> anyhow::Result<LoopReport> {
     let keys: Vec<IdempotencyKey> = (0..count)
-        .map(|n| IdempotencyKey::try_from(format!("{key_prefix}-{n:07}")))
+        .map(|n| IdempotencyKey::try_from(crate::operator::numbered_key(key_prefix, n, 7)))
         .collect::<Result<_, _>>()?;
     let keys = Arc::new(keys);
     let fingerprint: Arc<str> = Arc::from("0".repeat(64));

@@ -112,9 +112,16 @@ enum Running {
     Process { child: Child, log: PathBuf },
 }
 
+/// The key prefix of one phase of a run: `bench-<run id>-<phase>`; its keys are
+/// `numbered_key(prefix, n, 7)` (`bench-1a2b3c4d-e2e-0ms:0000042`). Phase names
+/// start with a letter, so the run id's (at most eight) digits stand alone.
+fn phase_key_prefix(run_id: &str, phase: &str) -> String {
+    format!("bench-{run_id}-{phase}")
+}
+
 impl Bed {
     pub fn key_prefix(&self, phase: &str) -> String {
-        format!("bench-{}-{phase}", self.run_id)
+        phase_key_prefix(&self.run_id, phase)
     }
 
     pub(super) fn kafka(&self, phase: &str) -> anyhow::Result<KafkaSettings> {
@@ -425,7 +432,7 @@ impl Bed {
             write_samples(&dir.join(format!("{phase}.csv")), &sent, &observations)?;
         }
 
-        let rows = audit::rows_with_prefix(&self.admin, &format!("{key_prefix}-")).await?;
+        let rows = audit::rows_with_prefix(&self.admin, &format!("{key_prefix}:")).await?;
         let ledger = simulator.ledger();
         simulator.shutdown().await?;
         let audit = audit::reconcile(&ledger, &rows, sent.len(), observations.len());
@@ -587,6 +594,30 @@ async fn stop(running: Running) -> anyhow::Result<()> {
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::redaction::holds_card_number;
+
+    proptest! {
+        #[test]
+        fn bench_keys_are_never_card_numbers(
+            run_id in "[0-9a-f]{8}",
+            phase in proptest::sample::select(vec![
+                "e2e-0ms", "e2e-20ms", "eos-0ms", "eos-20ms", "baseline-20ms", "backlog-20ms",
+                "half-load", "roundtrips", "stripe-localstripe", "ceiling", "tokens",
+            ]),
+            n in 0usize..10_000_000,
+        ) {
+            let key = crate::operator::numbered_key(&phase_key_prefix(&run_id, phase), n, 7);
+            prop_assert!(crate::token::IdempotencyKey::try_from(key.as_str()).is_ok(), "{}", key);
+            prop_assert!(!holds_card_number(key.as_bytes()), "{}", key);
         }
     }
 }

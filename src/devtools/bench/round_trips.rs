@@ -45,7 +45,7 @@ pub(super) async fn per_fresh_payment(
     let mut fresh = 0usize;
     for n in 0..payments {
         let value = serde_json::json!({
-            "idempotency_key": format!("{prefix}-{n}"), "account_id": "acct_bench",
+            "idempotency_key": crate::operator::numbered_key(&prefix, n, 1), "account_id": "acct_bench",
             "amount_minor": 1000 + n, "currency": "EUR", "payment_method": "pm_card_visa",
         });
         let command = PaymentCommand::parse(value.to_string().as_bytes())

@@ -111,7 +111,7 @@ async fn measure(
     running.stop().await?;
     let observations = reader.finish().await?;
 
-    let rows = audit::rows_with_prefix(&bed.admin, &format!("{key_prefix}-")).await?;
+    let rows = audit::rows_with_prefix(&bed.admin, &format!("{key_prefix}:")).await?;
     let ledger: Vec<_> = gateway
         .ledger()
         .await?
@@ -125,7 +125,7 @@ async fn measure(
     audit.add(&phase_audit);
     // The PaymentIntents went with localstripe; their records go too.
     sqlx::query("DELETE FROM stripe_payment_intents WHERE starts_with(idempotency_key, $1)")
-        .bind(format!("{key_prefix}-"))
+        .bind(format!("{key_prefix}:"))
         .execute(&bed.admin)
         .await?;
     records.close().await;

@@ -35,9 +35,10 @@ pub(super) struct Shared {
     /// Key → how long its answer is held back (`--slow-key`).
     pub(super) slow_keys: HashMap<String, Duration>,
     ledger: Mutex<Ledger>,
-    /// The `traceparent` of the first POST per key, so tests can see the trace
-    /// context reach the gateway (in process only; not part of the HTTP API).
-    traceparents: Mutex<HashMap<String, String>>,
+    /// The trace context headers (`traceparent`, `tracestate`, `baggage`, as sent)
+    /// of the first POST per key, so tests can see what of the trace context reaches
+    /// the gateway (in process only; not part of the HTTP API).
+    trace_headers: Mutex<HashMap<String, Vec<(String, String)>>>,
 }
 
 pub(super) enum Decision {
@@ -89,27 +90,30 @@ impl Shared {
                 latest: HashMap::new(),
                 rng: StdRng::seed_from_u64(seed),
             }),
-            traceparents: Mutex::new(HashMap::new()),
+            trace_headers: Mutex::new(HashMap::new()),
             config,
         }
     }
 
-    /// Keeps the first `traceparent` seen for `key`.
-    pub(super) fn remember_traceparent(&self, key: &IdempotencyKey, traceparent: &str) {
+    /// Keeps the trace context headers of the first POST for `key`.
+    pub(super) fn remember_trace_headers(
+        &self,
+        key: &IdempotencyKey,
+        headers: Vec<(String, String)>,
+    ) {
         let mut seen = self
-            .traceparents
+            .trace_headers
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        seen.entry(key.as_str().to_owned())
-            .or_insert_with(|| traceparent.to_owned());
+        seen.entry(key.as_str().to_owned()).or_insert(headers);
     }
 
-    pub(super) fn traceparent_of(&self, key: &str) -> Option<String> {
+    pub(super) fn trace_headers_of(&self, key: &str) -> Vec<(String, String)> {
         let seen = self
-            .traceparents
+            .trace_headers
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        seen.get(key).cloned()
+        seen.get(key).cloned().unwrap_or_default()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {

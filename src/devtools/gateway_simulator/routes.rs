@@ -107,9 +107,18 @@ async fn post_charge(
         Ok(request) => request,
         Err(rejection) => return rejection.into_response(),
     };
-    if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
-        shared.remember_traceparent(&key, traceparent);
-    }
+    let trace_headers: Vec<(String, String)> = ["traceparent", "tracestate", "baggage"]
+        .iter()
+        .flat_map(|name| {
+            headers.get_all(*name).iter().map(move |value| {
+                (
+                    (*name).to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+        })
+        .collect();
+    shared.remember_trace_headers(&key, trace_headers);
     if shared.config.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(shared.config.latency_ms)).await;
     }

@@ -171,7 +171,16 @@ impl RunningSimulator {
 
     /// The `traceparent` header of the first charge request for `key`, if it had one.
     pub fn traceparent_of(&self, key: &str) -> Option<String> {
-        self.shared.traceparent_of(key)
+        self.trace_headers_of(key)
+            .into_iter()
+            .find(|(name, _)| name == "traceparent")
+            .map(|(_, value)| value)
+    }
+
+    /// The trace context headers (`traceparent`, `tracestate`, `baggage`) of the first
+    /// charge request for `key`, as they came, in that order.
+    pub fn trace_headers_of(&self, key: &str) -> Vec<(String, String)> {
+        self.shared.trace_headers_of(key)
     }
 
     /// Stops serving and waits for the server to finish.

@@ -4,7 +4,7 @@ use serde_json::Value;
 
 pub(super) use crate::redaction::contains_card_number;
 pub use crate::redaction::mask_card_numbers;
-use crate::redaction::wide_readings;
+use crate::redaction::{holds_card_number, wide_readings};
 
 /// What may be kept of a record value refused for holding a card number.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub enum RedactedPayload {
 }
 
 /// Masks the card numbers in a record value, and checks that none survives in
-/// the JSON strings it decodes to.
+/// the JSON strings it decodes to, nor in any other reading of it.
 pub fn redact_payload(payload: &[u8]) -> RedactedPayload {
     if holds_wide_card_number(payload) {
         return RedactedPayload::Dropped;
@@ -27,7 +27,7 @@ pub fn redact_payload(payload: &[u8]) -> RedactedPayload {
         return RedactedPayload::Dropped;
     };
     let masked = mask_card_numbers(text).into_owned();
-    if survives_masking(text, &masked) {
+    if survives_masking(text, &masked) || holds_card_number(masked.as_bytes()) {
         RedactedPayload::Dropped
     } else {
         RedactedPayload::Masked(masked.into_bytes())
@@ -50,17 +50,12 @@ fn survives_masking(text: &str, masked: &str) -> bool {
 /// number (it goes as it came), else the payload with card numbers masked, or nothing
 /// when they cannot be masked (not UTF-8, or still there after masking).
 pub fn dead_letter_redaction(payload: &[u8]) -> Option<RedactedPayload> {
-    match redact_payload(payload) {
-        RedactedPayload::Masked(masked) if masked == payload => None,
-        // Not UTF-8 and so not maskable: keep it unless it could hold a card.
-        RedactedPayload::Dropped
-            if std::str::from_utf8(payload).is_err() && !holds_wide_card_number(payload) =>
-        {
-            let lossy = String::from_utf8_lossy(payload);
-            (mask_card_numbers(&lossy) != lossy).then_some(RedactedPayload::Dropped)
-        }
-        other => Some(other),
+    // The one detector, over every reading: a value that holds no card number in
+    // any of them goes as it came, UTF-8 or not.
+    if !holds_card_number(payload) {
+        return None;
     }
+    Some(redact_payload(payload))
 }
 
 /// Whether `payload` holds a card number written in UTF-16 or UTF-32 (either byte
@@ -185,5 +180,32 @@ mod tests {
         assert!(contains_card_number("4000123456789017"));
         let fields = b"4000123\x00456789017\x00";
         assert_eq!(dead_letter_redaction(fields), None);
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::redaction::card_cases::{card_in_text, encode, encoding};
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn a_dead_letter_value_keeps_no_card_in_any_encoding(
+                text in card_in_text(),
+                encoding in encoding(),
+            ) {
+                let value = format!(r#"{{"payment_method":"{text}","amount_minor":100}}"#);
+                let payload = encode(&value, encoding);
+                match dead_letter_redaction(&payload) {
+                    None => prop_assert!(false, "not redacted: {:?} {:?}", value, encoding),
+                    Some(RedactedPayload::Masked(masked)) => {
+                        prop_assert!(!holds_card_number(&masked), "{:?}", String::from_utf8_lossy(&masked));
+                    }
+                    Some(RedactedPayload::Dropped) => {}
+                }
+            }
+        }
     }
 }

@@ -86,7 +86,7 @@ pub enum InvalidCommand {
     InvalidIdempotencyKey(InvalidKey),
     /// The record key or `idempotency_key` holds what looks like a card number: a
     /// key is echoed on every answer, logged and stored, so it may not be one.
-    #[error("the key looks like a card number; it is only echoed masked, with x-key-sha256 (use an order or request id as the key)")]
+    #[error("the key looks like a card number; it is only echoed masked, with x-key-hmac-sha256 (use an order or request id as the key)")]
     CardNumberAsKey,
     /// `account_id` is empty, too long or not printable.
     #[error("field `account_id` {0} (1 to {MAX_ACCOUNT_ID_LEN} characters)")]

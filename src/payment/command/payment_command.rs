@@ -115,7 +115,7 @@ impl PaymentCommand {
     ) -> Result<Self, InvalidCommand> {
         let idempotency_key = IdempotencyKey::try_from(idempotency_key)
             .map_err(InvalidCommand::InvalidIdempotencyKey)?;
-        if crate::redaction::key_holds_card_number(idempotency_key.as_str().as_bytes()) {
+        if crate::redaction::holds_card_number(idempotency_key.as_str().as_bytes()) {
             return Err(InvalidCommand::CardNumberAsKey);
         }
         validate_account_id(account_id)?;

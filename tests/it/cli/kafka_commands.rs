@@ -59,12 +59,12 @@ async fn dry_run_json(stack: &Stack, extra: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
 }
 
-/// The key prefix `produce` reports: "... (keys cmd-1a2b3c4d-NNNNNN)".
+/// The key prefix `produce` reports: "... (keys cmd-1a2b3c4d:NNNNNN)".
 fn reported_prefix(output: &Output) -> String {
     let text = String::from_utf8_lossy(&output.stdout);
     let start = text.find("(keys ").expect("keys reported") + "(keys ".len();
     let rest = &text[start..];
-    rest[..rest.find("-NNNNNN").expect("key pattern")].to_owned()
+    rest[..rest.find(":NNNNNN").expect("key pattern")].to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -22,6 +22,7 @@ const PRODUCT_COMMANDS: &[&str] = &[
     "audit",
     "dlq",
     "healthcheck",
+    "key-hash",
     "completions",
     "man",
 ];

@@ -44,10 +44,11 @@ fn is_current_timestamp(digits: &[u8]) -> bool {
 }
 
 /// Card-like numbers in `text`: 13–19 digits passing Luhn, written either as one
-/// number or in groups of 3–6 digits joined by single spaces or dashes (4-4-4-4,
-/// 4-6-5, …). Tokens that mix digits and letters (hex ids, UUIDs) are not numbers,
-/// and a longer number is not searched for embedded ones (one in ten 13-digit
-/// windows passes Luhn by chance); the literal card numbers are searched as well.
+/// number or in groups of any sizes joined by single separators (space, dash, dot,
+/// slash, underscore: 4-4-4-4, 8-8, 1-15, …). Tokens that mix digits and letters
+/// (hex ids, UUIDs) are not numbers, and a longer number is not searched for
+/// embedded ones (one in ten 13-digit windows passes Luhn by chance); the literal
+/// card numbers are searched as well.
 pub(crate) fn card_like_numbers(text: &str) -> Vec<String> {
     let bytes = text.as_bytes();
     // Alphanumeric tokens, each with the byte just before it.
@@ -76,12 +77,12 @@ pub(crate) fn card_like_numbers(text: &str) -> Vec<String> {
             t += 1;
             continue;
         }
-        // A run of digit tokens, each joined to the previous by one space or dash.
+        // A run of digit tokens, each joined to the previous by one separator.
         let mut run = vec![tokens[t]];
         let mut u = t + 1;
         while u < tokens.len()
             && is_digits(&tokens[u])
-            && matches!(tokens[u].2, Some(b' ' | b'-'))
+            && matches!(tokens[u].2, Some(b' ' | b'-' | b'.' | b'/' | b'_'))
             && tokens[u].0 == run.last().unwrap().1 + 1
         {
             run.push(tokens[u]);
@@ -98,11 +99,10 @@ pub(crate) fn card_like_numbers(text: &str) -> Vec<String> {
             for a in 0..run.len() {
                 let mut digits = vec![];
                 for b in a..run.len() {
-                    let group = digits_of(&run[b]);
-                    if !(3..=6).contains(&group.len()) {
+                    digits.extend(digits_of(&run[b]));
+                    if digits.len() > 19 {
                         break;
                     }
-                    digits.extend(group);
                     if b > a && (13..=19).contains(&digits.len()) && luhn(&digits) {
                         found
                             .push(String::from_utf8_lossy(&bytes[run[a].0..run[b].1]).into_owned());
@@ -116,8 +116,8 @@ pub(crate) fn card_like_numbers(text: &str) -> Vec<String> {
 }
 
 /// The card-like numbers `value` holds in any reading a consumer might give it:
-/// as UTF-8 (lossy), as UTF-16 of either byte order, and each with JSON `\uXXXX`
-/// escapes decoded.
+/// as UTF-8 (lossy), as UTF-16 and UTF-32 of either byte order, and each with JSON
+/// `\uXXXX` escapes, percent-encoding or fullwidth digits decoded.
 pub(crate) fn hidden_card_numbers(value: &[u8]) -> Vec<String> {
     let units = |big_endian: bool| -> Vec<u16> {
         value
@@ -131,17 +131,72 @@ pub(crate) fn hidden_card_numbers(value: &[u8]) -> Vec<String> {
             })
             .collect()
     };
+    let wide = |big_endian: bool| -> String {
+        value
+            .chunks_exact(4)
+            .filter_map(|quad| {
+                let quad = [quad[0], quad[1], quad[2], quad[3]];
+                char::from_u32(if big_endian {
+                    u32::from_be_bytes(quad)
+                } else {
+                    u32::from_le_bytes(quad)
+                })
+            })
+            .collect()
+    };
     let readings = [
         String::from_utf8_lossy(value).into_owned(),
         String::from_utf16_lossy(&units(false)),
         String::from_utf16_lossy(&units(true)),
+        wide(false),
+        wide(true),
     ];
     let mut found = vec![];
     for text in &readings {
         found.extend(card_like_numbers(text));
         found.extend(card_like_numbers(&decode_json_escapes(text)));
+        found.extend(card_like_numbers(&decode_percent(text)));
+        found.extend(card_like_numbers(&ascii_digits(text)));
     }
     found
+}
+
+/// `text` with `%XX` decoded (and `+` read as a space), as URLs and forms are.
+fn decode_percent(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = text
+            .get(i + 1..i + 3)
+            .filter(|_| bytes[i] == b'%')
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (hex, bytes[i]) {
+            (Some(byte), _) => {
+                out.push(byte);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, other) => {
+                out.push(other);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `text` with fullwidth digits (U+FF10–FF19) written as ASCII ones, as NFKC does.
+fn ascii_digits(text: &str) -> String {
+    text.chars()
+        .map(|c| match u32::from(c) {
+            code @ 0xFF10..=0xFF19 => char::from(b'0' + (code - 0xFF10) as u8),
+            _ => c,
+        })
+        .collect()
 }
 
 /// `text` with every `\uXXXX` escape replaced by its character (an escape that
@@ -178,6 +233,12 @@ fn the_card_number_detector_finds_cards_and_ignores_ids() {
         "5500-0000-0000-0004",
         "378282246310005",
         "\"pm\":\"3782 822463 10005\"",
+        "41111111-11111111",
+        "4-111111111111111",
+        "4111111111-111111",
+        "4111.1111.1111.1111",
+        "4111/1111/1111/1111",
+        "4111_1111_1111_1111",
     ] {
         assert!(!card_like_numbers(card).is_empty(), "{card}");
     }
@@ -216,4 +277,11 @@ fn hidden_card_numbers_are_found_behind_escapes_and_zero_bytes() {
     assert!(hidden_card_numbers(br#"{"pm":"\u0070m_card_visa","x":"\uZZZZ"}"#).is_empty());
     // Fields padded with zero bytes are not one number.
     assert!(hidden_card_numbers(b"4000123\x00456789017\x00").is_empty());
+    assert!(!hidden_card_numbers(b"%34%31%31%31%31%31%31%31%31%31%31%31%31%31%31%31").is_empty());
+    assert!(!hidden_card_numbers("\u{FF14}111111111111111".as_bytes()).is_empty());
+    let utf32: Vec<u8> = "4111111111111111"
+        .chars()
+        .flat_map(|c| u32::from(c).to_be_bytes())
+        .collect();
+    assert!(!hidden_card_numbers(&utf32).is_empty());
 }

@@ -39,6 +39,9 @@ pub struct Received {
     pub stripe_version: Option<String>,
     /// A confirm's `off_session` field; `None` on a create.
     pub off_session: Option<String>,
+    /// The trace context headers it carried (`traceparent`, `tracestate`,
+    /// `baggage`), as they came.
+    pub trace_headers: Vec<(String, String)>,
 }
 
 #[derive(Clone)]
@@ -283,10 +286,22 @@ fn once(
             .map(str::to_owned)
     };
     let key = header("idempotency-key").unwrap_or_default();
+    let trace_headers = ["traceparent", "tracestate", "baggage"]
+        .iter()
+        .flat_map(|name| {
+            headers.get_all(*name).iter().map(move |value| {
+                (
+                    (*name).to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+        })
+        .collect();
     books.received.push(Received {
         idempotency_key: key.clone(),
         stripe_version: header("stripe-version"),
         off_session,
+        trace_headers,
     });
     if let Some(first) = books.replies.get(&(account.to_owned(), key.clone())) {
         return answer(first.clone(), true);

@@ -1,5 +1,7 @@
-//! Traces, metrics and logs as an operator receives them, and what they must never carry.
+//! Traces, metrics and logs as an operator receives them, and what they must never carry
+//! (secrets, card numbers: `secrets.rs`, `card_numbers.rs`).
 
+mod card_numbers;
 mod metric_export;
 pub(crate) mod metric_names;
 mod otlp_tls;

@@ -143,14 +143,14 @@ fn debug_of_the_settings_redacts_secrets() {
 /// Request path and body of each export.
 type Exports = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
-struct OtlpSink {
+pub(super) struct OtlpSink {
     url: String,
     bodies: Exports,
-    task: tokio::task::JoinHandle<()>,
+    pub(super) task: tokio::task::JoinHandle<()>,
 }
 
 impl OtlpSink {
-    async fn start() -> Self {
+    pub(super) async fn start() -> Self {
         let bodies: Exports = Arc::default();
         let stored = Arc::clone(&bodies);
         let app =
@@ -172,7 +172,7 @@ impl OtlpSink {
         Self { url, bodies, task }
     }
 
-    fn bodies(&self, path: &str) -> Vec<Vec<u8>> {
+    pub(super) fn bodies(&self, path: &str) -> Vec<Vec<u8>> {
         self.bodies
             .lock()
             .unwrap()
@@ -199,8 +199,16 @@ fn command_json(key: &str, method: &str) -> String {
     .to_string()
 }
 
-fn binary(stack: &Stack, database_url: &str, sink: &OtlpSink) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(crate::support::procs::BINARY);
+pub(super) fn binary(
+    stack: &Stack,
+    database_url: &str,
+    sink: &OtlpSink,
+) -> tokio::process::Command {
+    // PW_TEST_BINARY runs another build (e.g. the base commit's) for a before/after
+    // comparison.
+    let program = std::env::var("PW_TEST_BINARY")
+        .unwrap_or_else(|_| crate::support::procs::BINARY.to_owned());
+    let mut command = tokio::process::Command::new(program);
     // Nothing inherited: no ambient KAFKA_CONFIG_* or URL may change what is tested.
     command
         .env_clear()
@@ -221,7 +229,7 @@ fn binary(stack: &Stack, database_url: &str, sink: &OtlpSink) -> tokio::process:
     command
 }
 
-fn text_of(output: &std::process::Output) -> String {
+pub(super) fn text_of(output: &std::process::Output) -> String {
     format!(
         "{}\n{}",
         String::from_utf8_lossy(&output.stdout),

@@ -14,7 +14,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
 use crate::support::cards::card_like_numbers;
-use crate::support::helpers::{quick_worker_settings, span_exporter, stop_all, unique, Stack};
+use crate::support::helpers::{
+    card_free_trace_id, quick_worker_settings, span_exporter, stop_all, unique, Stack,
+};
 
 fn command(key: &str) -> String {
     serde_json::json!({"idempotency_key": key, "account_id": "acct_7", "amount_minor": 4200,
@@ -94,7 +96,7 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
             }
         })
         .collect();
-    let trace_a = TraceId::from_hex(&uuid::Uuid::new_v4().simple().to_string()).unwrap();
+    let trace_a = card_free_trace_id();
     let remote_parent = SpanId::from_hex("00f067aa0ba902b7").unwrap();
     produce_traced(&stack, &key, &format!("00-{trace_a}-{remote_parent}-01")).await;
     let worker = stack.start_worker("t", &quick_worker_settings());
@@ -209,7 +211,7 @@ async fn one_command_is_one_readable_trace_and_a_replay_links_to_it() {
     }
 
     // The same command replayed under another trace: a duplicate linked to trace A.
-    let trace_b = TraceId::from_hex(&uuid::Uuid::new_v4().simple().to_string()).unwrap();
+    let trace_b = card_free_trace_id();
     produce_traced(&stack, &key, &format!("00-{trace_b}-{remote_parent}-01")).await;
     stack.wait_for_results(2, Duration::from_secs(30)).await;
     let replay = trace_spans(trace_b).await;
@@ -329,7 +331,7 @@ async fn the_binary_exports_spans_and_metrics_over_otlp() {
     let stack = Stack::new(2, SimulatorConfig::default()).await;
     let (addr, received) = start_receiver().await;
     let key = unique("otlp").replace('_', "-");
-    let trace = TraceId::from_hex(&uuid::Uuid::new_v4().simple().to_string()).unwrap();
+    let trace = card_free_trace_id();
     produce_traced(&stack, &key, &format!("00-{trace}-00f067aa0ba902b7-01")).await;
 
     let health = std::net::TcpListener::bind("127.0.0.1:0")

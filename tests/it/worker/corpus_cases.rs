@@ -546,19 +546,28 @@ pub(crate) fn corpus() -> Vec<Case> {
 /// Header names and values of the corpus that hold a card number, each in its own
 /// case (a command refused for its currency, so its headers go to the dead-letter
 /// topic) and all together on one valid command.
-pub(crate) const CARD_HEADERS: [(&str, &[u8]); 4] = [
+pub(crate) const CARD_HEADERS: [(&str, &[u8]); 7] = [
     // Kafka's header name `note`, as an upstream writes a memo.
     ("note", b"card 4111-1111-1111-1111"),
     ("x-memo", b"note: card 4111 1111 1111 1111"),
     // In a header's name.
     ("x-card-4111111111111111", b"v"),
     ("x-plain", b"4111111111111111"),
+    // Any grouping, any encoding a receiver decodes.
+    ("x-dotted", b"4111.1111.1111.1111"),
+    (
+        "x-percent",
+        b"%34%31%31%31%31%31%31%31%31%31%31%31%31%31%31%31",
+    ),
+    // Trace context: a card-holding entry is dropped, the rest copied.
+    ("tracestate", b"pan=4111111111111111,vendor=ok"),
 ];
 
 /// Card numbers in the parts of a record the worker echoes: its key (the record
 /// key or the command's `idempotency_key`) and its headers, in every writing the
-/// contract names (plain, grouped by dashes or spaces, inside longer text, in a
-/// header's name, UTF-16). None of them may reach an output topic in clear.
+/// contract names (plain, grouped by any of the five separators in any group sizes,
+/// inside longer text, in a header's name, UTF-16). None of them may reach an output
+/// topic in clear.
 fn card_numbers_where_records_are_echoed_from(c: &mut Corpus) {
     for (name, key) in [
         ("card number as key", "4111111111111111"),
@@ -567,6 +576,22 @@ fn card_numbers_where_records_are_echoed_from(c: &mut Corpus) {
             "4111-1111-1111-1111",
         ),
         ("card number inside a longer key", "ord-5500000000000004"),
+        // Groupings the identifier rule for keys once let through as keys.
+        ("card number as key in groups of eight", "41111111-11111111"),
+        ("card number as key after one digit", "4-111111111111111"),
+        (
+            "card number as key in groups of ten and six",
+            "4111111111-111111",
+        ),
+        ("card number as key grouped by dots", "4111.1111.1111.1111"),
+        (
+            "card number as key grouped by underscores",
+            "4111_1111_1111_1111",
+        ),
+        (
+            "order number whose two groups are a card number",
+            "ord-20260115-00000008",
+        ),
     ] {
         c.raw(
             name,

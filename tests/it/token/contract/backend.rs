@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payment_worker::token::{IdempotencyKey, Reservation, TokenMode, TokenPolicy, TokenStore};
-use uuid::Uuid;
 
 pub const RACERS: usize = 64;
 /// Rounds per race; every round uses a fresh key.
@@ -40,7 +39,8 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 pub fn key(label: &str) -> IdempotencyKey {
-    IdempotencyKey::try_from(format!("{label}-{}", Uuid::new_v4().simple())).unwrap()
+    // Letters only after the label: a random hex id may read as a card number.
+    IdempotencyKey::random(label).unwrap()
 }
 
 pub fn policy(
