@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::interface::{Charge, ChargeRequest, GatewayError, LedgerEntry, PaymentGateway};
+use super::interface::{
+    Charge, ChargeRequest, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway,
+};
 use super::transport::{checked_base_url, GatewayTransport};
 use crate::redaction::masked_text;
 use crate::token::IdempotencyKey;
@@ -241,19 +243,11 @@ pub(super) fn note_failure(
         GatewayError::Unavailable(_) => "transient",
         GatewayError::Rejected { .. } => "rejected",
         GatewayError::Protocol(_) => "protocol",
+        // Nothing was sent: no gateway call failed (never passed here).
+        GatewayError::LeaseNotHeld(_) => "lease_not_held",
     };
     let code = status.map(|s| s.as_u16());
-    crate::telemetry::metrics().gateway_failures.add(
-        1,
-        &[
-            opentelemetry::KeyValue::new("operation", operation),
-            opentelemetry::KeyValue::new("class", class),
-            opentelemetry::KeyValue::new(
-                "http.response.status_code",
-                code.map_or_else(|| "none".to_owned(), |c| c.to_string()),
-            ),
-        ],
-    );
+    count_failure(operation, class, code);
     match code {
         Some(code @ (401 | 403 | 404 | 405)) => tracing::error!(
             idempotency_key = %key, operation, status = code, class,
@@ -269,6 +263,21 @@ pub(super) fn note_failure(
             "gateway call failed"
         ),
     }
+}
+
+/// Counts one failed gateway call (`payment_worker.gateway.failures`).
+pub(super) fn count_failure(operation: &'static str, class: &'static str, code: Option<u16>) {
+    crate::telemetry::metrics().gateway_failures.add(
+        1,
+        &[
+            opentelemetry::KeyValue::new("operation", operation),
+            opentelemetry::KeyValue::new("class", class),
+            opentelemetry::KeyValue::new(
+                "http.response.status_code",
+                code.map_or_else(|| "none".to_owned(), |c| c.to_string()),
+            ),
+        ],
+    );
 }
 
 /// The whole error chain: reqwest's Display stops at the top level and hides the
@@ -351,7 +360,10 @@ impl PaymentGateway for HttpGateway {
         &self,
         key: &IdempotencyKey,
         request: &ChargeRequest,
+        lease: &dyn LeaseGuard,
     ) -> Result<Charge, GatewayError> {
+        // One POST, one check right before it.
+        lease.check().await.map_err(GatewayError::LeaseNotHeld)?;
         let response = match self
             .http
             .post(self.charges_url())

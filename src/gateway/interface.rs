@@ -154,6 +154,35 @@ pub enum GatewayError {
     /// A look-up or ledger answer this client cannot read (no charge is at stake).
     #[error("gateway answered unreadably: {0}")]
     Protocol(String),
+    /// The lease check right before a POST that may create or charge did not
+    /// pass, so that POST was not sent (see [`LeaseGuard`]).
+    #[error("{0} before a request that may charge; it was not sent")]
+    LeaseNotHeld(LeaseLoss),
+}
+
+/// Why the lease check before a POST did not pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseLoss {
+    /// The token is no longer held under this attempt's claim: another holder may
+    /// own the key now, and it decides.
+    #[error("lease lost")]
+    Lost,
+    /// The token store could not be asked; whether the lease holds is unknown.
+    #[error("lease check failed: {0}")]
+    Unchecked(String),
+}
+
+/// The caller's lease on the key, asked by an adapter right before each POST that
+/// may create or charge. A charge can take several requests (Stripe: read the
+/// payment's PaymentIntents, list, create, record, confirm), seconds apart; a
+/// worker paused or cut off meanwhile may have been replaced, and a POST sent
+/// after that could charge a second time under a key the gateway cannot match to
+/// the new holder's. So the lease is checked (and renewed) right before each POST,
+/// not only once before the charge begins; no check, no POST.
+#[async_trait::async_trait]
+pub trait LeaseGuard: Send + Sync {
+    /// Whether this attempt still holds the key's lease, now.
+    async fn check(&self) -> Result<(), LeaseLoss>;
 }
 
 impl GatewayError {
@@ -199,10 +228,14 @@ pub struct Unconfirmed {
 pub trait PaymentGateway: Send + Sync + 'static {
     /// Charges `request` under `key`, or answers what an earlier attempt under
     /// `key` already settled (`charges`: `POST /charges` with `Idempotency-Key`).
+    /// `lease` is checked right before every POST that may create or charge; when
+    /// it does not pass, that POST is not sent and the answer is
+    /// [`GatewayError::LeaseNotHeld`].
     async fn charge(
         &self,
         key: &IdempotencyKey,
         request: &ChargeRequest,
+        lease: &dyn LeaseGuard,
     ) -> Result<Charge, GatewayError>;
 
     /// The final charge made under `key`, if any, with the amount and currency it

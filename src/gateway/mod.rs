@@ -8,7 +8,8 @@ mod transport;
 
 pub use client::HttpGateway;
 pub use interface::{
-    Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway, Unconfirmed,
+    Charge, ChargeRequest, ChargeStatus, GatewayError, LeaseGuard, LeaseLoss, LedgerEntry,
+    PaymentGateway, Unconfirmed,
 };
 pub use stripe::{stripe_amount, StripeCompat, StripeGateway, StripeOptions};
 pub use transport::GatewayTransport;

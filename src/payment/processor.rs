@@ -19,7 +19,7 @@ use super::persistence::{
 };
 use super::{Fingerprint, PaymentCommand};
 use crate::fault::{FaultPoint, Faults};
-use crate::gateway::{Charge, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway};
+use crate::gateway::{Charge, ChargeStatus, GatewayError, LeaseLoss, LedgerEntry, PaymentGateway};
 use crate::retry::{classify_sqlx, DatabaseFailure};
 use crate::token::{
     Claim, IdempotencyKey, Predecessor, Reservation, SettleWatch, TokenError, TokenStore,
@@ -29,11 +29,13 @@ use crate::token::{
 pub use at_stake::ChargeAtStake;
 
 use answers::*;
+use lease_check::{FirstCheck, LeaseCheck};
 use token_calls::*;
 
 mod answers;
 mod at_stake;
 mod charging;
+mod lease_check;
 mod token_calls;
 
 /// When the processor asks the gateway for an existing charge before charging.

@@ -19,7 +19,9 @@ use super::stores::{check_connection_budget, open_stores};
 
 /// The gateway adapter `settings` describe, its credentials and TLS files read
 /// now. The Stripe adapter records its PaymentIntents on a pool of its own
-/// (`STRIPE_RECORD_CONNECTIONS`) to `database`, never on the payment pool.
+/// (`STRIPE_RECORD_CONNECTIONS`) to `database`, never on the payment pool, and
+/// probes the account first: a key Stripe refuses or a server without its routes
+/// is an error here.
 pub async fn gateway(
     settings: &GatewaySettings,
     database: &DatabaseSettings,
@@ -35,11 +37,11 @@ pub async fn gateway(
         )?),
         GatewayKind::Stripe => {
             let records = connect_with_size(database, access.stripe.record_connections).await?;
-            Arc::new(StripeGateway::new(
-                &stripe_options(access, settings),
-                &transport,
-                records,
-            )?)
+            let gateway =
+                StripeGateway::new(&stripe_options(access, settings), &transport, records)?;
+            // A key or URL that cannot work ends the command here, not every payment.
+            gateway.probe().await?;
+            Arc::new(gateway)
         }
     })
 }

@@ -18,7 +18,7 @@ use uuid::Uuid;
 use super::cpu;
 use super::report::LoopReport;
 use crate::gateway::{
-    Charge, ChargeRequest, ChargeStatus, GatewayError, LedgerEntry, PaymentGateway,
+    Charge, ChargeRequest, ChargeStatus, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway,
 };
 use crate::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition,
@@ -96,7 +96,14 @@ struct ApprovingGateway;
 
 #[async_trait::async_trait]
 impl PaymentGateway for ApprovingGateway {
-    async fn charge(&self, _: &IdempotencyKey, _: &ChargeRequest) -> Result<Charge, GatewayError> {
+    async fn charge(
+        &self,
+        _: &IdempotencyKey,
+        _: &ChargeRequest,
+        lease: &dyn LeaseGuard,
+    ) -> Result<Charge, GatewayError> {
+        // Checked as a real adapter does before its POST: the ceiling keeps its cost.
+        lease.check().await.map_err(GatewayError::LeaseNotHeld)?;
         Ok(Charge {
             transaction_id: format!("ceiling_{}", Uuid::new_v4().simple()),
             status: ChargeStatus::Approved,

@@ -83,7 +83,10 @@ async fn measure(
     // The purge starts when the worker reserves its first token of the phase, not
     // while the backlog is being produced, and stops when the phase has ended.
     let phase_name = "e2e-0ms-pgtokens-purging";
-    let first_key = format!("{}-%", bed.key_prefix(phase_name));
+    // The phase's keys are `numbered_key(prefix, n, 7)`: one of them with its counter
+    // cut off is what they all start with.
+    let first = crate::operator::numbered_key(&bed.key_prefix(phase_name), 0, 1);
+    let phase_keys = first.strip_suffix('0').unwrap_or(&first).to_owned();
     let admin = bed.admin.clone();
     let store = Arc::clone(postgres);
     let phase_over = CancellationToken::new();
@@ -92,9 +95,9 @@ async fn measure(
         async move {
             loop {
                 let started: bool = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM idempotency_tokens WHERE key LIKE $1)",
+                    "SELECT EXISTS (SELECT 1 FROM idempotency_tokens WHERE starts_with(key, $1))",
                 )
-                .bind(&first_key)
+                .bind(&phase_keys)
                 .fetch_one(&admin)
                 .await?;
                 if started {

@@ -11,7 +11,14 @@
 //! when none is alive. A PaymentIntent is only ever confirmed once its id is
 //! recorded, so one whose create answer was lost cannot have charged: it is looked
 //! for by listing the window of its recorded time (the list has no metadata filter;
-//! Search is eventually consistent), and at worst stays an unconfirmed orphan.
+//! Search is eventually consistent), and at worst stays an unconfirmed orphan. What
+//! a listing covered is remembered (`listed.rs`); one that stops short fails.
+//!
+//! The caller's lease is checked right before the create and right before every
+//! confirm (`LeaseGuard`), each of which may come seconds after the charge began:
+//! two holders' PaymentIntents have keys of their own, so Stripe cannot join their
+//! confirms, and only the lease keeps a holder that was replaced meanwhile from
+//! charging a second time. A check that does not pass sends nothing.
 //!
 //! What each answer means:
 //!
@@ -21,9 +28,13 @@
 //! | 402 | refused (`invalid`) | declined (`decline_code`, else `code`), the PaymentIntent cancelled |
 //! | 400 `idempotency_error` | nothing charged: retry, finding it by listing | unknown: look up |
 //! | 400, 404 with a Stripe error | refused (`invalid`), unless `Stripe-Should-Retry: true` | the PaymentIntent is retrieved: its state decides; still awaiting its confirm, the refusal is final |
+//! | 4xx (but 409) without a Stripe error (a proxy's page) | nothing charged: retry | unknown: look up |
 //! | 409 | nothing charged: retry | unknown (`InFlight`): look up |
-//! | 401, 403, 429, failed connect | nothing charged: retry | nothing charged: retry |
+//! | 401, 403, 429 (with a Stripe error), failed connect | nothing charged: retry | nothing charged: retry |
 //! | 5xx, timeout, unreadable 2xx | nothing charged (an unconfirmed PaymentIntent never charges): retry | unknown: look up |
+//!
+//! At start the account is probed (`probe.rs`): a key Stripe refuses or a server
+//! without its routes ends the command with a message instead.
 
 use std::time::Duration;
 
@@ -34,11 +45,12 @@ use tracing::field::Empty;
 use super::amount::{minor_units, stripe_amount};
 use super::api::{is_intent_id, Failure, IntentStatus, PaymentIntent, StripeApi, StripeCompat};
 use super::intent_state::{approved, created_at, declined, entry, state, IntentState, Standing};
+use super::listed::Listed;
 use super::records::{IntentRecord, Records};
 use crate::fault::{FaultPoint, Faults};
 use crate::gateway::client::note_failure;
 use crate::gateway::interface::{
-    Charge, ChargeRequest, GatewayError, LedgerEntry, PaymentGateway, Unconfirmed,
+    Charge, ChargeRequest, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway, Unconfirmed,
 };
 use crate::gateway::transport::{checked_base_url, GatewayTransport};
 use crate::token::IdempotencyKey;
@@ -71,9 +83,11 @@ pub struct StripeGateway {
     pub(super) records: Records,
     /// The key's mode: `sk_live_`/`rk_live_` or `sk_test_`/`rk_test_`.
     pub(super) livemode: bool,
-    compat: StripeCompat,
+    pub(super) compat: StripeCompat,
     /// The account the key belongs to, asked once.
-    account: tokio::sync::OnceCell<String>,
+    pub(super) account: tokio::sync::OnceCell<String>,
+    /// What listings for lost creates already covered.
+    pub(super) listed: Listed,
     pub(super) timeout: Duration,
     faults: Faults,
 }
@@ -138,6 +152,7 @@ impl StripeGateway {
             livemode,
             compat: options.compat,
             account: tokio::sync::OnceCell::new(),
+            listed: Listed::default(),
             timeout: options.timeout,
             faults: Faults::from_env(),
         })
@@ -149,7 +164,14 @@ impl StripeGateway {
         self
     }
 
-    fn mode(livemode: bool) -> &'static str {
+    /// The same adapter reading at most `pages` pages (of 100 PaymentIntents) per
+    /// listing, instead of 10,000.
+    pub fn with_list_page_limit(mut self, pages: usize) -> Self {
+        self.api.max_pages = pages.max(1);
+        self
+    }
+
+    pub(super) fn mode(livemode: bool) -> &'static str {
         if livemode {
             "live"
         } else {
@@ -208,11 +230,14 @@ impl StripeGateway {
         }
     }
 
-    /// The charge: see the module documentation.
+    /// The charge: see the module documentation. `lease` is checked right before
+    /// the create and before the confirm, each of which may come seconds after the
+    /// charge began.
     async fn charge_payment(
         &self,
         key: &IdempotencyKey,
         request: &ChargeRequest,
+        lease: &dyn LeaseGuard,
     ) -> Result<Charge, GatewayError> {
         let amount = stripe_amount(request.amount_minor, &request.currency).map_err(|reason| {
             GatewayError::Rejected {
@@ -238,18 +263,18 @@ impl StripeGateway {
             Standing::InProgress => return Err(GatewayError::InFlight),
             Standing::Confirmable(record, intent) => {
                 Self::check_for(key, &intent, amount, &request.currency)?;
-                return self.confirm(key, &record, &intent).await;
+                return self.confirm(key, &record, &intent, lease).await;
             }
             Standing::Nothing => {}
         }
         let (record, intent) = self
-            .create(key, request, amount, payment_id, account)
+            .create(key, request, amount, payment_id, account, lease)
             .await?;
         if let Err(fault) = self.faults.hit(FaultPoint::AfterCreate, key.as_str()).await {
             return Err(GatewayError::Unavailable(fault.to_string()));
         }
         match state(&intent, None) {
-            IntentState::Confirmable => self.confirm(key, &record, &intent).await,
+            IntentState::Confirmable => self.confirm(key, &record, &intent, lease).await,
             _ => self.after_confirm(key, &record, intent).await,
         }
     }
@@ -260,6 +285,7 @@ impl StripeGateway {
             GatewayError::Unavailable(format!("listing PaymentIntents failed: {failure}"))
         })?;
         Ok(listed
+            .intents
             .into_iter()
             .filter_map(|intent| {
                 let key = intent.metadata("idempotency_key")?.to_owned();
@@ -286,8 +312,9 @@ impl PaymentGateway for StripeGateway {
         &self,
         key: &IdempotencyKey,
         request: &ChargeRequest,
+        lease: &dyn LeaseGuard,
     ) -> Result<Charge, GatewayError> {
-        let charge = self.charge_payment(key, request).await?;
+        let charge = self.charge_payment(key, request, lease).await?;
         tracing::Span::current().record("gateway.status", charge.status.as_str());
         Ok(charge)
     }

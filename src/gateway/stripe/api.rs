@@ -133,6 +133,9 @@ pub(super) enum Failure {
     Answered(Answer),
     /// A 2xx whose body is not what was asked for.
     Unreadable(String),
+    /// A listing that stopped before its end (its page limit, or a server that
+    /// repeats a page): what it did not read is unknown, so it proves nothing.
+    Incomplete(String),
 }
 
 /// An error answer: status, Stripe's error object (empty when the body was not
@@ -165,6 +168,7 @@ impl std::fmt::Display for Failure {
                 write!(f, "HTTP {}{replayed}: {}", answer.status, answer.reason)
             }
             Self::Unreadable(text) => write!(f, "unreadable answer: {text}"),
+            Self::Incomplete(text) => write!(f, "incomplete listing: {text}"),
         }
     }
 }
@@ -186,11 +190,14 @@ pub(super) struct StripeApi {
     base: String,
     version: String,
     compat: StripeCompat,
+    /// A listing never reads more pages than this.
+    pub max_pages: usize,
 }
 
 /// Page size of the list endpoint (Stripe's maximum).
 const PAGE: &str = "100";
-/// A listing never reads more pages than this (a server that loops on a cursor).
+/// The pages a listing reads at most unless told otherwise: a million
+/// PaymentIntents, and a bound on a server that loops on a cursor.
 const MAX_PAGES: usize = 10_000;
 
 impl StripeApi {
@@ -207,6 +214,7 @@ impl StripeApi {
             base: base.to_owned(),
             version: version.to_owned(),
             compat,
+            max_pages: MAX_PAGES,
         })
     }
 
@@ -287,9 +295,12 @@ impl StripeApi {
     }
 
     /// Every PaymentIntent created within `window` (Unix seconds, both ends
-    /// included), or every one when `window` is `None`, paged to the end.
-    /// Stripe's list has no metadata filter: the caller filters.
-    pub async fn list(&self, window: Option<(i64, i64)>) -> Result<Vec<PaymentIntent>, Failure> {
+    /// included), or every one when `window` is `None`, paged to the end, and
+    /// Stripe's clock when it answered the first page. Stripe's list has no
+    /// metadata filter: the caller filters. A listing that cannot reach the end
+    /// (more pages than `max_pages`, a server repeating a page) is a failure,
+    /// never a shorter list.
+    pub async fn list(&self, window: Option<(i64, i64)>) -> Result<Listing, Failure> {
         let filter = match (window, self.compat) {
             (Some((from, to)), StripeCompat::Stripe) => {
                 vec![
@@ -303,13 +314,19 @@ impl StripeApi {
         let mut found = Vec::new();
         let mut seen = HashSet::new();
         let mut after: Option<String> = None;
-        for _ in 0..MAX_PAGES {
+        let mut served_at = None;
+        let mut complete = false;
+        for page_number in 0..self.max_pages {
             let mut query: Vec<(&str, String)> = vec![("limit", PAGE.to_owned())];
             query.extend(filter.iter().map(|(k, v)| (*k, v.clone())));
             if let Some(after) = &after {
                 query.push(("starting_after", after.clone()));
             }
-            let page: ListPage = send(self.get(self.intents_url()).query(&query)).await?;
+            let (page, date): (ListPage, _) =
+                send_dated(self.get(self.intents_url()).query(&query)).await?;
+            if page_number == 0 {
+                served_at = date;
+            }
             let mut new = 0;
             for intent in page.data {
                 if seen.insert(intent.id.clone()) {
@@ -318,15 +335,46 @@ impl StripeApi {
                     found.push(intent);
                 }
             }
-            // A server that starts over on a cursor it does not know repeats ids.
-            if !page.has_more || new == 0 {
+            if !page.has_more {
+                complete = true;
                 break;
             }
+            // A server that starts over on a cursor it does not know repeats ids.
+            if new == 0 {
+                return Err(Failure::Incomplete(format!(
+                    "stopped at page {}: the server answered it with PaymentIntents already \
+                     listed and says more follow",
+                    page_number + 1
+                )));
+            }
+        }
+        if !complete {
+            return Err(Failure::Incomplete(format!(
+                "stopped at its page limit of {} pages ({} PaymentIntents) before the end",
+                self.max_pages,
+                found.len()
+            )));
         }
         if let Some((from, to)) = window {
             found.retain(|intent| (from..=to).contains(&intent.created));
         }
-        Ok(found)
+        Ok(Listing {
+            intents: found,
+            served_at,
+        })
+    }
+
+    /// One page of PaymentIntents (`GET /v1/payment_intents?limit=1`): whether the
+    /// key is taken and the route is there.
+    pub async fn first_page(&self) -> Result<(), Failure> {
+        let _: ListPage = send(self.get(self.intents_url()).query(&[("limit", "1")])).await?;
+        Ok(())
+    }
+
+    /// The API base, as configured (it holds no credentials: they are refused in
+    /// it).
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// `GET /v1/account`: the id of the account the API key belongs to.
@@ -338,6 +386,14 @@ impl StripeApi {
         let account: Account = send(self.get(format!("{}/v1/account", self.base))).await?;
         Ok(account.id)
     }
+}
+
+/// What a listing read.
+pub(super) struct Listing {
+    pub intents: Vec<PaymentIntent>,
+    /// Stripe's clock (its `Date` header, Unix seconds) when it answered the first
+    /// page: every PaymentIntent created before that second was in the listing.
+    pub served_at: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -358,6 +414,14 @@ impl Answer {
 async fn send<T: serde::de::DeserializeOwned>(
     request: reqwest::RequestBuilder,
 ) -> Result<T, Failure> {
+    send_dated(request).await.map(|(body, _)| body)
+}
+
+/// [`send`], with the server's clock at the answer (its `Date` header, Unix
+/// seconds) when it sent a readable one.
+async fn send_dated<T: serde::de::DeserializeOwned>(
+    request: reqwest::RequestBuilder,
+) -> Result<(T, Option<i64>), Failure> {
     let response = request.send().await.map_err(|error| {
         if error.is_connect() {
             Failure::NotSent(describe(&error))
@@ -368,10 +432,18 @@ async fn send<T: serde::de::DeserializeOwned>(
     let status = response.status();
     record_status(status);
     if status.is_success() {
+        let date = response
+            .headers()
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| chrono::DateTime::parse_from_rfc2822(v).ok())
+            .map(|date| date.timestamp());
         let bytes = response.bytes().await.map_err(|error| {
             Failure::NoAnswer(format!("the body broke off: {}", describe(&error)))
         })?;
-        return serde_json::from_slice(&bytes).map_err(|e| Failure::Unreadable(e.to_string()));
+        let body =
+            serde_json::from_slice(&bytes).map_err(|e| Failure::Unreadable(e.to_string()))?;
+        return Ok((body, date));
     }
     Err(Failure::Answered(read_error(status, response).await))
 }

@@ -2,12 +2,39 @@
 //! found by listing when a create's answer was lost), the latest attempt first.
 
 use super::adapter::{records_unavailable, status_of, StripeGateway, LIST_WINDOW_SKEW};
-use super::api::{is_intent_id, IntentStatus, PaymentIntent};
+use super::api::{is_intent_id, Failure, IntentStatus, PaymentIntent};
 use super::intent_state::{approved, declined, manual_capture, state, IntentState, Standing};
 use super::records::IntentRecord;
-use crate::gateway::client::note_failure;
+use crate::gateway::client::{count_failure, note_failure};
 use crate::gateway::interface::{Charge, GatewayError};
 use crate::token::IdempotencyKey;
+
+/// A listing for a lost create that failed: counted and logged. One that stopped
+/// short (its page limit) is its own class: retrying it alone will not help.
+fn listing_failed(key: &IdempotencyKey, failure: &Failure) -> GatewayError {
+    match failure {
+        Failure::Incomplete(why) => {
+            count_failure("lookup", "incomplete_listing", None);
+            tracing::error!(
+                idempotency_key = %key,
+                %why,
+                "a listing to find a create whose answer was lost stopped before covering its \
+                 window: the look-up failed"
+            );
+            GatewayError::Unavailable(format!(
+                "listing PaymentIntents to find a create whose answer was lost {why}; whether \
+                 it made a PaymentIntent is unknown"
+            ))
+        }
+        _ => {
+            let error = GatewayError::Unavailable(format!(
+                "listing PaymentIntents to find a create whose answer was lost failed: {failure}"
+            ));
+            note_failure("lookup", key, status_of(failure), &error);
+            error
+        }
+    }
+}
 
 impl StripeGateway {
     /// The PaymentIntent of one create attempt: retrieved by its recorded id, or,
@@ -55,7 +82,9 @@ impl StripeGateway {
     }
 
     /// Lists the PaymentIntents created around a create attempt whose answer was
-    /// lost and keeps the one whose metadata names this key and attempt.
+    /// lost and keeps the one whose metadata names this key and attempt. What
+    /// earlier listings of the window already covered is not listed again
+    /// (`listed.rs`); a listing that stopped short proves nothing and fails.
     pub(super) async fn find_lost_create(
         &self,
         key: &IdempotencyKey,
@@ -63,29 +92,36 @@ impl StripeGateway {
     ) -> Result<Option<PaymentIntent>, GatewayError> {
         let margin = (LIST_WINDOW_SKEW + self.timeout).as_secs() as i64;
         let at = record.requested_at.timestamp();
-        let listed = self
+        let window = (at - margin, at + margin);
+        let attempt = record.create_attempt;
+        let Some(left) = self.listed.left(key.as_str(), attempt, window) else {
+            tracing::debug!(idempotency_key = %key, create_attempt = attempt, "the window of a lost create was listed already; nothing there");
+            return Ok(None);
+        };
+        let listing = self
             .api
-            .list(Some((at - margin, at + margin)))
+            .list(Some(left))
             .await
-            .map_err(|failure| {
-                let error = GatewayError::Unavailable(format!(
-                    "listing PaymentIntents to find a create whose answer was lost failed: {failure}"
-                ));
-                note_failure("lookup", key, status_of(&failure), &error);
-                error
-            })?;
-        let attempt = record.create_attempt.to_string();
-        let Some(found) = listed.into_iter().find(|intent| {
+            .map_err(|failure| listing_failed(key, &failure))?;
+        let attempt_text = attempt.to_string();
+        let Some(found) = listing.intents.into_iter().find(|intent| {
             intent.metadata("idempotency_key") == Some(key.as_str())
-                && intent.metadata("create_attempt") == Some(attempt.as_str())
+                && intent.metadata("create_attempt") == Some(attempt_text.as_str())
         }) else {
+            // Without Stripe's clock, ours less the skew it may be behind.
+            let served_at = listing.served_at.unwrap_or_else(|| {
+                chrono::Utc::now().timestamp() - LIST_WINDOW_SKEW.as_secs() as i64
+            });
+            self.listed
+                .found_nothing(key.as_str(), attempt, window, served_at);
             return Ok(None);
         };
         tracing::info!(idempotency_key = %key, payment_intent = %found.id, "found a PaymentIntent whose create answer was lost");
         self.records
-            .record_intent(key.as_str(), record.create_attempt, &found.id)
+            .record_intent(key.as_str(), attempt, &found.id)
             .await
             .map_err(records_unavailable)?;
+        self.listed.found(key.as_str(), attempt);
         Ok(Some(found))
     }
 

@@ -4,8 +4,10 @@ mod adapter;
 mod amount;
 mod api;
 mod intent_state;
+mod listed;
 mod lookup;
 mod phases;
+mod probe;
 mod records;
 
 pub use adapter::{StripeGateway, StripeOptions};

@@ -6,7 +6,7 @@ use super::api::{is_intent_id, Failure, IntentStatus, NewIntent, PaymentIntent};
 use super::intent_state::{approved, manual_capture, state, IntentState};
 use super::records::IntentRecord;
 use crate::gateway::client::note_failure;
-use crate::gateway::interface::{Charge, ChargeRequest, GatewayError};
+use crate::gateway::interface::{Charge, ChargeRequest, GatewayError, LeaseGuard};
 use crate::token::IdempotencyKey;
 
 /// The `Idempotency-Key` of one create or confirm attempt: `<key>:<phase>:<n>`.
@@ -43,7 +43,9 @@ impl StripeGateway {
     /// Phase one: a new PaymentIntent under `<key>:create:<n>`, its attempt and
     /// time recorded before the request, its id recorded before anything confirms
     /// it. Whatever goes wrong, nothing is charged: an unconfirmed PaymentIntent
-    /// never charges.
+    /// never charges. The lease is checked last before the request: an attempt
+    /// recorded and then not sent (the lease lost) is looked for by listing, like
+    /// a create whose answer was lost, and is not found.
     pub(super) async fn create(
         &self,
         key: &IdempotencyKey,
@@ -51,12 +53,14 @@ impl StripeGateway {
         amount: i64,
         payment_id: uuid::Uuid,
         account: &str,
+        lease: &dyn LeaseGuard,
     ) -> Result<(IntentRecord, PaymentIntent), GatewayError> {
         let mut record = self
             .records
             .begin_create(key.as_str(), payment_id, account, self.livemode)
             .await
             .map_err(records_unavailable)?;
+        lease.check().await.map_err(GatewayError::LeaseNotHeld)?;
         let idempotency_key = attempt_key(key, "create", record.create_attempt);
         let new = NewIntent {
             amount,
@@ -111,25 +115,44 @@ impl StripeGateway {
     }
 
     /// Phase two: confirms `intent` under `<key>:confirm:<m>`, the count recorded
-    /// first. Only an answer that says what happened is final; anything else is
-    /// an unknown outcome for the look-up to decide.
+    /// first and the lease checked right before the request (a confirm not sent
+    /// leaves a number unused, never one sent twice). Only an answer that says
+    /// what happened is final; anything else is an unknown outcome for the look-up
+    /// to decide.
     pub(super) async fn confirm(
         &self,
         key: &IdempotencyKey,
         record: &IntentRecord,
         intent: &PaymentIntent,
+        lease: &dyn LeaseGuard,
     ) -> Result<Charge, GatewayError> {
         let attempt = self
             .records
             .begin_confirm(key.as_str(), record.create_attempt)
             .await
             .map_err(records_unavailable)?;
+        lease.check().await.map_err(GatewayError::LeaseNotHeld)?;
         let idempotency_key = attempt_key(key, "confirm", attempt);
         let failure = match self.api.confirm(&idempotency_key, &intent.id).await {
             Ok(answer) => return self.after_confirm(key, record, answer).await,
             Err(failure) => failure,
         };
         let error = match &failure {
+            // A 4xx whose body is no Stripe error came from something between us
+            // and Stripe (a proxy's page, a router's 404), not from Stripe: whether
+            // the confirm reached Stripe, and charged, is unknown. Looked up, never
+            // taken for a refusal (which would cancel the PaymentIntent and refuse
+            // the command). A bodiless 409 stays "in flight" (also unknown).
+            Failure::Answered(answer)
+                if (400..500).contains(&answer.status)
+                    && answer.status != 409
+                    && answer.error_is_empty() =>
+            {
+                GatewayError::UnreadableAnswer(format!(
+                    "confirm of {} answered HTTP {} without a Stripe error (a proxy's answer?)",
+                    intent.id, answer.status
+                ))
+            }
             Failure::Answered(answer) if answer.status == 402 => {
                 let code = answer
                     .error
@@ -167,8 +190,9 @@ impl StripeGateway {
                 GatewayError::Unavailable(format!("confirm of {}: {failure}", intent.id))
             }
             Failure::NoAnswer(_) => GatewayError::Timeout,
-            // A 5xx may have charged (Stripe's rule), so may an unreadable 2xx.
-            Failure::Answered(_) | Failure::Unreadable(_) => {
+            // A 5xx may have charged (Stripe's rule), so may an unreadable 2xx. (A
+            // confirm is no listing: it is never incomplete.)
+            Failure::Answered(_) | Failure::Unreadable(_) | Failure::Incomplete(_) => {
                 GatewayError::UnreadableAnswer(format!("confirm of {}: {failure}", intent.id))
             }
         };

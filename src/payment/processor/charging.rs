@@ -13,7 +13,6 @@ impl Processor {
         lease: &Lease<'_>,
         history: ChargeHistory,
     ) -> Result<Charge, Settlement> {
-        let claim = lease.claim;
         let key = &command.idempotency_key;
         let look_first = self.lookup == GatewayLookup::Always || history != ChargeHistory::Fresh;
         if look_first {
@@ -37,40 +36,30 @@ impl Processor {
                 }
             }
         }
-        // The lease is checked right before the POST, not only renewed while it runs:
-        // a worker paused, or blocked on another holder's row, since it reserved may
-        // have been replaced, and then the new owner decides. No check, no POST.
-        // A first attempt that reaches the POST well inside the lease it was just
-        // granted skips the round trip: nobody can have taken over a live lease.
-        let surely_held = !look_first && lease.surely_held();
-        let checked = if surely_held {
-            Ok(Transition::Applied)
+        // The lease is checked right before every POST (the adapter asks `lease_check`
+        // before each), not only renewed while the call runs: a worker paused, or
+        // blocked on another holder's row, since it reserved may have been replaced,
+        // and then the new owner decides. No check, no POST.
+        let first = if look_first {
+            FirstCheck::Asks
         } else {
-            self.tokens
-                .extend(key, claim)
-                .instrument(token_span("extend"))
-                .await
+            FirstCheck::MaySkipWhileSurelyHeld
         };
-        match checked {
-            Ok(Transition::Applied) => {}
-            Ok(Transition::Refused) => {
-                return Err(Settlement::LeaveToLease(retry(
-                    "lease lost before the charge; nothing was sent",
-                )))
-            }
-            Err(error) => {
-                token_failure("extend", &error);
-                return Err(Settlement::Restore(retry(format!(
-                    "lease check before the charge failed: {error}"
-                ))));
-            }
-        }
+        let lease_check = LeaseCheck::new(self.tokens.as_ref(), key, lease, first);
         let request = command.charge_request().for_payment(payment_id);
         // From here until an attempt answers for good, a charge may exist: a panic
         // before then leaves it marked for the record's dead letter.
         self.mark_at_stake(command, record);
-        match self.gateway.charge(key, &request).await {
+        match self.gateway.charge(key, &request, &lease_check).await {
             Ok(charge) => Ok(charge),
+            Err(GatewayError::LeaseNotHeld(LeaseLoss::Lost)) => Err(Settlement::LeaveToLease(
+                retry("lease lost before the charge; nothing was sent"),
+            )),
+            Err(GatewayError::LeaseNotHeld(LeaseLoss::Unchecked(error))) => {
+                Err(Settlement::Restore(retry(format!(
+                    "lease check before the charge failed: {error}"
+                ))))
+            }
             Err(
                 cause @ (GatewayError::Timeout
                 | GatewayError::UnreadableAnswer(_)

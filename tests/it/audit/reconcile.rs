@@ -18,7 +18,7 @@ use payment_worker::token::{
 };
 use uuid::Uuid;
 
-use crate::support::helpers::{assert_duplicate_of, final_outcome, Stack, REDIS_URL};
+use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease, Stack, REDIS_URL};
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
 
@@ -312,13 +312,13 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
     // I1: the same key charged twice.
     stack
         .gateway
-        .charge(&key("dbl-1"), &charge_request())
+        .charge(&key("dbl-1"), &charge_request(), &NoLease)
         .await
         .unwrap();
     // I7: a charge without a row, whose token is also stuck in processing.
     stack
         .gateway
-        .charge(&key("norow-1"), &charge_request())
+        .charge(&key("norow-1"), &charge_request(), &NoLease)
         .await
         .unwrap();
     assert!(matches!(
@@ -328,7 +328,7 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
     // A completed tombstone whose payment row does not exist.
     stack
         .gateway
-        .charge(&key("tomb-1"), &charge_request())
+        .charge(&key("tomb-1"), &charge_request(), &NoLease)
         .await
         .unwrap();
     let Reservation::Reserved { fence, .. } =

@@ -8,7 +8,7 @@ use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::PaymentCommand;
 use payment_worker::token::IdempotencyKey;
 
-use crate::support::helpers::{silent_server, Stack, TestDb, TestRedis, REDIS_URL};
+use crate::support::helpers::{silent_server, NoLease, Stack, TestDb, TestRedis, REDIS_URL};
 
 fn run(db: &TestDb, redis: &TestRedis, args: &[&str]) -> (bool, String, String) {
     let output = std::process::Command::new(crate::support::procs::BINARY)
@@ -387,6 +387,7 @@ async fn every_command_exits_with_its_documented_status() {
         .charge(
             &IdempotencyKey::try_from("cli-stray-1").unwrap(),
             &stray.charge_request(),
+            &NoLease,
         )
         .await
         .unwrap();

@@ -214,10 +214,13 @@ async fn the_api_key_file_is_sent_as_bearer_and_never_shown() {
     );
     assert!(!output.contains(SECRET), "{output}");
 
-    // A wrong key: refused by the gateway, retried, and still not shown.
+    // A wrong key: refused by the account probe at start, which ends the command
+    // with a message naming the setting (not 75: retrying cannot help), and still
+    // not shown.
     std::fs::write(&key_file, "sk_test_revoked_key_99\n").unwrap();
     let (code, output, key) = process(&env, "key-wrong").await;
-    assert_eq!(code, Some(75), "{output}");
+    assert_eq!(code, Some(1), "{output}");
+    assert!(output.contains("GATEWAY_API_KEY_FILE"), "{output}");
     assert_eq!(server.charges(&key), 0);
     assert!(!output.contains("sk_test_revoked_key_99"), "{output}");
 

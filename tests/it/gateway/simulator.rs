@@ -9,6 +9,8 @@ use payment_worker::gateway::{
 };
 use payment_worker::token::IdempotencyKey;
 
+use crate::support::helpers::NoLease;
+
 fn key(s: &str) -> IdempotencyKey {
     IdempotencyKey::try_from(s).unwrap()
 }
@@ -42,8 +44,14 @@ async fn started(config: SimulatorConfig) -> (RunningSimulator, HttpGateway) {
 async fn same_key_twice_charges_once_and_replays_the_first_answer() {
     let (sim, gw) = started(SimulatorConfig::default()).await;
     let k = key("ord-1");
-    let first = gw.charge(&k, &request(1999, "pm_card_visa")).await.unwrap();
-    let second = gw.charge(&k, &request(1999, "pm_card_visa")).await.unwrap();
+    let first = gw
+        .charge(&k, &request(1999, "pm_card_visa"), &NoLease)
+        .await
+        .unwrap();
+    let second = gw
+        .charge(&k, &request(1999, "pm_card_visa"), &NoLease)
+        .await
+        .unwrap();
     assert_eq!(first, second);
     assert_eq!(first.status, ChargeStatus::Approved);
 
@@ -61,12 +69,14 @@ async fn same_key_twice_charges_once_and_replays_the_first_answer() {
 async fn same_key_with_another_body_is_refused_with_422() {
     let (sim, gw) = started(SimulatorConfig::default()).await;
     let k = key("ord-2");
-    gw.charge(&k, &request(1999, "pm_card_visa")).await.unwrap();
+    gw.charge(&k, &request(1999, "pm_card_visa"), &NoLease)
+        .await
+        .unwrap();
     for changed in [
         request(2000, "pm_card_visa"),
         request(1999, "pm_card_mastercard"),
     ] {
-        match gw.charge(&k, &changed).await {
+        match gw.charge(&k, &changed, &NoLease).await {
             Err(GatewayError::Rejected {
                 status: 422,
                 reason,
@@ -103,7 +113,7 @@ async fn lookup_and_ledger_agree() {
         let k = key(&format!("ord-{i}"));
         charges.push((
             k.clone(),
-            gw.charge(&k, &request(100 + i, "pm_card_visa"))
+            gw.charge(&k, &request(100 + i, "pm_card_visa"), &NoLease)
                 .await
                 .unwrap(),
         ));
@@ -169,7 +179,9 @@ async fn keys_made_of_dots_can_be_looked_up() {
         let k = key(k);
         charged.push((
             k.clone(),
-            gw.charge(&k, &request(5, "pm_card_visa")).await.unwrap(),
+            gw.charge(&k, &request(5, "pm_card_visa"), &NoLease)
+                .await
+                .unwrap(),
         ));
     }
     for (k, charge) in charged {
@@ -194,7 +206,9 @@ async fn concurrent_posts_of_one_key_charge_once() {
         .map(|_| {
             let gw = std::sync::Arc::clone(&gw);
             let k = k.clone();
-            tokio::spawn(async move { gw.charge(&k, &request(700, "pm_card_visa")).await })
+            tokio::spawn(
+                async move { gw.charge(&k, &request(700, "pm_card_visa"), &NoLease).await },
+            )
         })
         .collect();
     let mut answers = Vec::new();
@@ -218,7 +232,7 @@ async fn error_rate_one_answers_503_which_the_client_takes_as_a_charge_unknown()
     })
     .await;
     let err = gw
-        .charge(&key("ord-err"), &request(1, "pm_card_visa"))
+        .charge(&key("ord-err"), &request(1, "pm_card_visa"), &NoLease)
         .await
         .unwrap_err();
     // The simulator charged nothing, but a 5xx to a POST that was sent cannot say
@@ -243,7 +257,7 @@ async fn late_answer_is_a_timeout_yet_the_charge_exists() {
     let k = key("ord-late");
     let started = Instant::now();
     let err = impatient
-        .charge(&k, &request(4200, "pm_card_visa"))
+        .charge(&k, &request(4200, "pm_card_visa"), &NoLease)
         .await
         .unwrap_err();
     assert!(matches!(err, GatewayError::Timeout), "{err:?}");
@@ -267,8 +281,14 @@ async fn ignoring_idempotency_keys_charges_every_post() {
     })
     .await;
     let k = key("ord-dup");
-    let first = gw.charge(&k, &request(300, "pm_card_visa")).await.unwrap();
-    let second = gw.charge(&k, &request(300, "pm_card_visa")).await.unwrap();
+    let first = gw
+        .charge(&k, &request(300, "pm_card_visa"), &NoLease)
+        .await
+        .unwrap();
+    let second = gw
+        .charge(&k, &request(300, "pm_card_visa"), &NoLease)
+        .await
+        .unwrap();
     assert_ne!(first.transaction_id, second.transaction_id);
     let ledger = gw.ledger().await.unwrap();
     assert_eq!(ledger.len(), 2);
@@ -286,7 +306,7 @@ async fn ignoring_idempotency_keys_charges_every_post() {
 async fn declined_payment_method_is_declined() {
     let (_sim, gw) = started(SimulatorConfig::default()).await;
     let charge = gw
-        .charge(&key("ord-decl"), &request(1, "pm_card_declined"))
+        .charge(&key("ord-decl"), &request(1, "pm_card_declined"), &NoLease)
         .await
         .unwrap();
     assert_eq!(charge.status, ChargeStatus::Declined);
@@ -299,7 +319,7 @@ async fn declined_payment_method_is_declined() {
     })
     .await;
     let charge = all_declined
-        .charge(&key("ord-decl-2"), &request(1, "pm_card_visa"))
+        .charge(&key("ord-decl-2"), &request(1, "pm_card_visa"), &NoLease)
         .await
         .unwrap();
     assert_eq!(charge.status, ChargeStatus::Declined);
@@ -314,7 +334,9 @@ async fn connection_refused_is_unavailable_quickly() {
     )
     .unwrap();
     let started = Instant::now();
-    let charge = gw.charge(&key("ord-x"), &request(1, "pm_card_visa")).await;
+    let charge = gw
+        .charge(&key("ord-x"), &request(1, "pm_card_visa"), &NoLease)
+        .await;
     assert!(
         matches!(charge, Err(GatewayError::Unavailable(_))),
         "{charge:?}"
@@ -392,7 +414,10 @@ async fn slow_key_is_charged_at_once_and_answered_late() {
     let gw = std::sync::Arc::new(client(&sim, Duration::from_secs(5)));
     let background = {
         let gw = std::sync::Arc::clone(&gw);
-        tokio::spawn(async move { gw.charge(&key("held"), &request(9, "pm_card_visa")).await })
+        tokio::spawn(async move {
+            gw.charge(&key("held"), &request(9, "pm_card_visa"), &NoLease)
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!background.is_finished(), "the answer is held");
@@ -403,7 +428,7 @@ async fn slow_key_is_charged_at_once_and_answered_late() {
         .expect("charged before answering")
         .charge();
     let other = Instant::now();
-    gw.charge(&key("free"), &request(9, "pm_card_visa"))
+    gw.charge(&key("free"), &request(9, "pm_card_visa"), &NoLease)
         .await
         .unwrap();
     assert!(
@@ -418,7 +443,7 @@ async fn shutdown_closes_the_port() {
     let sim = start(SimulatorConfig::default());
     let addr = sim.addr();
     let gw = client(&sim, Duration::from_secs(2));
-    gw.charge(&key("ord-s"), &request(1, "pm_card_visa"))
+    gw.charge(&key("ord-s"), &request(1, "pm_card_visa"), &NoLease)
         .await
         .unwrap();
     sim.shutdown().await.unwrap();

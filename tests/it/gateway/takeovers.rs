@@ -23,7 +23,7 @@ use super::unknown_outcomes::{
     behind_a_front, charges_for, header, letter_of, record, short_budget, start_run,
     unresolved_keys,
 };
-use crate::support::helpers::{quick_worker_settings, stop_all, Stack};
+use crate::support::helpers::{quick_worker_settings, stop_all, NoLease, Stack};
 use crate::support::scripted_gateway::PostAnswer;
 
 /// Waits until `done` holds (polling), failing after `within` with `what`.
@@ -193,7 +193,7 @@ async fn a_record_flagged_charge_unknown_is_looked_up_before_any_post_and_keeps_
         let request = PaymentCommand::parse(value.as_bytes())
             .unwrap()
             .charge_request();
-        ledger.charge(&ikey(key), &request).await.unwrap();
+        ledger.charge(&ikey(key), &request, &NoLease).await.unwrap();
         produce_flagged(&stack, key, &value).await;
     }
     front.lookups_down(unreachable, true);

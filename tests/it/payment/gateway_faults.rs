@@ -9,7 +9,7 @@ use payment_worker::gateway::{ChargeStatus, PaymentGateway};
 use payment_worker::payment::{Attempt, CommandContext, GatewayLookup, Outcome};
 use payment_worker::token::{TokenPolicy, TokenState};
 
-use crate::support::helpers::{assert_duplicate_of, final_outcome};
+use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease};
 
 use super::rig::*;
 
@@ -62,7 +62,7 @@ async fn a_gateway_ignoring_idempotency_keys_still_charges_once_with_lookup_alwa
     let probe = command("probe", 100, "pm_card_visa");
     for _ in 0..2 {
         rig.gateway
-            .charge(&probe.idempotency_key, &probe.charge_request())
+            .charge(&probe.idempotency_key, &probe.charge_request(), &NoLease)
             .await
             .unwrap();
     }

@@ -7,7 +7,7 @@ use payment_worker::gateway::PaymentGateway;
 use payment_worker::payment::{Attempt, CommandContext, Outcome, RejectionKind};
 use payment_worker::token::{TokenMode, TokenPolicy, TokenStore};
 
-use crate::support::helpers::{assert_duplicate_of, final_outcome};
+use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease};
 
 use super::rig::*;
 
@@ -141,7 +141,7 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
     let cmd = command("charged-before", 800, "pm_card_visa");
     let earlier = rig
         .gateway
-        .charge(&cmd.idempotency_key, &cmd.charge_request())
+        .charge(&cmd.idempotency_key, &cmd.charge_request(), &NoLease)
         .await
         .unwrap();
     let charges_before = rig.gateway.charges();
@@ -179,7 +179,11 @@ async fn issued_mode_rejects_a_missing_token_unless_the_gateway_holds_its_charge
     // key: the charge no row will record is flagged (`gateway_charge_mismatch`).
     let earlier_cmd = command("charged-otherwise", 800, "pm_card_visa");
     rig.gateway
-        .charge(&earlier_cmd.idempotency_key, &earlier_cmd.charge_request())
+        .charge(
+            &earlier_cmd.idempotency_key,
+            &earlier_cmd.charge_request(),
+            &NoLease,
+        )
         .await
         .unwrap();
     let charges_before = rig.gateway.charges();

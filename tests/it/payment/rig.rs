@@ -11,7 +11,8 @@ use nix::unistd::Pid;
 use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::gateway::{
-    Charge, ChargeRequest, GatewayError, HttpGateway, LedgerEntry, PaymentGateway,
+    Charge, ChargeRequest, GatewayError, HttpGateway, LeaseGuard, LeaseLoss, LedgerEntry,
+    PaymentGateway,
 };
 use payment_worker::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
@@ -45,15 +46,35 @@ impl CountingGateway {
     }
 }
 
+/// The processor's lease check, counting each POST it lets out: a charge call
+/// whose lease check failed sent nothing, so it is no charge.
+struct CountedPost<'a> {
+    lease: &'a dyn LeaseGuard,
+    charges: &'a AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LeaseGuard for CountedPost<'_> {
+    async fn check(&self) -> Result<(), LeaseLoss> {
+        self.lease.check().await?;
+        self.charges.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl PaymentGateway for CountingGateway {
     async fn charge(
         &self,
         key: &IdempotencyKey,
         request: &ChargeRequest,
+        lease: &dyn LeaseGuard,
     ) -> Result<Charge, GatewayError> {
-        self.charges.fetch_add(1, Ordering::SeqCst);
-        self.inner.charge(key, request).await
+        let counted = CountedPost {
+            lease,
+            charges: &self.charges,
+        };
+        self.inner.charge(key, request, &counted).await
     }
 
     async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<LedgerEntry>, GatewayError> {

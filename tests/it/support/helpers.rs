@@ -727,3 +727,14 @@ pub fn result_records(records: &[rdkafka::message::OwnedMessage]) -> Vec<ResultR
         })
         .collect()
 }
+
+/// The lease of a test that calls a gateway's `charge` itself, holding no token:
+/// every check passes, as for a caller that owns the key outright.
+pub struct NoLease;
+
+#[async_trait::async_trait]
+impl payment_worker::gateway::LeaseGuard for NoLease {
+    async fn check(&self) -> Result<(), payment_worker::gateway::LeaseLoss> {
+        Ok(())
+    }
+}

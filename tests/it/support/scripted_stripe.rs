@@ -3,8 +3,11 @@
 //! `Idempotent-Replayed: true`, as Stripe does; it has an account per API key;
 //! its list is newest first and filters on `created`; and a scripted create or
 //! confirm can do its work and then answer 500, or answer 500 without doing it,
-//! or decline with a `decline_code`. Charges are counted per idempotency key, so
-//! a second charge is observed, not inferred.
+//! or decline with a `decline_code`, or answer with a proxy's page instead of
+//! Stripe's error. A request can be held at the door (before any work) until the
+//! test lets it in, so an interleaving of two workers is made, not hoped for.
+//! Charges are counted per idempotency key, so a second charge is observed, not
+//! inferred.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -30,7 +33,67 @@ pub enum Scripted {
     /// Answer this status with an error of this `type`, and `Stripe-Should-Retry`
     /// when given, without doing anything.
     Refuse(u16, &'static str, Option<bool>),
+    /// Answer this status with an HTML page, as a proxy in front of Stripe does,
+    /// without doing anything.
+    ProxyPage(u16),
 }
+
+/// Which requests a hold applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/payment_intents` for the key in its metadata.
+    Create,
+    /// `GET /v1/payment_intents/{id}` of this id.
+    Retrieve,
+}
+
+/// A request held at the door, before the server did anything for it: the test
+/// learns it arrived, makes what it wants happen meanwhile, then lets it in.
+#[derive(Clone)]
+pub struct Gate {
+    arrived: Arc<tokio::sync::Semaphore>,
+    released: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Self {
+            arrived: Arc::new(tokio::sync::Semaphore::new(0)),
+            released: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+
+    /// Waits until the held request has arrived (at most 30 s).
+    pub async fn arrival(&self) {
+        tokio::time::timeout(std::time::Duration::from_secs(30), self.arrived.acquire())
+            .await
+            .expect("the held request never arrived")
+            .unwrap()
+            .forget();
+    }
+
+    /// Lets the held request in.
+    pub fn release(&self) {
+        self.released.send_replace(true);
+    }
+
+    async fn hold(&self) {
+        let mut released = self.released.subscribe();
+        self.arrived.add_permits(1);
+        let _ = released.wait_for(|released| *released).await;
+    }
+}
+
+struct Hold {
+    route: Route,
+    subject: String,
+    /// Matching requests still let through before the held one.
+    skip: usize,
+    gate: Gate,
+}
+
+/// The `created` bounds one list request asked for.
+pub type ListWindow = (Option<i64>, Option<i64>);
 
 /// One create or confirm as it arrived: what the adapter must send on each.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,10 +142,13 @@ struct Books {
     creates: HashMap<String, VecDeque<Scripted>>,
     confirms: HashMap<String, VecDeque<Scripted>>,
     accounts: HashMap<String, String>,
+    holds: Vec<Hold>,
     /// Every request of any kind, refused ones included.
     requests: usize,
     retrieves: usize,
     lists: usize,
+    /// The `created` bounds of every list request, in order.
+    list_windows: Vec<ListWindow>,
     next_id: u64,
 }
 
@@ -112,9 +178,14 @@ fn ok(body: Value) -> Reply {
 }
 
 fn answer((status, body, should_retry): Reply, replayed: bool) -> Response {
+    let content_type = if body.starts_with('<') {
+        "text/html"
+    } else {
+        "application/json"
+    };
     let mut response = (
         StatusCode::from_u16(status).unwrap(),
-        [("content-type", "application/json")],
+        [("content-type", content_type)],
         body,
     )
         .into_response();
@@ -134,6 +205,30 @@ fn answer((status, body, should_retry): Reply, replayed: bool) -> Response {
 fn refused(status: u16, kind: &str, should_retry: Option<bool>) -> Reply {
     let (status, body, _) = error(status, kind, None, None);
     (status, body, should_retry)
+}
+
+/// A proxy's error page: no Stripe error object in it.
+fn proxy_page(status: u16) -> Reply {
+    let body = format!(
+        "<html><head><title>{status}</title></head><body><center><h1>{status}</h1></center>\
+         <hr><center>nginx</center></body></html>"
+    );
+    (status, body, None)
+}
+
+/// The gate of the hold on `route` for `subject`, when this request is the held
+/// one; a hold with requests left to skip counts this one off instead.
+fn held(books: &Mutex<Books>, route: Route, subject: &str) -> Option<Gate> {
+    let mut books = books.lock().unwrap();
+    let at = books
+        .holds
+        .iter()
+        .position(|h| h.route == route && h.subject == subject)?;
+    if books.holds[at].skip > 0 {
+        books.holds[at].skip -= 1;
+        return None;
+    }
+    Some(books.holds.remove(at).gate)
 }
 
 impl ScriptedStripe {
@@ -241,6 +336,50 @@ impl ScriptedStripe {
     pub fn lists(&self) -> usize {
         self.books.lock().unwrap().lists
     }
+
+    /// The `created` bounds of every list request so far, in order.
+    pub fn list_windows(&self) -> Vec<ListWindow> {
+        self.books.lock().unwrap().list_windows.clone()
+    }
+
+    /// Holds the `skip + 1`-th next request on `route` for `subject` (a key for
+    /// creates, a PaymentIntent id for retrieves) at the door until the returned
+    /// gate is released.
+    pub fn hold(&self, route: Route, subject: &str, skip: usize) -> Gate {
+        let gate = Gate::new();
+        self.books.lock().unwrap().holds.push(Hold {
+            route,
+            subject: subject.to_owned(),
+            skip,
+            gate: gate.clone(),
+        });
+        gate
+    }
+
+    /// `count` PaymentIntents of other payments under `account`, created now and
+    /// awaiting their confirm: the rest of a busy account, for listings to page.
+    pub fn crowd(&self, account: &str, count: usize) {
+        let mut books = self.books.lock().unwrap();
+        for n in 0..count {
+            books.next_id += 1;
+            let intent = Intent {
+                id: format!("pi_scripted{:06}", books.next_id),
+                account: account.to_owned(),
+                amount: 100,
+                currency: "usd".to_owned(),
+                status: "requires_confirmation",
+                created: chrono::Utc::now().timestamp(),
+                metadata: [(
+                    "idempotency_key".to_owned(),
+                    Value::String(format!("someone-else-{n}")),
+                )]
+                .into_iter()
+                .collect(),
+                last_payment_error: None,
+            };
+            books.intents.push(intent);
+        }
+    }
 }
 
 type Shared = State<Arc<Mutex<Books>>>;
@@ -316,16 +455,19 @@ fn once(
 }
 
 async fn create(State(books): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let mut books = books.lock().unwrap();
-    books.requests += 1;
-    let Some(account) = account_of(&books, &headers) else {
-        return unauthorized();
-    };
     let params = form(&body);
     let for_key = params
         .get("metadata[idempotency_key]")
         .cloned()
         .unwrap_or_default();
+    if let Some(gate) = held(&books, Route::Create, &for_key) {
+        gate.hold().await;
+    }
+    let mut books = books.lock().unwrap();
+    books.requests += 1;
+    let Some(account) = account_of(&books, &headers) else {
+        return unauthorized();
+    };
     let owner = account.clone();
     once(&mut books, &account, &headers, None, move |books| {
         let scripted = books
@@ -335,6 +477,7 @@ async fn create(State(books): Shared, headers: HeaderMap, body: Bytes) -> Respon
         match scripted {
             Some(Scripted::ServerErrorBeforeWork) => return error(500, "api_error", None, None),
             Some(Scripted::Refuse(status, kind, retry)) => return refused(status, kind, retry),
+            Some(Scripted::ProxyPage(status)) => return proxy_page(status),
             _ => {}
         }
         books.next_id += 1;
@@ -408,6 +551,7 @@ async fn confirm(
         match books.confirms.get_mut(&key).and_then(VecDeque::pop_front) {
             Some(Scripted::ServerErrorBeforeWork) => error(500, "api_error", None, None),
             Some(Scripted::Refuse(status, kind, retry)) => refused(status, kind, retry),
+            Some(Scripted::ProxyPage(status)) => proxy_page(status),
             Some(Scripted::Decline(code)) => {
                 let intent = &mut books.intents[at];
                 intent.status = "requires_payment_method";
@@ -458,6 +602,9 @@ async fn cancel(State(books): Shared, Path(id): Path<String>, headers: HeaderMap
 }
 
 async fn retrieve(State(books): Shared, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    if let Some(gate) = held(&books, Route::Retrieve, &id) {
+        gate.hold().await;
+    }
     let mut books = books.lock().unwrap();
     books.requests += 1;
     let Some(account) = account_of(&books, &headers) else {
@@ -486,6 +633,9 @@ async fn list(State(books): Shared, headers: HeaderMap, RawQuery(query): RawQuer
             .collect();
     let number = |name: &str| query.get(name).and_then(|v| v.parse::<i64>().ok());
     let limit = number("limit").unwrap_or(10).clamp(1, 100) as usize;
+    books
+        .list_windows
+        .push((number("created[gte]"), number("created[lte]")));
     let (from, to) = (
         number("created[gte]").unwrap_or(i64::MIN),
         number("created[lte]").unwrap_or(i64::MAX),

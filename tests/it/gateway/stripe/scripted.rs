@@ -336,3 +336,43 @@ async fn refusals_are_retried_under_new_keys_or_final_as_stripe_says_and_charge_
     assert_eq!(server.keys_seen(&key), keys(&key, &["create:1"]));
     assert!(server.intents(&key).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_answered_with_a_proxy_page_is_looked_up_never_taken_for_a_refusal() {
+    let (server, rig) = rig().await;
+    let processor = rig.processor(std::sync::Arc::new(rig.gateway_with_key(KEY_A)));
+    // A 400 or 404 whose body is no Stripe error came from something in between
+    // (a proxy, a router): whether Stripe got the confirm is unknown. The
+    // PaymentIntent is looked up, still awaits its confirm, and is confirmed again
+    // under a new key, never cancelled nor the command refused.
+    for status in [404, 400] {
+        let key = unique(&format!("st-proxy-{status}"));
+        server.script_confirms(&key, &[Scripted::ProxyPage(status)]);
+        let outcome = until_final(&processor, &command(&key, 1500, "USD", "pm_card_visa")).await;
+        assert!(
+            matches!(outcome, Outcome::Succeeded { .. }),
+            "{status}: {outcome:?}"
+        );
+        assert_eq!(
+            server.keys_seen(&key),
+            keys(&key, &["create:1", "confirm:1", "confirm:2"]),
+            "{status}"
+        );
+        assert_eq!(server.charges(&key), 1, "{status}");
+        assert_eq!(
+            server
+                .intents(&key)
+                .iter()
+                .map(|(_, s)| s.as_str())
+                .collect::<Vec<_>>(),
+            ["succeeded"],
+            "{status}: one PaymentIntent, not cancelled"
+        );
+        let rows = rig.rows(&key).await;
+        assert_eq!(
+            (rows.len(), rows[0].1.as_str()),
+            (1, "succeeded"),
+            "{status}"
+        );
+    }
+}
