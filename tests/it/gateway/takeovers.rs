@@ -196,13 +196,21 @@ async fn a_record_flagged_charge_unknown_is_looked_up_before_any_post_and_keeps_
         ledger.charge(&ikey(key), &request, &NoLease).await.unwrap();
         produce_flagged(&stack, key, &value).await;
     }
+    // A redriven record that cannot even be read: nothing settles its charge either.
+    let unreadable = "tk-flag-unreadable";
+    produce_flagged(
+        &stack,
+        unreadable,
+        r#"{"idempotency_key":"tk-flag-unreadable"}"#,
+    )
+    .await;
     front.lookups_down(unreachable, true);
     let running = stack.start_worker_retrying(
         "tk-flagged",
         &quick_worker_settings(),
         short_budget(Duration::from_secs(3)),
     );
-    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    let results = stack.wait_for_results(3, Duration::from_secs(60)).await;
     stack.wait_for_commits(Duration::from_secs(30)).await;
     stop_all(vec![running]).await;
 
@@ -225,11 +233,14 @@ async fn a_record_flagged_charge_unknown_is_looked_up_before_any_post_and_keeps_
     assert_eq!(kept.outcome, "rejected", "{kept:?}");
     assert!(kept.charge_unknown, "{kept:?}");
     let letters = stack.dead_letters().await;
-    assert_eq!(letters.len(), 1);
-    assert_eq!(
-        header(letter_of(&letters, unreachable), worker::CHARGE_UNKNOWN).as_deref(),
-        Some("true")
-    );
+    assert_eq!(letters.len(), 2);
+    for key in [unreachable, unreadable] {
+        assert_eq!(
+            header(letter_of(&letters, key), worker::CHARGE_UNKNOWN).as_deref(),
+            Some("true"),
+            "{key}"
+        );
+    }
     assert_eq!(unresolved_keys(&stack).await, vec![unreachable]);
     for key in [found, unreachable] {
         assert_eq!(front.posts_seen(key), 0, "{key}: POSTed without a look-up");
