@@ -318,6 +318,17 @@ async fn a_look_up_answering_another_amount_or_another_key_is_never_booked_and_f
         unresolved_keys(&stack).await,
         vec!["u5-amount", "u5-currency", "u5-key"]
     );
+    // What an operator reads in `unresolved_charges` is why it was given up on, the
+    // dead letter's reason, not a generic "charged and not booked".
+    for unresolved in unresolved_charges(&stack.db.pool, "u5-").await.unwrap() {
+        let letter = letter_of(&letters, &unresolved.idempotency_key);
+        assert_eq!(
+            Some(unresolved.reason),
+            header(letter, worker::ERROR_REASON),
+            "{}",
+            unresolved.idempotency_key
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

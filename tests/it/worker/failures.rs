@@ -109,6 +109,9 @@ async fn a_record_whose_handling_panics_is_dead_lettered_internal_on_the_third_p
             .all(|e| e.idempotency_key != "p-panic"),
         "the panic came before the charge"
     );
+    // Nothing was sent, and the record was not flagged: nothing is said unknown.
+    assert_eq!(header_value(&letters[0], "x-charge-unknown"), None);
+    assert!(!panicked.charge_unknown, "{panicked:?}");
     let panics = run
         .lines()
         .iter()
