@@ -1,0 +1,537 @@
+//! The system's moves: each worker's next step of the processor (in the code's
+//! order), and the adversary's: crashes, lease expiry, zombies, token loss,
+//! gateway faults and late landings, redelivery, replay, redrive, and the breaks of
+//! the assumptions turned off.
+
+use payment_worker::payment::decisions::{self, FirstStep, LookupAnswer, OnChargeError, SettleBy};
+use payment_worker::payment::{ChargeEvidence, CommandContext};
+use payment_worker::token::{Reservation, Transition};
+
+use crate::config::{Config, GatewayKind, Mutant, StoreKind};
+use crate::gateway::{self, Answer, Standing};
+use crate::retry_loop;
+use crate::state::{Ended, Phase, Row, State, Token, Verdict, Worker};
+use crate::token_store;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Worker takes the record from the topic (first delivery or a redelivery).
+    Deliver(usize),
+    /// Worker takes the dead letter back (`dlq redrive`).
+    Redrive(usize),
+    /// Worker's next step; a gateway call's answer or a look-up's is part of it.
+    Step(usize),
+    Post(usize, Answer),
+    LookUp(usize, Result<Option<Verdict>, ()>),
+    Crash(usize),
+    /// The worker's "surely held" half of the lease passes.
+    Pass(usize),
+    /// The token's lease runs out.
+    Expire,
+    /// The worker is paused past its lease; its Postgres session is dropped.
+    Pause(usize),
+    WipeTokens,
+    LandQueued,
+    Replay,
+    /// Assumptions turned off: the gateway forgets the key; a commit is lost.
+    ForgetKey,
+    LosePostgres,
+}
+
+pub fn enabled(config: &Config, state: &State, actions: &mut Vec<Action>) {
+    let busy = state.workers.iter().any(|w| w.phase != Phase::Idle);
+    for (i, worker) in state.workers.iter().enumerate() {
+        if worker.phase == Phase::Idle {
+            if !state.committed && (!busy || state.budget.redeliveries > 0) {
+                actions.push(Action::Deliver(i));
+            }
+            if state.dead_letter.is_some() && state.budget.redrives > 0 {
+                actions.push(Action::Redrive(i));
+            }
+            continue;
+        }
+        match worker.phase {
+            Phase::Post if config.gateway == GatewayKind::Charges => {
+                for answer in gateway::answers(config, state) {
+                    actions.push(Action::Post(i, answer));
+                }
+            }
+            Phase::Confirm => {
+                for answer in gateway::answers(config, state) {
+                    actions.push(Action::Post(i, answer));
+                }
+            }
+            Phase::LookUp | Phase::Resolve(_) => {
+                for answer in gateway::lookups(config, state) {
+                    actions.push(Action::LookUp(i, answer));
+                }
+            }
+            // An insert waits on another holder's uncommitted row.
+            Phase::Insert if matches!(state.row, Row::Uncommitted(o) if o != worker.owner) => {}
+            _ => actions.push(Action::Step(i)),
+        }
+        if state.budget.crashes > 0 {
+            actions.push(Action::Crash(i));
+        }
+        if worker.surely_held {
+            actions.push(Action::Pass(i));
+        }
+        if state.budget.zombies > 0 && worker.owner != 0 {
+            actions.push(Action::Pause(i));
+        }
+    }
+    if let Some(Token::Processing {
+        owner, live: true, ..
+    }) = state.token
+    {
+        match state.owner_running(owner) {
+            // Nobody renews it: it runs out, in time, without a fault.
+            None => actions.push(Action::Expire),
+            Some(holder) => {
+                let allowed = !holder.surely_held || !config.assumptions.lease_clock;
+                if state.budget.expiries > 0 && allowed {
+                    actions.push(Action::Expire);
+                }
+            }
+        }
+    }
+    if config.store == StoreKind::Redis && state.budget.wipes > 0 && state.token.is_some() {
+        actions.push(Action::WipeTokens);
+    }
+    if state.gateway.queued {
+        actions.push(Action::LandQueued);
+    }
+    if state.committed && state.budget.replays > 0 {
+        actions.push(Action::Replay);
+    }
+    if state.budget.breaks > 0 {
+        if !config.assumptions.key_retention && state.gateway.entry.is_some() {
+            actions.push(Action::ForgetKey);
+        }
+        if !config.assumptions.postgres_durability && state.row != Row::None {
+            actions.push(Action::LosePostgres);
+        }
+    }
+}
+
+pub fn apply(config: &Config, last: &State, action: Action) -> Option<State> {
+    let mut state = last.clone();
+    match action {
+        Action::Deliver(i) => {
+            if state.workers.iter().any(|w| w.phase != Phase::Idle) {
+                state.budget.redeliveries -= 1;
+            }
+            let flagged = state.flagged;
+            start_delivery(&mut state, i, flagged);
+        }
+        Action::Redrive(i) => {
+            state.budget.redrives -= 1;
+            let flag = state.dead_letter.take().unwrap_or(false);
+            // The redriven record is a new record on the topic, flagged as its dead
+            // letter was.
+            state.flagged = flag;
+            state.committed = false;
+            start_delivery(&mut state, i, flag);
+        }
+        Action::Step(i) => step(config, &mut state, i),
+        Action::Post(i, answer) => post(config, &mut state, i, answer),
+        Action::LookUp(i, answer) => look_up(config, &mut state, i, answer),
+        Action::Crash(i) => {
+            state.budget.crashes -= 1;
+            let owner = state.workers[i].owner;
+            token_store::roll_back(&mut state, owner);
+            state.workers[i] = Worker::idle();
+        }
+        Action::Pass(i) => state.workers[i].surely_held = false,
+        Action::Expire => {
+            if let Some(Token::Processing { owner, .. }) = state.token {
+                if state.owner_running(owner).is_some() {
+                    state.budget.expiries -= 1;
+                }
+            }
+            expire(&mut state);
+        }
+        Action::Pause(i) => {
+            state.budget.zombies -= 1;
+            let worker = &mut state.workers[i];
+            worker.surely_held = false;
+            let owner = worker.owner;
+            if worker.in_tx {
+                worker.tx_lost = true;
+            }
+            if matches!(state.token, Some(Token::Processing { owner: o, .. }) if o == owner) {
+                expire(&mut state);
+            }
+            token_store::roll_back(&mut state, owner);
+        }
+        Action::WipeTokens => {
+            state.budget.wipes -= 1;
+            state.token = None;
+        }
+        Action::LandQueued => gateway::land(&mut state),
+        Action::Replay => {
+            state.budget.replays -= 1;
+            state.committed = false;
+        }
+        Action::ForgetKey => {
+            state.budget.breaks -= 1;
+            state.gateway.entry = None;
+        }
+        Action::LosePostgres => {
+            state.budget.breaks -= 1;
+            state.row = Row::None;
+            state.unresolved = false;
+            if config.store == StoreKind::Postgres {
+                state.token = None;
+            }
+        }
+    }
+    Some(state)
+}
+
+fn expire(state: &mut State) {
+    if let Some(Token::Processing { fence, owner, .. }) = state.token {
+        state.token = Some(Token::Processing {
+            fence,
+            owner,
+            live: false,
+        });
+    }
+}
+
+fn start_delivery(state: &mut State, i: usize, flagged: bool) {
+    for other in &mut state.workers {
+        other.current = false;
+    }
+    let mut worker = Worker::idle();
+    worker.current = true;
+    worker.charge_unknown = flagged;
+    worker.phase = Phase::Reserve;
+    state.workers[i] = worker;
+}
+
+/// A fresh owner per attempt: one more than any in the state.
+fn new_owner(state: &State) -> u8 {
+    let mut max = state
+        .workers
+        .iter()
+        .map(|w| w.owner.max(w.previous_claim))
+        .max()
+        .unwrap_or(0);
+    match state.token {
+        Some(Token::Pending { holder, .. }) => max = max.max(holder),
+        Some(Token::Processing { owner, .. }) => max = max.max(owner),
+        _ => {}
+    }
+    if let Row::Uncommitted(owner) = state.row {
+        max = max.max(owner);
+    }
+    max + 1
+}
+
+fn step(config: &Config, state: &mut State, i: usize) {
+    let phase = state.workers[i].phase;
+    match phase {
+        Phase::Reserve => reserve(config, state, i),
+        Phase::Insert => insert(config, state, i),
+        Phase::CheckLease | Phase::CheckConfirm => check_lease(config, state, i, phase),
+        Phase::Post => stripe_standing(state, i),
+        Phase::Create => {
+            state.gateway.intents.push(false);
+            state.workers[i].intent = state.gateway.intents.len() as u8;
+            state.workers[i].phase = Phase::CheckConfirm;
+        }
+        Phase::Fence => fence(config, state, i),
+        Phase::Commit => commit(config, state, i),
+        Phase::ConfirmToken => {
+            token_store::confirm(state, state.workers[i].owner);
+            state.workers[i].phase = Phase::Judge;
+        }
+        Phase::Restore => {
+            let any = config.mutated(Mutant::RestoreAnyOwner);
+            token_store::restore(state, state.workers[i].owner, any);
+            state.workers[i].phase = Phase::Judge;
+        }
+        Phase::Judge => retry_loop::judge(config, state, i),
+        Phase::CommitOffset => {
+            if !state.answered {
+                state.offset_unanswered = true;
+            }
+            if state.workers[i].current {
+                state.committed = true;
+            }
+            state.workers[i] = Worker::idle();
+        }
+        Phase::Idle | Phase::LookUp | Phase::Confirm | Phase::Resolve(_) => {}
+    }
+}
+
+fn reserve(config: &Config, state: &mut State, i: usize) {
+    let worker = &state.workers[i];
+    let first = worker.attempts == 0;
+    if !worker.current && (!first || config.assumptions.superseded_start_nothing) {
+        // Handed over: no answer, no offset commit; a charge this delivery could
+        // not settle is kept in `unresolved_charges`.
+        if worker.charge_unknown {
+            retry_loop::remember_unresolved(config, state);
+        }
+        state.workers[i] = Worker::idle();
+        return;
+    }
+    let owner = new_owner(state);
+    let worker = &mut state.workers[i];
+    worker.attempts += 1;
+    worker.inherited = false;
+    let previous = token_store::owner_name(worker.previous_claim);
+    let context = CommandContext {
+        earlier: ChargeEvidence::from_unknown(worker.charge_unknown),
+        previous_claim: (worker.previous_claim != 0).then_some(previous.as_str()),
+        ..CommandContext::default()
+    };
+    match token_store::reserve(state, owner) {
+        Reservation::Reserved { fence, predecessor } => {
+            let inherited = if config.mutated(Mutant::NoTakeoverLookup) {
+                context.earlier
+            } else {
+                context.evidence_after(&predecessor)
+            };
+            let worker = &mut state.workers[i];
+            worker.owner = owner;
+            worker.fence = u8::try_from(fence).unwrap_or(u8::MAX);
+            worker.inherited = inherited == ChargeEvidence::MayHaveCharged;
+            worker.surely_held = true;
+            worker.phase = Phase::Insert;
+        }
+        // The retry waits (no longer than the lease left): within a budget that
+        // outlasts the lease, the attempt is not one of those that run out.
+        Reservation::InFlight { .. } => {
+            if config.assumptions.retry_outlasts_lease {
+                state.workers[i].attempts -= 1;
+            }
+            end(state, i, Ended::Retry(false), None)
+        }
+        // The tombstone names the payment; the row tells the original answer.
+        Reservation::Completed { .. } => end(state, i, Ended::Duplicate, None),
+        Reservation::Missing | Reservation::Unsettled => end(state, i, Ended::Rejected, None),
+    }
+}
+
+fn insert(config: &Config, state: &mut State, i: usize) {
+    let worker = &state.workers[i];
+    match state.row {
+        Row::Committed(_) => {
+            // `settle_existing`: the row decides; the token is confirmed.
+            end(state, i, Ended::Duplicate, Some(Phase::ConfirmToken));
+            return;
+        }
+        Row::Uncommitted(_) => return,
+        Row::None => {}
+    }
+    let earlier = ChargeEvidence::from_unknown(worker.inherited);
+    let fence = if config.mutated(Mutant::NoTakeoverLookup) {
+        1
+    } else {
+        u64::from(worker.fence)
+    };
+    let history = decisions::charge_history(state.unresolved, earlier, fence);
+    let first = decisions::first_step(config.lookup, history);
+    state.row = Row::Uncommitted(worker.owner);
+    let worker = &mut state.workers[i];
+    worker.in_tx = true;
+    worker.history = Some(history);
+    worker.may_skip_check = first == FirstStep::Charge;
+    worker.phase = match first {
+        FirstStep::LookUp => Phase::LookUp,
+        FirstStep::Charge => to_gateway(config),
+    };
+}
+
+/// The charge after the look-up (or without one): the Charges adapter checks the
+/// lease and POSTs; the Stripe adapter reads its records first.
+fn to_gateway(config: &Config) -> Phase {
+    match config.gateway {
+        GatewayKind::Charges => Phase::CheckLease,
+        GatewayKind::Stripe => Phase::Post,
+    }
+}
+
+fn stripe_standing(state: &mut State, i: usize) {
+    match gateway::standing(state) {
+        Standing::Settled => charged(state, i, Verdict::Approved),
+        Standing::Confirmable(intent) => {
+            state.workers[i].intent = intent as u8 + 1;
+            state.workers[i].phase = Phase::CheckConfirm;
+        }
+        Standing::Nothing => state.workers[i].phase = Phase::CheckLease,
+    }
+}
+
+fn check_lease(config: &Config, state: &mut State, i: usize, phase: Phase) {
+    let worker = &mut state.workers[i];
+    let skip = std::mem::take(&mut worker.may_skip_check) && worker.surely_held;
+    let next = match (config.gateway, phase) {
+        (GatewayKind::Charges, _) => Phase::Post,
+        (GatewayKind::Stripe, Phase::CheckLease) => Phase::Create,
+        (GatewayKind::Stripe, _) => Phase::Confirm,
+    };
+    let owner = worker.owner;
+    if skip || config.mutated(Mutant::NoStripeLeaseCheck) {
+        state.workers[i].phase = next;
+        return;
+    }
+    match token_store::extend(state, owner) {
+        Transition::Applied => {
+            state.workers[i].surely_held = true;
+            state.workers[i].phase = next;
+        }
+        // `LeaseNotHeld(Lost)`: nothing was sent; the new owner decides.
+        Transition::Refused => {
+            let error = payment_worker::gateway::GatewayError::LeaseNotHeld(
+                payment_worker::gateway::LeaseLoss::Lost,
+            );
+            debug_assert_eq!(
+                decisions::on_charge_error(&error),
+                OnChargeError::LeaveNothingSent
+            );
+            leave(state, i, false);
+        }
+    }
+}
+
+fn post(config: &Config, state: &mut State, i: usize, answer: Answer) {
+    match config.gateway {
+        GatewayKind::Charges => gateway::apply(state, answer),
+        GatewayKind::Stripe => {
+            let intent = usize::from(state.workers[i].intent).saturating_sub(1);
+            gateway::confirm_intent(state, intent, answer)
+        }
+    }
+    let error = match answer.received() {
+        Ok(verdict) => return charged(state, i, verdict),
+        Err(error) => error,
+    };
+    match decisions::on_charge_error(&error) {
+        OnChargeError::LeaveNothingSent => leave(state, i, false),
+        OnChargeError::RestoreRetry => restore(state, i, false),
+        OnChargeError::Resolve(cause) => state.workers[i].phase = Phase::Resolve(cause),
+        OnChargeError::RestoreUnknown => restore(state, i, true),
+        OnChargeError::KeyReused | OnChargeError::Rejected => {
+            end_tx(state, i);
+            end(state, i, Ended::Rejected, Some(Phase::Restore));
+        }
+    }
+}
+
+fn look_up(config: &Config, state: &mut State, i: usize, answer: Result<Option<Verdict>, ()>) {
+    if answer.is_err() {
+        state.budget.faults -= 1;
+    }
+    let worker = &state.workers[i];
+    match (worker.phase, answer) {
+        (Phase::Resolve(cause), answer) => {
+            let read = match answer {
+                Ok(Some(_)) => LookupAnswer::Found,
+                Ok(None) => LookupAnswer::NoneYet,
+                Err(()) => LookupAnswer::Failed,
+            };
+            match (decisions::settle_unknown(cause, read), answer) {
+                (SettleBy::Book, Ok(Some(verdict))) => charged(state, i, verdict),
+                (SettleBy::RestoreUnknown, _) => restore(state, i, true),
+                _ => leave(state, i, true),
+            }
+        }
+        (_, Ok(Some(verdict))) => charged(state, i, verdict),
+        (_, Ok(None)) => state.workers[i].phase = to_gateway(config),
+        (_, Err(())) => {
+            let history = worker.history.unwrap_or(decisions::ChargeHistory::Fresh);
+            let evidence = decisions::failed_lookup_evidence(history);
+            restore(state, i, evidence == ChargeEvidence::MayHaveCharged);
+        }
+    }
+}
+
+/// A charge in hand: recorded unless the lease was lost while the gateway worked
+/// (`with_lease`'s renewals were refused).
+fn charged(state: &mut State, i: usize, verdict: Verdict) {
+    let owner = state.workers[i].owner;
+    let kept = matches!(state.token, Some(Token::Processing { owner: o, .. }) if o == owner);
+    if !kept {
+        return leave(state, i, true);
+    }
+    state.workers[i].charge = Some(verdict);
+    state.workers[i].phase = Phase::Fence;
+}
+
+/// `record_charge`, then the fence check before COMMIT (the Postgres store checks
+/// its fence inside the COMMIT step instead).
+fn fence(config: &Config, state: &mut State, i: usize) {
+    let worker = &state.workers[i];
+    if worker.tx_lost {
+        return leave(state, i, true);
+    }
+    let owner = worker.owner;
+    let checked = if config.store == StoreKind::Postgres
+        || config.mutated(Mutant::NoFenceCheck)
+        || worker.surely_held
+    {
+        Transition::Applied
+    } else {
+        token_store::extend(state, owner)
+    };
+    match checked {
+        Transition::Applied => state.workers[i].phase = Phase::Commit,
+        Transition::Refused => leave(state, i, true),
+    }
+}
+
+fn commit(config: &Config, state: &mut State, i: usize) {
+    let worker = state.workers[i].clone();
+    let Some(verdict) = worker.charge else { return };
+    if worker.tx_lost {
+        return leave(state, i, true);
+    }
+    if config.store == StoreKind::Postgres {
+        // `confirm_in`: the token completes in the payment's own transaction.
+        let fenced = config.mutated(Mutant::NoFenceCheck)
+            || token_store::confirm(state, worker.owner) == Transition::Applied;
+        if !fenced {
+            return leave(state, i, true);
+        }
+        if config.mutated(Mutant::NoFenceCheck) {
+            state.token = Some(Token::Completed);
+        }
+        state.row = Row::Committed(verdict);
+        state.workers[i].in_tx = false;
+        return end(state, i, Ended::Booked(verdict), None);
+    }
+    state.row = Row::Committed(verdict);
+    state.workers[i].in_tx = false;
+    end(state, i, Ended::Booked(verdict), Some(Phase::ConfirmToken));
+}
+
+/// The transaction ends without COMMIT: its row goes.
+fn end_tx(state: &mut State, i: usize) {
+    let owner = state.workers[i].owner;
+    token_store::roll_back(state, owner);
+    state.workers[i].in_tx = false;
+}
+
+/// `Settlement::Restore(retry)` (the retry loop applies `Attempt::knowing`).
+fn restore(state: &mut State, i: usize, unknown: bool) {
+    end_tx(state, i);
+    end(state, i, Ended::Retry(unknown), Some(Phase::Restore));
+}
+
+/// `Settlement::LeaveToLease(retry)` (the retry loop applies `Attempt::knowing`).
+fn leave(state: &mut State, i: usize, unknown: bool) {
+    end_tx(state, i);
+    end(state, i, Ended::Retry(unknown), None);
+}
+
+/// The attempt came to `ended`; the token is settled by `then` (confirm, restore)
+/// or left as it is, then the retry loop judges.
+fn end(state: &mut State, i: usize, ended: Ended, then: Option<Phase>) {
+    let worker = &mut state.workers[i];
+    worker.result = ended;
+    worker.phase = then.unwrap_or(Phase::Judge);
+}
