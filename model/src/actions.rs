@@ -73,7 +73,10 @@ pub fn enabled(config: &Config, state: &State, actions: &mut Vec<Action>) {
         if state.budget.crashes > 0 {
             actions.push(Action::Crash(i));
         }
-        if worker.surely_held {
+        // Under the lease clock, COMMIT follows the fence check within the half
+        // lease that check bought.
+        let committing = worker.phase == Phase::Commit && config.assumptions.lease_clock;
+        if worker.surely_held && !committing {
             actions.push(Action::Pass(i));
         }
         if state.budget.zombies > 0 && worker.owner != 0 {
@@ -400,7 +403,7 @@ fn check_lease(config: &Config, state: &mut State, i: usize, phase: Phase) {
 
 fn post(config: &Config, state: &mut State, i: usize, answer: Answer) {
     match config.gateway {
-        GatewayKind::Charges => gateway::apply(state, answer),
+        GatewayKind::Charges => gateway::apply(config, state, answer),
         GatewayKind::Stripe => {
             let intent = usize::from(state.workers[i].intent).saturating_sub(1);
             gateway::confirm_intent(state, intent, answer)
@@ -479,7 +482,11 @@ fn fence(config: &Config, state: &mut State, i: usize) {
         token_store::extend(state, owner)
     };
     match checked {
-        Transition::Applied => state.workers[i].phase = Phase::Commit,
+        // A renewed lease is surely ours for another half lease.
+        Transition::Applied => {
+            state.workers[i].surely_held = true;
+            state.workers[i].phase = Phase::Commit;
+        }
         Transition::Refused => leave(state, i, true),
     }
 }
@@ -490,6 +497,17 @@ fn commit(config: &Config, state: &mut State, i: usize) {
     if worker.tx_lost {
         return leave(state, i, true);
     }
+    // I5: a takeover (a higher fence) since this attempt reserved forbids its
+    // COMMIT. A token the store lost starts again at fence 1: no fence can tell
+    // those holders apart, and the row's unique key serialises them (I6).
+    let taken_over = match state.token {
+        Some(Token::Processing { owner, fence, .. })
+        | Some(Token::Pending {
+            holder: owner,
+            fence,
+        }) => owner != worker.owner && fence > worker.fence,
+        _ => false,
+    };
     if config.store == StoreKind::Postgres {
         // `confirm_in`: the token completes in the payment's own transaction.
         let fenced = config.mutated(Mutant::NoFenceCheck)
@@ -500,10 +518,12 @@ fn commit(config: &Config, state: &mut State, i: usize) {
         if config.mutated(Mutant::NoFenceCheck) {
             state.token = Some(Token::Completed);
         }
+        state.stale_commit |= taken_over;
         state.row = Row::Committed(verdict);
         state.workers[i].in_tx = false;
         return end(state, i, Ended::Booked(verdict), None);
     }
+    state.stale_commit |= taken_over;
     state.row = Row::Committed(verdict);
     state.workers[i].in_tx = false;
     end(state, i, Ended::Booked(verdict), Some(Phase::ConfirmToken));

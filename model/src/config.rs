@@ -48,6 +48,7 @@ pub struct Assumptions {
     pub postgres_durability: bool,
     /// A lease runs at least half its length after it was asked for or renewed: the
     /// holder's clock and the store's agree within that bound.
+    /// It also bounds a pause between the fence check and COMMIT to that half.
     pub lease_clock: bool,
     /// The retry budget outlasts a lease (plus two gateway timeouts): a delivery
     /// that meets another holder's lease waits it out within its budget.
@@ -99,6 +100,10 @@ pub struct Config {
     pub lookup: GatewayLookup,
     pub assumptions: Assumptions,
     pub mutant: Option<Mutant>,
+    /// The gateway charges every POST anew, key or not (its look-up still finds a
+    /// charge by key): what `--gateway-lookup always` is for, and what the look-up
+    /// on a takeover (fence > 1, a stranger predecessor) guards against.
+    pub gateway_ignores_keys: bool,
 }
 
 impl Config {
@@ -120,6 +125,7 @@ impl Config {
             lookup: GatewayLookup::Uncertain,
             assumptions: Assumptions::default(),
             mutant: None,
+            gateway_ignores_keys: false,
         }
     }
 

@@ -56,7 +56,7 @@ pub fn answers(config: &Config, state: &State) -> Vec<Answer> {
             return vec![Answer::InFlight];
         }
         // The key joins the repeat: the first answer again, nothing charged.
-        if let Some(verdict) = gateway.entry {
+        if let (Some(verdict), false) = (gateway.entry, config.gateway_ignores_keys) {
             return vec![match verdict {
                 Verdict::Approved => Answer::Approved,
                 Verdict::Declined => Answer::Declined,
@@ -84,12 +84,12 @@ pub fn answers(config: &Config, state: &State) -> Vec<Answer> {
 }
 
 /// What `answer` to a POST under the command's key leaves at the gateway.
-pub fn apply(state: &mut State, answer: Answer) {
+pub fn apply(config: &Config, state: &mut State, answer: Answer) {
     if answer.is_fault() {
         state.budget.faults -= 1;
     }
     let gateway = &mut state.gateway;
-    let repeat = gateway.entry.is_some() || gateway.queued;
+    let repeat = (gateway.entry.is_some() && !config.gateway_ignores_keys) || gateway.queued;
     match answer {
         Answer::Approved
         | Answer::TimeoutAfterCharging

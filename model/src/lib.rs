@@ -56,6 +56,7 @@ impl Model for PaymentModel {
             wrong_duplicate: false,
             duplicate_answered: false,
             offset_unanswered: false,
+            stale_commit: false,
             budget: Budget {
                 crashes: c.crashes,
                 expiries: c.expiries,

@@ -81,6 +81,9 @@ struct System {
     /// admitted command (today's code).
     #[arg(long)]
     no_superseded_stop: bool,
+    /// A gateway that charges every POST anew, key or not.
+    #[arg(long)]
+    gateway_ignores_keys: bool,
     /// Remove one of the code's guards.
     #[arg(long, value_enum)]
     mutant: Option<Mutant>,
@@ -110,6 +113,7 @@ impl System {
                 superseded_start_nothing: !self.no_superseded_stop,
             },
             mutant: self.mutant,
+            gateway_ignores_keys: self.gateway_ignores_keys,
         }
     }
 }

@@ -18,6 +18,8 @@ pub const OFFSET_AFTER_ANSWER: &str = "offset committed only past a final answer
 /// At quiescence the token agrees with the row: a committed row's token is
 /// completed, gone or left to its lease; no row, no completed token.
 pub const NO_TOKEN_STUCK: &str = "no token stuck at quiescence";
+/// I5: a payment is committed only by the token's current holder.
+pub const FENCED_COMMIT: &str = "I5: only the token's holder commits";
 /// Every duplicate answers the original's answer.
 pub const DUPLICATE_ANSWERS_ORIGINAL: &str = "a duplicate answers the original";
 
@@ -41,6 +43,7 @@ pub fn all() -> Vec<Property<PaymentModel>> {
                     _ => s.token != Some(Token::Completed),
                 }
         }),
+        Property::always(FENCED_COMMIT, |_, s: &State| !s.stale_commit),
         Property::always(DUPLICATE_ANSWERS_ORIGINAL, |_, s: &State| {
             !s.wrong_duplicate
         }),

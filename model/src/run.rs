@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use stateright::{Checker, HasDiscoveries, Model};
 
-use crate::properties;
 use crate::{Config, PaymentModel};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -71,9 +70,12 @@ fn report(
             (_, Some(path)) => counterexamples.push(Counterexample {
                 property: property.name,
                 trace: path
-                    .into_actions()
-                    .iter()
-                    .map(|a| format!("{a:?}"))
+                    .into_vec()
+                    .windows(2)
+                    .filter_map(|pair| {
+                        let action = pair[0].1.as_ref()?;
+                        Some(format!("{action:?} -> {}", summary(&pair[1].0)))
+                    })
                     .collect(),
             }),
             (_, None) => {}
@@ -89,13 +91,20 @@ fn report(
     }
 }
 
-/// The names of the safety properties (for reports).
-pub fn safety_properties() -> [&'static str; 5] {
-    [
-        properties::AT_MOST_ONE_CHARGE,
-        properties::CHARGE_BOOKED_OR_FLAGGED,
-        properties::OFFSET_AFTER_ANSWER,
-        properties::NO_TOKEN_STUCK,
-        properties::DUPLICATE_ANSWERS_ORIGINAL,
-    ]
+/// A state in one line: token, row, flags, and each worker's step.
+fn summary(state: &crate::state::State) -> String {
+    let workers: Vec<String> = state
+        .workers
+        .iter()
+        .map(|w| format!("{:?}(o{} f{} #{})", w.phase, w.owner, w.fence, w.attempts))
+        .collect();
+    format!(
+        "token {:?}, row {:?}, charges {}, unresolved {}, committed {}, [{}]",
+        state.token,
+        state.row,
+        state.gateway.charges,
+        state.unresolved,
+        state.committed,
+        workers.join(", ")
+    )
 }

@@ -200,6 +200,8 @@ pub struct State {
     pub wrong_duplicate: bool,
     /// A duplicate was answered (reachability).
     pub duplicate_answered: bool,
+    /// A payment was committed by an attempt that no longer held the token (I5).
+    pub stale_commit: bool,
     /// An offset was committed before any answer was published.
     pub offset_unanswered: bool,
     pub budget: Budget,
