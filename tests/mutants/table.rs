@@ -433,9 +433,13 @@ pub const MUTANTS: &[Mutant] = &[
     // ---- Processor checks the issue named (cargo-mutants does not generate these).
     Mutant {
         file: DECISIONS,
-        breaks: "look-up before charging when the reservation is not the first (fence > 1)",
-        from: "} else if fence > 1 {",
-        to: "} else if false {",
+        // Once "the reservation is not the first (fence > 1)" alone: a takeover's
+        // predecessor is a stranger since the previous holder is named, which makes
+        // it look up on its own, so that narrower mutant is caught by no test. The
+        // rule that makes both look up is mutated instead.
+        breaks: "look-up before charging unless the history is fresh (fence > 1, a stranger predecessor)",
+        from: "if lookup == GatewayLookup::Always || history != ChargeHistory::Fresh {",
+        to: "if lookup == GatewayLookup::Always {",
         tests: &[
             "payment::fencing::survivor_with_the_redis_token_store_does_not_commit",
             "payment::crashes::a_failure_after_each_step_then_a_retry_charges_once",
