@@ -16,6 +16,7 @@ pub mod properties;
 pub mod retry_loop;
 pub mod run;
 pub mod state;
+pub mod steps;
 pub mod token_store;
 
 use stateright::{Model, Property};
