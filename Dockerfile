@@ -28,6 +28,8 @@ COPY src ./src
 COPY migrations ./migrations
 # build.rs compiles native/ into the local Kafka of the development tools.
 COPY native ./native
+# A workspace member: cargo reads its manifest even when it builds only the product.
+COPY model ./model
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --no-default-features --features kafka-oidc --bin payment-worker \

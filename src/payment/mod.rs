@@ -1,4 +1,8 @@
 mod command;
+#[cfg(feature = "model-testing")]
+pub mod decisions;
+#[cfg(not(feature = "model-testing"))]
+mod decisions;
 mod outcome;
 mod persistence;
 mod processor;
@@ -9,10 +13,11 @@ pub use command::{
     PaymentCommand, RedactedPayload,
 };
 
+pub use decisions::GatewayLookup;
 pub use outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 pub use persistence::{
     booked_payments, delete_payments_with_prefix, find_payment, payments_table_exists,
     BookedPayment, PaymentRecord, PaymentStatus, SourcePosition,
 };
-pub use processor::{ChargeAtStake, CommandContext, GatewayLookup, Processor, Watched};
+pub use processor::{ChargeAtStake, CommandContext, Processor, Watched};
 pub use unresolved::{record_unresolved_stake, unresolved_charges, UnresolvedCharge};

@@ -13,6 +13,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::decisions::{self, ChargeHistory, FirstStep, GatewayLookup, OnChargeError, SettleBy};
 use super::outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, RejectionKind};
 use super::persistence::{
     self, Insertion, PaymentRecord, PaymentStatus, Remembered, RowContext, SourcePosition,
@@ -37,31 +38,6 @@ mod at_stake;
 mod charging;
 mod lease_check;
 mod token_calls;
-
-/// When the processor asks the gateway for an existing charge before charging.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum GatewayLookup {
-    /// After a timeout, or when the reservation is not the first (fence > 1).
-    #[default]
-    Uncertain,
-    /// Before every charge: safe even against a gateway that ignores idempotency keys.
-    Always,
-}
-
-/// What an attempt knows, before it charges, of an earlier charge for its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChargeHistory {
-    /// The first reservation of the key, and no command with it was ever given up
-    /// on with its charge unknown.
-    Fresh,
-    /// Not the first reservation (fence > 1): an earlier holder may have charged.
-    Reserved,
-    /// The key is in `unresolved_charges` (an earlier delivery ended while a charge
-    /// may exist), or an earlier attempt of this delivery may have charged. Whatever the fence (a redrive after the token expired starts at
-    /// 1), the charge is looked up first, and a look-up that cannot answer keeps
-    /// the charge unknown.
-    Unresolved,
-}
 
 /// How a token that is not there is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +71,7 @@ impl CommandContext<'_> {
     /// its reservation: a stranger's (a holder killed after its POST, or whose
     /// look-ups failed) is a charge that may exist, exactly as if this delivery had
     /// sent it and lost the answer.
-    fn evidence_after(&self, predecessor: &Predecessor) -> ChargeEvidence {
+    pub fn evidence_after(&self, predecessor: &Predecessor) -> ChargeEvidence {
         if predecessor.is_stranger(self.previous_claim) {
             ChargeEvidence::MayHaveCharged
         } else {
@@ -640,13 +616,11 @@ impl Processor {
             match persistence::insert_or_find(&mut tx, command, fingerprint, &row).await {
                 Ok(Insertion::Inserted(id, remembered)) => (
                     id,
-                    match (remembered, context.earlier) {
-                        (Remembered::ChargeUnknown, _) | (_, ChargeEvidence::MayHaveCharged) => {
-                            ChargeHistory::Unresolved
-                        }
-                        (Remembered::Nothing, _) if claim.fence > 1 => ChargeHistory::Reserved,
-                        (Remembered::Nothing, _) => ChargeHistory::Fresh,
-                    },
+                    decisions::charge_history(
+                        remembered == Remembered::ChargeUnknown,
+                        context.earlier,
+                        claim.fence,
+                    ),
                 ),
                 Ok(Insertion::Existing(existing)) => {
                     return self.settle_existing(existing, fingerprint)

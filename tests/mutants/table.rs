@@ -27,6 +27,7 @@ const PAYMENT_SQL: &str = "src/payment/persistence.rs";
 const PAYMENTS_SCHEMA: &str = "migrations/0002_payments.sql";
 const PROCESSOR: &str = "src/payment/processor.rs";
 const CHARGING: &str = "src/payment/processor/charging.rs";
+const DECISIONS: &str = "src/payment/decisions.rs";
 
 const REDIS_FENCING: &[&str] = &["token::redis::fencing"];
 const PG_FENCING: &[&str] = &["token::postgres::fencing"];
@@ -431,10 +432,14 @@ pub const MUTANTS: &[Mutant] = &[
     },
     // ---- Processor checks the issue named (cargo-mutants does not generate these).
     Mutant {
-        file: PROCESSOR,
-        breaks: "look-up before charging when the reservation is not the first (fence > 1)",
-        from: "(Remembered::Nothing, _) if claim.fence > 1 => ChargeHistory::Reserved,",
-        to: "(Remembered::Nothing, _) if false => ChargeHistory::Reserved,",
+        file: DECISIONS,
+        // Once "the reservation is not the first (fence > 1)" alone: a takeover's
+        // predecessor is a stranger since the previous holder is named, which makes
+        // it look up on its own, so that narrower mutant is caught by no test. The
+        // rule that makes both look up is mutated instead.
+        breaks: "look-up before charging unless the history is fresh (fence > 1, a stranger predecessor)",
+        from: "if lookup == GatewayLookup::Always || history != ChargeHistory::Fresh {",
+        to: "if lookup == GatewayLookup::Always {",
         tests: &[
             "payment::fencing::survivor_with_the_redis_token_store_does_not_commit",
             "payment::crashes::a_failure_after_each_step_then_a_retry_charges_once",
@@ -443,22 +448,22 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: CHARGING,
         breaks: "a gateway timeout is looked up, never restored blindly",
-        from: ") => self.resolve_unknown(command, &cause).await,",
-        to: ") => Err(Settlement::Restore(retry(cause.to_string()))),",
+        from: "OnChargeError::Resolve(cause) => self.resolve_unknown(command, &error, cause).await,",
+        to: "OnChargeError::Resolve(_) => Err(Settlement::Restore(retry(error.to_string()))),",
         tests: &["payment::gateway_faults::an_answer_that_comes_too_late_is_looked_up_and_succeeds"],
     },
     Mutant {
         file: CHARGING,
         breaks: "a timeout whose look-up finds nothing leaves the charge unknown",
-        from: "(Ok(None), _) => Err(Settlement::Restore(retry_unknown(",
-        to: "(Ok(None), _) => Err(Settlement::Restore(retry(",
+        from: "(SettleBy::RestoreUnknown, _) => Err(Settlement::Restore(retry_unknown(",
+        to: "(SettleBy::RestoreUnknown, _) => Err(Settlement::Restore(retry(",
         tests: &["gateway::unknown_charges::a_timed_out_charge_that_lands_after_its_token_vanished_is_booked_not_answered_missing"],
     },
     Mutant {
         file: CHARGING,
         breaks: "a 5xx after the POST leaves the charge unknown",
-        from: "Err(error @ GatewayError::FailedAfterSending { .. }) => Err(Settlement::Restore(\n                retry_unknown(",
-        to: "Err(error @ GatewayError::FailedAfterSending { .. }) => Err(Settlement::Restore(\n                retry(",
+        from: "OnChargeError::RestoreUnknown => Err(Settlement::Restore(retry_unknown(",
+        to: "OnChargeError::RestoreUnknown => Err(Settlement::Restore(retry(",
         tests: &[
             "gateway::unknown_outcomes::a_502_or_504_after_the_charge_with_look_ups_down_is_dead_lettered_with_the_charge_unknown",
             "gateway::answers::every_gateway_answer_is_settled_without_a_second_charge",
@@ -472,11 +477,10 @@ pub const MUTANTS: &[Mutant] = &[
         tests: &["gateway::unknown_outcomes::a_look_up_answering_another_amount_or_another_key_is_never_booked_and_flagged"],
     },
     Mutant {
-        file: PROCESSOR,
+        file: DECISIONS,
         breaks: "a key in unresolved_charges, or after an attempt that may have charged, is looked up first",
-        // The arm stays (the match must stay exhaustive); what it decides goes.
-        from: "MayHaveCharged) => {\n                            ChargeHistory::Unresolved",
-        to: "MayHaveCharged) => {\n                            ChargeHistory::Fresh",
+        from: "if remembered_unknown || earlier == ChargeEvidence::MayHaveCharged {\n        ChargeHistory::Unresolved",
+        to: "if remembered_unknown || earlier == ChargeEvidence::MayHaveCharged {\n        ChargeHistory::Fresh",
         tests: &["gateway::unknown_outcomes::a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges_again"],
     },
     // The fence check before COMMIT (I5): `extend` refused treated as fine.

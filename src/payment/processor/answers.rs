@@ -8,7 +8,7 @@ pub(super) fn retry(reason: impl Into<String>) -> Attempt {
     retry_knowing(ChargeEvidence::Unchanged, reason)
 }
 
-fn retry_knowing(charge: ChargeEvidence, reason: impl Into<String>) -> Attempt {
+pub(super) fn retry_knowing(charge: ChargeEvidence, reason: impl Into<String>) -> Attempt {
     Attempt::Retry {
         after: Duration::ZERO,
         reason: reason.into(),

@@ -2,6 +2,7 @@
 //! unknown outcome by look-up, and keep the lease alive while the gateway works.
 
 use super::*;
+use crate::payment::decisions::{LookupAnswer, UnknownCause};
 
 impl Processor {
     /// Charge, or find the charge an earlier attempt made. `Err` says how to settle.
@@ -14,7 +15,7 @@ impl Processor {
         history: ChargeHistory,
     ) -> Result<Charge, Settlement> {
         let key = &command.idempotency_key;
-        let look_first = self.lookup == GatewayLookup::Always || history != ChargeHistory::Fresh;
+        let look_first = decisions::first_step(self.lookup, history) == FirstStep::LookUp;
         if look_first {
             // Nothing found says only that no charge shows yet: an earlier attempt's
             // request may still be queued inside the gateway. What earlier attempts
@@ -29,10 +30,10 @@ impl Processor {
                 Ok(None) => {}
                 Err(error) => {
                     let reason = format!("gateway look-up before charging failed: {error}");
-                    return Err(Settlement::Restore(match history {
-                        ChargeHistory::Unresolved => retry_unknown(reason),
-                        ChargeHistory::Fresh | ChargeHistory::Reserved => retry(reason),
-                    }));
+                    return Err(Settlement::Restore(retry_knowing(
+                        decisions::failed_lookup_evidence(history),
+                        reason,
+                    )));
                 }
             }
         }
@@ -50,39 +51,42 @@ impl Processor {
         // From here until an attempt answers for good, a charge may exist: a panic
         // before then leaves it marked for the record's dead letter.
         self.mark_at_stake(command, record);
-        match self.gateway.charge(key, &request, &lease_check).await {
-            Ok(charge) => Ok(charge),
-            Err(GatewayError::LeaseNotHeld(LeaseLoss::Lost)) => Err(Settlement::LeaveToLease(
-                retry("lease lost before the charge; nothing was sent"),
-            )),
-            Err(GatewayError::LeaseNotHeld(LeaseLoss::Unchecked(error))) => {
-                Err(Settlement::Restore(retry(format!(
-                    "lease check before the charge failed: {error}"
-                ))))
-            }
-            Err(
-                cause @ (GatewayError::Timeout
-                | GatewayError::UnreadableAnswer(_)
-                | GatewayError::InFlight),
-            ) => self.resolve_unknown(command, &cause).await,
+        let error = match self.gateway.charge(key, &request, &lease_check).await {
+            Ok(charge) => return Ok(charge),
+            Err(error) => error,
+        };
+        match decisions::on_charge_error(&error) {
+            OnChargeError::LeaveNothingSent => Err(Settlement::LeaveToLease(retry(
+                "lease lost before the charge; nothing was sent",
+            ))),
+            OnChargeError::RestoreRetry => match error {
+                GatewayError::LeaseNotHeld(LeaseLoss::Unchecked(error)) => {
+                    Err(Settlement::Restore(retry(format!(
+                        "lease check before the charge failed: {error}"
+                    ))))
+                }
+                error => Err(Settlement::Restore(retry(format!("gateway: {error}")))),
+            },
+            OnChargeError::Resolve(cause) => self.resolve_unknown(command, &error, cause).await,
             // A 5xx after the request was sent may have charged (Stripe's rule). The
             // token is restored and the retry backs off; its reservation (fence + 1)
             // looks the charge up before any POST, and should the budget run out
             // first, the dead letter and `unresolved_charges` say the charge is unknown.
-            Err(error @ GatewayError::FailedAfterSending { .. }) => Err(Settlement::Restore(
-                retry_unknown(format!("gateway: {error}")),
-            )),
-            Err(GatewayError::Rejected { status: 422, .. }) => {
-                Err(Settlement::Restore(key_reused().into()))
-            }
-            Err(GatewayError::Rejected { status, reason }) => {
+            OnChargeError::RestoreUnknown => Err(Settlement::Restore(retry_unknown(format!(
+                "gateway: {error}"
+            )))),
+            OnChargeError::KeyReused => Err(Settlement::Restore(key_reused().into())),
+            OnChargeError::Rejected => {
+                let reason = match &error {
+                    GatewayError::Rejected { status, reason } => {
+                        format!("gateway_rejected: HTTP {status}: {reason}")
+                    }
+                    other => format!("gateway_rejected: {other}"),
+                };
                 Err(Settlement::Restore(Attempt::Final(Outcome::Rejected {
                     kind: RejectionKind::Invalid,
-                    reason: format!("gateway_rejected: HTTP {status}: {reason}"),
+                    reason,
                 })))
-            }
-            Err(error @ (GatewayError::Unavailable(_) | GatewayError::Protocol(_))) => {
-                Err(Settlement::Restore(retry(format!("gateway: {error}"))))
             }
         }
     }
@@ -92,7 +96,8 @@ impl Processor {
     async fn resolve_unknown(
         &self,
         command: &PaymentCommand,
-        cause: &GatewayError,
+        error: &GatewayError,
+        cause: UnknownCause,
     ) -> Result<Charge, Settlement> {
         let key = &command.idempotency_key;
         let lookup = || async { self.gateway.lookup(key).await };
@@ -105,32 +110,35 @@ impl Processor {
             )
             .when(GatewayError::is_retryable)
             .await;
-        match (found, cause) {
-            (Ok(Some(found)), _) => charge_for(found, command),
-            // The gateway is still working on a request with this key (ours from an
-            // earlier attempt, or another holder's): nothing to book yet. Restoring is
-            // safe because every later reservation (fence > 1) looks up before it
-            // POSTs, and the gateway answers a repeated key with its first answer;
-            // until a look-up finds it settled, a charge may still appear.
-            (Ok(None), GatewayError::InFlight) => Err(Settlement::Restore(retry_unknown(
-                "a request with this key is still in flight at the gateway (HTTP 409)",
-            ))),
-            // The gateway said it decided (or answered in a way that says nothing) and
-            // its ledger does not show it yet: do not trust that "none"; the next owner
-            // looks again after the lease.
-            (Ok(None), GatewayError::UnreadableAnswer(_)) => Err(Settlement::LeaveToLease(
-                retry_unknown(format!("{cause}, and the look-up holds no charge yet")),
-            )),
-            // Timed out, and no charge shows yet. Restoring is safe for the same
-            // reason as after a 409; but the request may still be queued inside the
-            // gateway and land later, so the charge stays unknown: should the token
+        let answer = match &found {
+            Ok(Some(_)) => LookupAnswer::Found,
+            Ok(None) => LookupAnswer::NoneYet,
+            Err(_) => LookupAnswer::Failed,
+        };
+        match (decisions::settle_unknown(cause, answer), found) {
+            (SettleBy::Book, Ok(Some(found))) => charge_for(found, command),
+            // The gateway is still working on a request with this key (a 409), or it
+            // timed out and no charge shows yet: nothing to book. Restoring is safe
+            // because every later reservation (fence > 1) looks up before it POSTs,
+            // and the gateway answers a repeated key with its first answer; but the
+            // request may still land, so the charge stays unknown: should the token
             // vanish meanwhile (issued mode, its deadline passed), the next attempt
             // must not take "no token, no charge" for an answer.
-            (Ok(None), _) => Err(Settlement::Restore(retry_unknown(
-                "gateway timed out and holds no charge for the key yet",
-            ))),
-            (Err(error), _) => Err(Settlement::LeaveToLease(retry_unknown(format!(
-                "{cause}, and the look-up failed ({error}): outcome unknown"
+            (SettleBy::RestoreUnknown, _) => Err(Settlement::Restore(retry_unknown(match cause {
+                UnknownCause::InFlight => {
+                    "a request with this key is still in flight at the gateway (HTTP 409)"
+                        .to_owned()
+                }
+                _ => "gateway timed out and holds no charge for the key yet".to_owned(),
+            }))),
+            // The gateway said it decided (or answered in a way that says nothing) and
+            // its ledger does not show it yet, or the look-up failed: do not trust a
+            // "none"; the next owner looks again after the lease.
+            (_, Err(lookup_error)) => Err(Settlement::LeaveToLease(retry_unknown(format!(
+                "{error}, and the look-up failed ({lookup_error}): outcome unknown"
+            )))),
+            (_, _) => Err(Settlement::LeaveToLease(retry_unknown(format!(
+                "{error}, and the look-up holds no charge yet"
             )))),
         }
     }
