@@ -48,6 +48,9 @@ const COPIED: &[&str] = &[
     "src",
     "tests",
     "migrations",
+    // A workspace member: cargo reads its manifest to build any package of the
+    // workspace.
+    "model",
 ];
 const BUILD_LIMIT: Duration = Duration::from_secs(30 * 60);
 const TEST_LIMIT: Duration = Duration::from_secs(5 * 60);
