@@ -578,6 +578,25 @@ mod tests {
 
     use super::*;
 
+    /// A first reservation follows nobody; a later one without a kept holder follows
+    /// somebody unknown (a row restored before `previous_owner` existed), which the
+    /// processor treats as a takeover: look up first.
+    #[test]
+    fn a_reservation_names_its_predecessor_from_the_kept_owner_and_the_fence() {
+        assert_eq!(predecessor(1, None), Predecessor::Nobody);
+        assert_eq!(predecessor(0, None), Predecessor::Nobody);
+        assert_eq!(predecessor(2, None), Predecessor::Unknown);
+        assert_eq!(predecessor(7, None), Predecessor::Unknown);
+        assert_eq!(
+            predecessor(2, Some("w-1".to_owned())),
+            Predecessor::Holder("w-1".to_owned())
+        );
+        assert_eq!(
+            predecessor(1, Some("w-1".to_owned())),
+            Predecessor::Holder("w-1".to_owned())
+        );
+    }
+
     /// A server error with only an SQLSTATE, as Postgres would send it.
     #[derive(Debug)]
     struct ServerError(&'static str);
