@@ -194,6 +194,9 @@ async fn a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     front.lookups_down(key, false);
+    // The client resubmits the command as it was (no flag: only `unresolved_charges`
+    // remembers the charge), then the operator redrives the dead letter (flagged).
+    stack.produce(&[record(key, 7777)]).await;
     operator::redrive(operator::RedriveArgs {
         kafka: stack.settings.clone(),
         kind: None,
@@ -207,32 +210,55 @@ async fn a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges
         "read_committed",
     )
     .await;
-    assert_eq!(commands.len(), 2, "the dead letter is back");
     assert_eq!(
-        header(&commands[1], worker::CHARGE_UNKNOWN).as_deref(),
+        commands.len(),
+        3,
+        "the resubmission, and the dead letter is back"
+    );
+    assert_eq!(header(&commands[1], worker::CHARGE_UNKNOWN), None);
+    assert_eq!(
+        header(&commands[2], worker::CHARGE_UNKNOWN).as_deref(),
         Some("true"),
         "a redrive keeps the flag"
     );
-    assert_eq!(header(&commands[1], worker::ERROR_KIND), None);
+    assert_eq!(header(&commands[2], worker::ERROR_KIND), None);
 
     let running = stack.start_worker_retrying(
         "u5-second",
         &quick_worker_settings(),
         short_budget(Duration::from_secs(20)),
     );
-    let results = stack.wait_for_results(2, Duration::from_secs(60)).await;
+    let results = stack.wait_for_results(3, Duration::from_secs(60)).await;
     stop_all(vec![running]).await;
     let charged = charges_for(&stack, key);
     assert_eq!(
         charged.len(),
         1,
-        "the redrive must not charge a second time: {charged:?}"
+        "neither the resubmission nor the redrive may charge a second time: {charged:?}"
     );
-    assert_eq!(results[1].outcome, "succeeded", "{results:?}");
+    let answer_to = |offset: i64| {
+        results
+            .iter()
+            .find(|r| r.source.offset == offset)
+            .unwrap_or_else(|| panic!("no result for offset {offset}: {results:?}"))
+    };
+    // The resubmission, a first reservation of a key nobody flagged, is looked up
+    // because `unresolved_charges` holds the key.
+    assert_eq!(answer_to(1).outcome, "succeeded", "{results:?}");
     assert_eq!(
-        results[1].gateway_transaction_id.as_deref(),
+        answer_to(1).gateway_transaction_id.as_deref(),
         Some(charged[0].transaction_id.as_str()),
         "booked from the look-up"
+    );
+    // The redrive finds it booked and answers the original.
+    assert_eq!(answer_to(2).outcome, "duplicate", "{results:?}");
+    assert_eq!(
+        answer_to(2)
+            .original
+            .as_ref()
+            .and_then(|o| o.gateway_transaction_id.as_deref()),
+        Some(charged[0].transaction_id.as_str()),
+        "{results:?}"
     );
     assert_eq!(front.posts_seen(key), 1);
     assert!(
