@@ -198,6 +198,22 @@ pub fn mask_card_numbers(text: &str) -> Cow<'_, str> {
 mod tests {
     use super::*;
 
+    /// The card number need not start the digit run: groups before it (a quantity,
+    /// an order line) are skipped, whole groups at a time.
+    #[test]
+    fn a_card_number_after_other_digit_groups_is_found() {
+        for text in [
+            "12 4111 1111 1111 1111",
+            "7-4111-1111-1111-1111",
+            "2026.12.4111111111111111",
+        ] {
+            assert!(
+                crate::redaction::contains_card_number(text),
+                "{text}: not found"
+            );
+        }
+    }
+
     #[test]
     fn masking_keeps_the_last_four_digits_of_each_card_number_and_nothing_else() {
         assert_eq!(
