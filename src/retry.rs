@@ -4,8 +4,16 @@ use std::time::Duration;
 
 use backon::ExponentialBuilder;
 
-/// Exponential backoff with full jitter, bounded by a total budget (retries are
-/// exhausted after 5 minutes by default).
+/// Exponential backoff with jitter, bounded by a total budget (retries are exhausted
+/// after 5 minutes by default). backon's jitter adds up to the delay again, so each
+/// wait is between the current delay and twice it.
+///
+/// The longest delay is short (1 s, so at most 2 s between attempts) because it is
+/// also how late a worker notices that a dependency came back: with 10 s, the
+/// commands that failed through a 6 s partition slept up to 20 s after it healed,
+/// and recovery took three times as long as the fault. The cost of short delays
+/// during a long outage is an attempt per waiting command every second or two,
+/// each failing fast.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// First wait between attempts.
@@ -20,7 +28,7 @@ impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             min_delay: Duration::from_millis(50),
-            max_delay: Duration::from_secs(10),
+            max_delay: Duration::from_secs(1),
             budget: Duration::from_secs(300),
         }
     }

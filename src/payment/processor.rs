@@ -31,12 +31,14 @@ pub use at_stake::ChargeAtStake;
 
 use answers::*;
 use lease_check::{FirstCheck, LeaseCheck};
+use stalls::Stall;
 use token_calls::*;
 
 mod answers;
 mod at_stake;
 mod charging;
 mod lease_check;
+mod stalls;
 mod token_calls;
 
 /// How a token that is not there is read.
@@ -133,6 +135,20 @@ enum Settlement {
     /// The token store shares the payments database and the token was completed by
     /// the payment's own transaction: nothing is left to do for the token.
     Settled(Outcome),
+}
+
+/// How the transaction on its connection ended: settled, or raced by another holder
+/// that committed this key while we waited on the unique index (read again once the
+/// connection is back in the pool).
+enum Transacted {
+    Settled(Settlement),
+    Raced,
+}
+
+impl From<Settlement> for Transacted {
+    fn from(settlement: Settlement) -> Self {
+        Self::Settled(settlement)
+    }
 }
 
 /// Processes one attempt of one command: token, row, charge, settlement (one connection at a time).
@@ -400,7 +416,15 @@ impl Processor {
         key: &IdempotencyKey,
     ) -> Result<Option<PaymentRecord>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
-        persistence::find_payment(&mut conn, key.as_str()).await
+        let stall = Stall::default();
+        let found = stall
+            .bounded(
+                "payment look-up",
+                persistence::find_payment(&mut conn, key.as_str()),
+            )
+            .await;
+        stall.release(conn);
+        found
     }
 
     /// `issued` mode, token missing or expired while held (docs/CONTRACT.md,
@@ -452,7 +476,15 @@ impl Processor {
         let row = row_context(context, 0);
         let inserted = async {
             let mut conn = self.pool.acquire().await?;
-            persistence::insert(&mut conn, command, fingerprint, &row, Some(&charge)).await
+            let stall = Stall::default();
+            let inserted = stall
+                .bounded(
+                    "recording the recovered charge",
+                    persistence::insert(&mut conn, command, fingerprint, &row, Some(&charge)),
+                )
+                .await;
+            stall.release(conn);
+            inserted
         }
         .await;
         match inserted {
@@ -585,7 +617,9 @@ impl Processor {
         }
     }
 
-    /// The one transaction: pre-existing check, insert, charge, record, commit.
+    /// The one transaction: pre-existing check, insert, charge, record, commit, on
+    /// one connection of the payment pool (closed, not reused, when a statement on it
+    /// went unanswered).
     async fn transact(
         &self,
         command: &PaymentCommand,
@@ -593,17 +627,47 @@ impl Processor {
         context: &CommandContext<'_>,
         lease: &Lease<'_>,
     ) -> Settlement {
+        let mut conn = match self.payment_connection().await {
+            Ok(conn) => conn,
+            Err(error) => return Settlement::Restore(database_failure("begin", &error)),
+        };
+        let stall = Stall::default();
+        let transacted = self
+            .transact_on(&mut conn, &stall, command, fingerprint, context, lease)
+            .await;
+        // Back to the pool first: an attempt holds one connection at a time.
+        stall.release(conn);
+        match transacted {
+            Transacted::Settled(settlement) => settlement,
+            // Another holder committed this key while we waited on the unique index.
+            Transacted::Raced => match self.find_existing(&command.idempotency_key).await {
+                Ok(Some(existing)) => self.settle_existing(existing, fingerprint),
+                Ok(None) => Settlement::Restore(retry("payment row vanished after a conflict")),
+                Err(error) => {
+                    Settlement::Restore(database_failure("re-read after conflict", &error))
+                }
+            },
+        }
+    }
+
+    async fn transact_on(
+        &self,
+        conn: &mut PoolConnection<Postgres>,
+        stall: &Stall,
+        command: &PaymentCommand,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+        lease: &Lease<'_>,
+    ) -> Transacted {
         let claim = lease.claim;
         let key = &command.idempotency_key;
         // Nothing was charged yet: a final database refusal restores the token too,
         // so a corrected command (or a redrive after a fix) can still go through.
-        let before_charge =
-            |what: &str, error: sqlx::Error| Settlement::Restore(database_failure(what, &error));
-        let mut conn = match self.payment_connection().await {
-            Ok(conn) => conn,
-            Err(error) => return before_charge("begin", error),
+        let before_charge = |what: &str, error: sqlx::Error| {
+            Settlement::Restore(database_failure(what, &error)).into()
         };
-        let mut tx = match sqlx::Acquire::begin(&mut conn)
+        let mut tx = match stall
+            .bounded("BEGIN", sqlx::Acquire::begin(&mut **conn))
             .instrument(persistence::statement_span("BEGIN"))
             .await
         {
@@ -612,36 +676,29 @@ impl Processor {
         };
         let row = row_context(context, claim.fence);
         // The pre-existing check and the insert, one statement (I6).
-        let (payment_id, history) =
-            match persistence::insert_or_find(&mut tx, command, fingerprint, &row).await {
-                Ok(Insertion::Inserted(id, remembered)) => (
-                    id,
-                    decisions::charge_history(
-                        remembered == Remembered::ChargeUnknown,
-                        context.earlier,
-                        claim.fence,
-                    ),
+        let (payment_id, history) = match stall
+            .bounded(
+                "insert",
+                persistence::insert_or_find(&mut tx, command, fingerprint, &row),
+            )
+            .await
+        {
+            Ok(Insertion::Inserted(id, remembered)) => (
+                id,
+                decisions::charge_history(
+                    remembered == Remembered::ChargeUnknown,
+                    context.earlier,
+                    claim.fence,
                 ),
-                Ok(Insertion::Existing(existing)) => {
-                    return self.settle_existing(existing, fingerprint)
-                }
-                // Another holder committed this key while we waited on the unique index.
-                Ok(Insertion::Raced) => {
-                    // Both back to the pool first: an attempt holds one connection at a time.
-                    drop(tx);
-                    drop(conn);
-                    return match self.find_existing(key).await {
-                        Ok(Some(existing)) => self.settle_existing(existing, fingerprint),
-                        Ok(None) => {
-                            Settlement::Restore(retry("payment row vanished after a conflict"))
-                        }
-                        Err(error) => before_charge("re-read after conflict", error),
-                    };
-                }
-                Err(error) => return before_charge("insert", error),
-            };
+            ),
+            Ok(Insertion::Existing(existing)) => {
+                return self.settle_existing(existing, fingerprint).into()
+            }
+            Ok(Insertion::Raced) => return Transacted::Raced,
+            Err(error) => return before_charge("insert", error),
+        };
         if let Err(fault) = self.faults.hit(FaultPoint::AfterInsert, key.as_str()).await {
-            return Settlement::Restore(retry(fault.to_string()));
+            return Settlement::Restore(retry(fault.to_string())).into();
         }
 
         let (charge, lease_kept) = self
@@ -653,22 +710,30 @@ impl Processor {
             .await;
         let charge = match charge {
             Ok(charge) => charge,
-            Err(settlement) => return settlement,
+            Err(settlement) => return settlement.into(),
         };
         if let Err(fault) = self.faults.hit(FaultPoint::AfterCharge, key.as_str()).await {
-            return Settlement::LeaveToLease(retry_unknown(fault.to_string()));
+            return Settlement::LeaveToLease(retry_unknown(fault.to_string())).into();
         }
         if !lease_kept {
             // Another owner may be waiting on our uncommitted row; rolling back lets it
             // proceed, and its fence > 1 makes it look this charge up instead of charging.
-            return Settlement::LeaveToLease(retry_unknown("lease lost during the gateway call"));
+            return Settlement::LeaveToLease(retry_unknown("lease lost during the gateway call"))
+                .into();
         }
-        if let Err(error) = persistence::record_charge(&mut tx, payment_id, &charge).await {
+        if let Err(error) = stall
+            .bounded(
+                "recording the charge",
+                persistence::record_charge(&mut tx, payment_id, &charge),
+            )
+            .await
+        {
             // Charged but not recorded: the lease hands the look-up to the next owner.
             return Settlement::LeaveToLease(database_failure_after_charge(
                 "recording the charge",
                 &error,
-            ));
+            ))
+            .into();
         }
         // Fencing (I5): only the current owner may commit. A store in the payments
         // database checks the fence and completes the token inside this transaction
@@ -693,31 +758,34 @@ impl Processor {
         match fence_check {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
-                return Settlement::LeaveToLease(retry_unknown("lease lost before commit"))
+                return Settlement::LeaveToLease(retry_unknown("lease lost before commit")).into()
             }
             Err(error) => {
                 return Settlement::LeaveToLease(retry_unknown(format!(
                     "lease check before commit failed: {error}"
                 )))
+                .into()
             }
         }
-        if let Err(error) = tx
-            .commit()
+        if let Err(error) = stall
+            .bounded("COMMIT", tx.commit())
             .instrument(persistence::statement_span("COMMIT"))
             .await
         {
             // A failed COMMIT may still have committed: only the next owner can tell.
-            return Settlement::LeaveToLease(retry_unknown(format!("commit failed: {error}")));
+            return Settlement::LeaveToLease(retry_unknown(format!("commit failed: {error}")))
+                .into();
         }
         let outcome = final_outcome(payment_id, &charge);
         if self.tokens.in_transaction().is_some() {
-            return Settlement::Settled(outcome);
+            return Settlement::Settled(outcome).into();
         }
         Settlement::Confirm {
             payment_id,
             fingerprint: fingerprint.clone(),
             outcome,
         }
+        .into()
     }
 
     /// The payment transaction's connection, its wait measured: with no more attempts

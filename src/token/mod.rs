@@ -5,6 +5,7 @@ mod postgres_settle;
 mod postgres_statements;
 mod redis;
 mod redis_connection;
+mod redis_node;
 mod redis_sentinel;
 mod redis_settle;
 mod settle_wait;
@@ -14,6 +15,7 @@ pub use key::{IdempotencyKey, InvalidKey};
 pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
 pub use redis_connection::{ClientIdentity, RedisConnection, RedisTarget, ScanTarget};
+pub use redis_node::NodeConnection;
 pub use redis_sentinel::{SentinelConnection, SentinelService};
 pub use settle_wait::{SettleWatch, Woken};
 

@@ -9,6 +9,7 @@ use anyhow::{anyhow, Context};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::redis_connection::{RedisConnection, RedisTarget, ScanTarget};
+use super::redis_node::NodeConnection;
 use super::redis_settle::RedisSettleListener;
 use super::settle_wait::{SettleWatch, Woken};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
@@ -83,7 +84,11 @@ impl RedisTokenStore {
         key_prefix: impl Into<String>,
         policy: TokenPolicy,
     ) -> Self {
-        Self::with_connection(RedisConnection::Single(conn), key_prefix, policy)
+        Self::with_connection(
+            RedisConnection::Single(NodeConnection::fixed(conn)),
+            key_prefix,
+            policy,
+        )
     }
 
     /// A store on one node or a cluster: the same scripts, the same contract.

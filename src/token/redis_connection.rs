@@ -9,19 +9,39 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{
-    AsyncConnectionConfig, ClientTlsConfig, Cmd, Pipeline, RedisFuture, TlsCertificates, Value,
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture,
+    TlsCertificates, Value,
 };
 
+use super::redis_node::NodeConnection;
 use super::redis_sentinel::{SentinelConnection, SentinelService};
 use crate::redaction::{redact_url, Secret};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The sockets to every Redis node: no Nagle delay on small request/answer pairs;
+/// keepalive probes, so an idle connection to a host that vanished is found out in
+/// about 11 s instead of the kernel's two hours; and TCP_USER_TIMEOUT, so one whose
+/// sent bytes go unacknowledged (a silent partition) breaks after 10 s instead of the
+/// ~15 minutes of retransmissions, and is reconnected.
+pub(super) fn tcp_settings() -> TcpSettings {
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(
+            TcpKeepalive::new()
+                .with_time(Duration::from_secs(5))
+                .with_interval(Duration::from_secs(2))
+                .with_retries(3),
+        )
+        .set_user_timeout(Duration::from_secs(10))
+}
 
 /// The parsed `REDIS_URL`: its nodes (each a `redis://` or `rediss://` URL; the
 /// sentinels for a Sentinel URL), whether they form a cluster or which master the
@@ -289,6 +309,7 @@ impl RedisTarget {
                 Ok(RedisConnection::Sentinel(conn))
             } else if self.cluster {
                 let mut builder = ClusterClient::builder(self.nodes.clone())
+                    .tcp_settings(tcp_settings())
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
                     .retries(3);
@@ -305,12 +326,17 @@ impl RedisTarget {
                 Ok(RedisConnection::Cluster(conn))
             } else {
                 let url = self.nodes.first().context("no Redis node given")?;
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .with_context(|| format!("invalid Redis URL {shown}"))?
+                    .set_tcp_settings(tcp_settings());
                 let client = match self.certificates() {
-                    Some(certs) => redis::Client::build_with_tls(url.as_str(), certs),
-                    None => redis::Client::open(url.as_str()),
+                    Some(certs) => redis::Client::build_with_tls(info, certs),
+                    None => redis::Client::open(info),
                 }
                 .with_context(|| format!("invalid Redis URL {shown}"))?;
-                let conn = ConnectionManager::new_with_config(client, single_node_config())
+                let conn = NodeConnection::connect(client, single_node_config())
                     .await
                     .with_context(|| format!("cannot connect to Redis at {shown}"))?;
                 Ok(RedisConnection::Single(conn))
@@ -344,8 +370,8 @@ pub fn single_node_config() -> ConnectionManagerConfig {
 /// One node (reconnecting) or a whole cluster, behind one command interface.
 #[derive(Clone)]
 pub enum RedisConnection {
-    /// One node, reconnecting.
-    Single(ConnectionManager),
+    /// One node, reconnecting, and replaced when it stops answering.
+    Single(NodeConnection),
     /// A Redis Cluster, commands routed by slot.
     Cluster(ClusterConnection),
     /// The master a group of Sentinels names, followed through failovers.

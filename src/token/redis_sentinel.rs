@@ -232,7 +232,9 @@ fn sentinel_client(
         SentinelServerType::Master,
     )
     .context("sentinel settings")?
-    .set_client_to_redis_db(service.db);
+    .set_client_to_redis_db(service.db)
+    .set_client_to_redis_tcp_settings(super::redis_connection::tcp_settings())
+    .set_client_to_sentinel_tcp_settings(super::redis_connection::tcp_settings());
     if let Some(username) = &service.username {
         builder = builder.set_client_to_redis_username(username);
         if service.sentinel_auth {

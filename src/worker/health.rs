@@ -136,27 +136,45 @@ impl HealthChecks {
         if !self.liveness.in_group() {
             return unavailable("not a member of the consumer group".to_owned());
         }
+        // Both stores at once, each within its own deadline: a cut Postgres does not
+        // hide the state of Redis behind its time-out (the two together stay within
+        // a probe's few seconds), and the answer names every dependency that is cut.
+        let (postgres, tokens) = tokio::join!(self.postgres_state(), self.token_store_state());
+        let cut: Vec<String> = [postgres, tokens].into_iter().flatten().collect();
+        if cut.is_empty() {
+            (StatusCode::OK, "ready".to_owned())
+        } else {
+            unavailable(cut.join("; "))
+        }
+    }
+
+    /// What is wrong with Postgres, if anything.
+    async fn postgres_state(&self) -> Option<String> {
         let postgres = self.probe.select_one(&self.processor);
         match tokio::time::timeout(PROBE_TIMEOUT, postgres).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => return unavailable(format!("postgres: {error}")),
-            Err(_) => return unavailable("postgres: no answer".to_owned()),
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(format!("postgres: {error}")),
+            Err(_) => Some("postgres: no answer".to_owned()),
         }
+    }
+
+    /// What is wrong with the token store, if anything.
+    async fn token_store_state(&self) -> Option<String> {
         if self.processor.tokens().in_transaction().is_some() {
             // The Postgres token store reads through the payment pool, whose
-            // connections may all be held across gateway calls; its database just
-            // answered on the probe's own connection.
-            return (StatusCode::OK, "ready".to_owned());
+            // connections may all be held across gateway calls; its database is
+            // probed on the probe's own connection.
+            return None;
         }
         // Reading a token that never exists exercises the store's real path.
         let Ok(probe) = IdempotencyKey::try_from("readyz-probe") else {
-            return unavailable("token store: probe key refused".to_owned());
+            return Some("token store: probe key refused".to_owned());
         };
         let tokens = self.processor.tokens().show(&probe);
         match tokio::time::timeout(PROBE_TIMEOUT, tokens).await {
-            Ok(Ok(_)) => (StatusCode::OK, "ready".to_owned()),
-            Ok(Err(error)) => unavailable(format!("token store: {error}")),
-            Err(_) => unavailable("token store: no answer".to_owned()),
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(format!("token store: {error}")),
+            Err(_) => Some("token store: no answer".to_owned()),
         }
     }
 }

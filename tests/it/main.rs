@@ -17,6 +17,7 @@ mod audit;
 mod chaos;
 mod cli;
 mod deploy;
+mod faults;
 mod gateway;
 #[cfg(target_os = "linux")]
 mod local_kafka;

@@ -14,7 +14,7 @@ use payment_worker::worker::ResultRecord;
 use sqlx::PgPool;
 
 use crate::support::helpers::{unique, TestDb};
-use crate::support::procs::{self, Proc};
+use crate::support::procs::Proc;
 
 use crate::support::books::*;
 use crate::support::deployment::*;
@@ -124,29 +124,6 @@ async fn run_with_strikes(
     (results, Logs(logs))
 }
 
-async fn run_audit(deployment: &Deployment) -> Vec<String> {
-    let mut env = deployment.worker_env.clone();
-    env.retain(|k, _| {
-        [
-            "DATABASE_URL",
-            "REDIS_URL",
-            "REDIS_KEY_PREFIX",
-            "GATEWAY_URL",
-            "LEASE",
-            "TOKEN_STORE",
-        ]
-        .contains(&k.as_str())
-    });
-    let (status, output) = procs::run_to_end(
-        "audit",
-        procs::binary(&["audit"], &env),
-        Duration::from_secs(120),
-    )
-    .await;
-    assert!(status.success(), "audit failed:\n{}", output.join("\n"));
-    output
-}
-
 async fn postgres_token_statuses(pool: &PgPool) -> HashMap<String, String> {
     sqlx::query_as::<_, (String, String)>("SELECT key, status FROM idempotency_tokens")
         .fetch_all(pool)
@@ -216,7 +193,7 @@ async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_
         .holdings(&db.pool)
         .await
         .check(&records, &results, &tokens);
-    let audit = run_audit(&deployment).await;
+    let audit = deployment.audit().await;
     assert!(
         audit.iter().any(|l| l.starts_with("result: CLEAN")),
         "{audit:#?}"
@@ -310,7 +287,7 @@ async fn three_workers_on_a_redis_paused_twice_leave_no_token_stuck() {
         .holdings(&db.pool)
         .await
         .check(&records, &results, &tokens);
-    let audit = run_audit(&deployment).await;
+    let audit = deployment.audit().await;
     assert!(
         audit
             .iter()

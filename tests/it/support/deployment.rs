@@ -510,6 +510,31 @@ impl Deployment {
 
     /// What the run left behind: the commands topic read into expectations, the dead
     /// letters, the gateway ledger and the payment rows in `pool`.
+    /// `payment-worker audit` over the deployment's stores and gateway; its whole
+    /// output (it must exit 0).
+    pub(crate) async fn audit(&self) -> Vec<String> {
+        let mut env = self.worker_env.clone();
+        env.retain(|k, _| {
+            [
+                "DATABASE_URL",
+                "REDIS_URL",
+                "REDIS_KEY_PREFIX",
+                "GATEWAY_URL",
+                "LEASE",
+                "TOKEN_STORE",
+            ]
+            .contains(&k.as_str())
+        });
+        let (status, output) = procs::run_to_end(
+            "audit",
+            procs::binary(&["audit"], &env),
+            Duration::from_secs(120),
+        )
+        .await;
+        assert!(status.success(), "audit failed:\n{}", output.join("\n"));
+        output
+    }
+
     pub(crate) async fn holdings(&self, pool: &sqlx::PgPool) -> Holdings {
         let commands = self.commands().await;
         Holdings {

@@ -6,6 +6,7 @@
 pub(crate) mod books;
 pub(crate) mod cards;
 pub(crate) mod deployment;
+pub(crate) mod fault_proxy;
 pub(crate) mod handover;
 pub(crate) mod helpers;
 pub(crate) mod pki;
