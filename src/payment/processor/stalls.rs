@@ -8,6 +8,11 @@
 //! heals. So a stalled connection is detached from the pool and closed; the pool
 //! opens a fresh one for the next attempt.
 //!
+//! A connection to a server that answers "read-only transaction" (SQLSTATE 25006:
+//! the old primary of a failover, back as a standby, or a standby a service briefly
+//! pointed at) is thrown away too: the pool would hand it out again, and each
+//! payment on it would fail the same way until the pool recycled it.
+//!
 //! A statement cut by the deadline may still run when its bytes arrive. Before the
 //! charge that is a plain retry (the transaction never commits: its connection is
 //! gone); a COMMIT cut by it is an unknown commit outcome, which the caller already
@@ -25,7 +30,8 @@ use sqlx::Postgres;
 /// timeout) is the longest legitimate wait; cut, it is retried like any outage.
 pub(super) const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Whether a statement on one connection went unanswered.
+/// Whether a statement on one connection went unanswered, or found the server
+/// read-only.
 #[derive(Debug, Default)]
 pub(super) struct Stall(AtomicBool);
 
@@ -38,6 +44,10 @@ impl Stall {
         statement: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, sqlx::Error> {
         match tokio::time::timeout(STATEMENT_DEADLINE, statement).await {
+            Ok(Err(error)) if read_only(&error) => {
+                self.0.store(true, Ordering::SeqCst);
+                Err(error)
+            }
             Ok(answer) => answer,
             Err(_) => {
                 self.0.store(true, Ordering::SeqCst);
@@ -56,7 +66,8 @@ impl Stall {
         if self.stalled() {
             tracing::warn!(
                 deadline_ms = STATEMENT_DEADLINE.as_millis() as u64,
-                "a Postgres statement went unanswered: its connection is closed, not reused"
+                "a Postgres statement went unanswered, or the server is read-only: \
+                 its connection is closed, not reused"
             );
             // Detached, it no longer counts against the pool; dropped, its socket closes.
             drop(connection.detach());
@@ -64,6 +75,11 @@ impl Stall {
             drop(connection);
         }
     }
+}
+
+/// SQLSTATE 25006, read_only_sql_transaction: the server is a standby now.
+fn read_only(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
 }
 
 fn timed_out(what: &str) -> sqlx::Error {

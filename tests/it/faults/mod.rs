@@ -4,6 +4,7 @@
 //! `support/fault_proxy.rs`. Every run ends with the books: no double charge,
 //! nothing lost, every unknown flagged, `audit` clean, offsets only past answers.
 
+mod failover;
 mod partitions;
 mod proxy;
 mod rig;

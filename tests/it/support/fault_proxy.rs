@@ -104,6 +104,8 @@ impl Fault {
 #[derive(Debug, Clone, Copy)]
 struct Switch {
     fault: Fault,
+    /// Where new connections go.
+    upstream: SocketAddr,
     resets: u64,
     armed: Option<(&'static [u8], Fault)>,
 }
@@ -130,6 +132,7 @@ impl FaultProxy {
         let addr = listener.local_addr().expect("proxy address");
         let (switch, watching) = watch::channel(Switch {
             fault: Fault::Pass,
+            upstream,
             resets: 0,
             armed: None,
         });
@@ -138,7 +141,6 @@ impl FaultProxy {
         let open = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn(accept_loop(
             listener,
-            upstream,
             Arc::clone(&switch),
             watching,
             Arc::clone(&accepted),
@@ -160,6 +162,12 @@ impl FaultProxy {
     /// Applies `fault` to every connection, open or new, from now on.
     pub fn set(&self, fault: Fault) {
         self.switch.send_modify(|s| s.fault = fault);
+    }
+
+    /// Sends new connections to `upstream` from now on (a service's endpoint moved
+    /// to a new server, as after a failover); open ones stay where they are.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        self.switch.send_modify(|s| s.upstream = upstream);
     }
 
     /// Applies `fault` the moment a client sends a chunk holding `marker`, before that
@@ -187,7 +195,6 @@ impl FaultProxy {
 
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
     switch: Arc<watch::Sender<Switch>>,
     watching: watch::Receiver<Switch>,
     accepted: Arc<AtomicUsize>,
@@ -206,7 +213,7 @@ async fn accept_loop(
         let switch = Arc::clone(&switch);
         let open = Arc::clone(&open);
         tokio::spawn(async move {
-            let Ok(service) = TcpStream::connect(upstream).await else {
+            let Ok(service) = TcpStream::connect(now.upstream).await else {
                 let _ = client.set_zero_linger();
                 return;
             };

@@ -473,8 +473,9 @@ impl PrivatePostgres {
         let mut server = Proc::spawn("private-postgres", command);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
+            // "ready to accept connections", or "… read-only connections" (a standby).
             if server
-                .find_last(|l| l.contains("ready to accept connections").then_some(()))
+                .find_last(|l| l.contains("ready to accept").then_some(()))
                 .is_some()
             {
                 self.server = Some(server);
@@ -491,6 +492,60 @@ impl PrivatePostgres {
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+    }
+
+    /// A streaming standby of `primary` (`pg_basebackup -R`: a copy of its data
+    /// directory that follows its WAL), running on a port of its own with the
+    /// primary's settings and `extra` ones.
+    pub async fn standby_of(primary: &PrivatePostgres, extra: &[String]) -> Self {
+        let dir = std::env::temp_dir().join(format!("pw-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if is_root() {
+            let (uid, gid) = postgres_user();
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+        }
+        let mut backup = Self::as_postgres(&postgres_bindir().join("pg_basebackup"));
+        backup
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args([
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+                "--checkpoint=fast",
+                "-D",
+            ])
+            .arg(dir.join("data"));
+        let (status, lines) = run_to_end("pg_basebackup", backup, Duration::from_secs(120)).await;
+        assert!(
+            status.success(),
+            "pg_basebackup failed:\n{}",
+            lines.join("\n")
+        );
+        let mut standby = Self {
+            dir,
+            port: free_port(),
+            server: None,
+            restarts: 0,
+            settings: primary.settings.iter().chain(extra).cloned().collect(),
+        };
+        for _ in 0..5 {
+            if standby.launch().await {
+                return standby;
+            }
+            standby.port = free_port();
+        }
+        panic!("standby never started");
+    }
+
+    /// Stops the server hard (immediate shutdown: no checkpoint, every backend ends
+    /// at once, as when its host fails); it is not started again.
+    pub async fn crash(&mut self) {
+        let mut server = self.server.take().expect("server running");
+        server.signal(Signal::SIGQUIT);
+        server.wait_exit(Duration::from_secs(30)).await;
     }
 
     pub fn url(&self, database: &str) -> String {
