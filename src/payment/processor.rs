@@ -66,6 +66,11 @@ pub struct CommandContext<'a> {
     /// ([`Watched::claimed_as`]). A reservation whose predecessor is anyone else
     /// inherits an outcome this delivery cannot know (see [`Predecessor`]).
     pub previous_claim: Option<&'a str>,
+    /// The owner this delivery's previous attempt asked to reserve the token as and
+    /// got no answer ([`Watched::lost_reservation`]): the reservation may have been
+    /// made, and nobody will settle it. The attempt takes the token back from it at
+    /// once instead of waiting out its lease ([`TokenStore::reserve_reclaiming`]).
+    pub lost_reservation: Option<&'a str>,
 }
 
 impl CommandContext<'_> {
@@ -74,7 +79,10 @@ impl CommandContext<'_> {
     /// look-ups failed) is a charge that may exist, exactly as if this delivery had
     /// sent it and lost the answer.
     pub fn evidence_after(&self, predecessor: &Predecessor) -> ChargeEvidence {
-        if predecessor.is_stranger(self.previous_claim) {
+        // The lost reservation was this delivery's own, and did nothing.
+        if predecessor.is_stranger(self.previous_claim)
+            && predecessor.is_stranger(self.lost_reservation)
+        {
             ChargeEvidence::MayHaveCharged
         } else {
             self.earlier
@@ -87,6 +95,7 @@ impl CommandContext<'_> {
 struct Aside {
     watch: Option<SettleWatch>,
     claimed_as: Option<String>,
+    lost_reservation: Option<String>,
 }
 
 /// One attempt as the retry loop sees it.
@@ -100,6 +109,10 @@ pub struct Watched {
     /// The owner the attempt reserved the token as, when it did: the next attempt of
     /// the same delivery passes it as [`CommandContext::previous_claim`].
     pub claimed_as: Option<String>,
+    /// The owner the attempt asked to reserve the token as when no answer came (a
+    /// timeout, a connection lost): the next attempt of the same delivery passes it
+    /// as [`CommandContext::lost_reservation`].
+    pub lost_reservation: Option<String>,
 }
 
 /// A reservation and how long it is certainly still ours.
@@ -254,6 +267,7 @@ impl Processor {
             attempt,
             watch: aside.watch,
             claimed_as: aside.claimed_as,
+            lost_reservation: aside.lost_reservation,
         }
     }
 
@@ -315,15 +329,17 @@ impl Processor {
         // Taken before the request: the lease Redis grants starts later than this.
         let asked_at = tokio::time::Instant::now();
         let span = token_span("reserve");
-        let reservation = match self
-            .tokens
-            .reserve(key, &owner)
-            .instrument(span.clone())
-            .await
-        {
+        let reserving = match context.lost_reservation {
+            Some(lost) => self.tokens.reserve_reclaiming(key, &owner, lost),
+            None => self.tokens.reserve(key, &owner),
+        };
+        let reservation = match reserving.instrument(span.clone()).await {
             Ok(reservation) => reservation,
             Err(error) => {
                 token_failure("reserve", &error);
+                // The request may have reached the store and reserved: nobody would
+                // settle that reservation, so the next attempt takes it back.
+                aside.lost_reservation = Some(owner);
                 return retry(format!("token reserve failed: {error}"));
             }
         };

@@ -259,6 +259,7 @@ mod tests {
         assert_eq!(decode_json_escapes(r"\u0034111"), "4111");
         assert_eq!(decode_json_escapes(r"4111\/1111"), "4111/1111");
         assert_eq!(decode_json_escapes(r#"a\"b\\c\nd\te"#), "a\"b\\c\nd\te");
+        assert_eq!(decode_json_escapes(r"a\bb\fc\rd"), "a\u{8}b\u{c}c\rd");
         // A surrogate pair is one character (mathematical bold digit one).
         assert_eq!(decode_json_escapes(r"\ud835\udfcf"), "\u{1D7CF}");
         // What names nothing stays as written.
@@ -285,6 +286,13 @@ mod tests {
             Triage::OneReading("4111111111111111")
         ));
         assert!(matches!(triage("é".as_bytes()), Triage::OneReading(_)));
+        // Spaces (the commonest byte of a description) and `~` open no other reading.
+        assert!(matches!(triage(b"card on file, 2026 ~ 12"), Triage::Clean));
+        assert!(matches!(
+            triage(b"4111 1111 1111 1111"),
+            Triage::OneReading(_)
+        ));
+        assert!(matches!(triage("é 4111".as_bytes()), Triage::OneReading(_)));
         for every in [
             b"a\0b".as_slice(),
             b"%34",
@@ -303,5 +311,15 @@ mod tests {
         assert!(all.iter().any(|r| r.starts_with("4 ")), "{all:?}");
         let all = readings(b"4\x001\x00");
         assert!(all.iter().any(|r| r == "41"), "{all:?}");
+    }
+
+    #[test]
+    fn each_reading_is_searched_once() {
+        // Percent-decoded, then JSON-decoded or not: the same text three ways.
+        let all = readings(b"%41");
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(all.len(), unique.len(), "{all:?}");
     }
 }

@@ -195,6 +195,88 @@ impl PostgresTokenStore {
     fn fence_param(claim: &Claim) -> Option<i64> {
         i64::try_from(claim.fence).ok()
     }
+
+    /// The reserving statements as `owner`, taking the token from `lost` too when it
+    /// holds it.
+    async fn reserve_as(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        lost: Option<&str>,
+    ) -> Result<Reservation, TokenError> {
+        let lease = millis(self.policy.lease);
+        let pending_ttl = millis(self.policy.pending_ttl);
+        // (statement, whether it takes the implicit token's TTL as $4, whether it
+        // takes the lost owner after that)
+        let statements: &[(&str, bool, bool)] = match self.policy.mode {
+            TokenMode::Implicit => &[
+                (RESERVE_CREATE, true, false),
+                (RESERVE_IMPLICIT, true, true),
+            ],
+            TokenMode::Issued => &[(RESERVE_ISSUED, false, true)],
+        };
+        for _ in 0..RESERVE_ATTEMPTS {
+            for &(statement, takes_ttl, takes_lost) in statements {
+                let query = sqlx::query_as::<_, (i64, Option<String>)>(statement)
+                    .bind(key.as_str())
+                    .bind(owner)
+                    .bind(lease);
+                let query = if takes_ttl {
+                    query.bind(pending_ttl)
+                } else {
+                    query
+                };
+                let query = if takes_lost { query.bind(lost) } else { query };
+                let reserved = self
+                    .timed("reserve", key, query.fetch_optional(&self.pool))
+                    .await?;
+                if let Some((fence, previous_owner)) = reserved {
+                    let fence = fence_of(key, fence)?;
+                    return Ok(Reservation::Reserved {
+                        fence,
+                        predecessor: predecessor(fence, previous_owner),
+                    });
+                }
+            }
+            // The statements decided "not yours"; this read only tells the caller why.
+            // If it sees a reservable token, the token changed in between: decide again.
+            match self.read(key).await? {
+                None if self.policy.mode == TokenMode::Issued => {
+                    return self.missing_or_unsettled(key).await
+                }
+                None => continue,
+                Some(row) => match TokenState::parse(&row.status) {
+                    Some(TokenState::Completed) => {
+                        let payment_id = row.payment_id.ok_or_else(|| {
+                            TokenError::Corrupt(format!("completed token {key} has no payment id"))
+                        })?;
+                        return Ok(Reservation::Completed {
+                            payment_id,
+                            fingerprint: row.fingerprint,
+                        });
+                    }
+                    Some(TokenState::Processing) => {
+                        let left = row.lease_left_ms.unwrap_or(0);
+                        if left > 0 {
+                            return Ok(Reservation::InFlight {
+                                lease_left: Duration::from_millis(left.unsigned_abs()),
+                            });
+                        }
+                    }
+                    Some(TokenState::Pending) => {}
+                    None => {
+                        return Err(TokenError::Corrupt(format!(
+                            "token {key} has status {:?}",
+                            row.status
+                        )))
+                    }
+                },
+            }
+        }
+        Err(TokenError::Unavailable(anyhow!(
+            "reserve {key}: the token kept changing for {RESERVE_ATTEMPTS} attempts"
+        )))
+    }
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -351,73 +433,16 @@ impl TokenStore for PostgresTokenStore {
     }
 
     async fn reserve(&self, key: &IdempotencyKey, owner: &str) -> Result<Reservation, TokenError> {
-        let lease = millis(self.policy.lease);
-        let pending_ttl = millis(self.policy.pending_ttl);
-        // (statement, whether it takes the implicit token's TTL as $4)
-        let statements: &[(&str, bool)] = match self.policy.mode {
-            TokenMode::Implicit => &[(RESERVE_CREATE, true), (RESERVE_IMPLICIT, true)],
-            TokenMode::Issued => &[(RESERVE_ISSUED, false)],
-        };
-        for _ in 0..RESERVE_ATTEMPTS {
-            for &(statement, takes_ttl) in statements {
-                let query = sqlx::query_as::<_, (i64, Option<String>)>(statement)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(lease);
-                let query = if takes_ttl {
-                    query.bind(pending_ttl)
-                } else {
-                    query
-                };
-                let reserved = self
-                    .timed("reserve", key, query.fetch_optional(&self.pool))
-                    .await?;
-                if let Some((fence, previous_owner)) = reserved {
-                    let fence = fence_of(key, fence)?;
-                    return Ok(Reservation::Reserved {
-                        fence,
-                        predecessor: predecessor(fence, previous_owner),
-                    });
-                }
-            }
-            // The statements decided "not yours"; this read only tells the caller why.
-            // If it sees a reservable token, the token changed in between: decide again.
-            match self.read(key).await? {
-                None if self.policy.mode == TokenMode::Issued => {
-                    return self.missing_or_unsettled(key).await
-                }
-                None => continue,
-                Some(row) => match TokenState::parse(&row.status) {
-                    Some(TokenState::Completed) => {
-                        let payment_id = row.payment_id.ok_or_else(|| {
-                            TokenError::Corrupt(format!("completed token {key} has no payment id"))
-                        })?;
-                        return Ok(Reservation::Completed {
-                            payment_id,
-                            fingerprint: row.fingerprint,
-                        });
-                    }
-                    Some(TokenState::Processing) => {
-                        let left = row.lease_left_ms.unwrap_or(0);
-                        if left > 0 {
-                            return Ok(Reservation::InFlight {
-                                lease_left: Duration::from_millis(left.unsigned_abs()),
-                            });
-                        }
-                    }
-                    Some(TokenState::Pending) => {}
-                    None => {
-                        return Err(TokenError::Corrupt(format!(
-                            "token {key} has status {:?}",
-                            row.status
-                        )))
-                    }
-                },
-            }
-        }
-        Err(TokenError::Unavailable(anyhow!(
-            "reserve {key}: the token kept changing for {RESERVE_ATTEMPTS} attempts"
-        )))
+        self.reserve_as(key, owner, None).await
+    }
+
+    async fn reserve_reclaiming(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        lost: &str,
+    ) -> Result<Reservation, TokenError> {
+        self.reserve_as(key, owner, Some(lost)).await
     }
 
     async fn confirm(

@@ -54,8 +54,9 @@ VALUES ($1, 'processing', $2, 1,
 ON CONFLICT (key) DO NOTHING
 RETURNING fence, previous_owner";
 
-/// Implicit mode, existing row: taken over when pending, when its lease expired, or when
-/// its life is over (the row only lingers; the fence keeps growing). A token whose own
+/// Implicit mode, existing row: taken over when pending, when its lease expired (or
+/// is held by `$5`, the caller's own reservation whose answer was lost; NULL for
+/// none), or when its life is over (the row only lingers; the fence keeps growing). A token whose own
 /// deadline is still ahead keeps it (restore goes back to it); otherwise it gets a
 /// fresh one.
 ///
@@ -81,11 +82,12 @@ UPDATE idempotency_tokens
        updated_at = now()
  WHERE key = $1
    AND (status = 'pending'
-        OR (status = 'processing' AND lease_expires_at <= now())
+        OR (status = 'processing' AND (lease_expires_at <= now() OR owner = $5))
         OR (status = 'completed' AND expires_at <= now()))
 RETURNING fence, previous_owner";
 
-/// Issued mode: only a live token that is pending or whose lease expired is taken.
+/// Issued mode: only a live token that is pending or whose lease expired (or is held
+/// by `$4`, as `$5` above) is taken.
 pub(super) const RESERVE_ISSUED: &str = "
 UPDATE idempotency_tokens
    SET previous_owner = CASE status WHEN 'processing' THEN owner ELSE previous_owner END,
@@ -97,7 +99,8 @@ UPDATE idempotency_tokens
        updated_at = now()
  WHERE key = $1
    AND expires_at > now()
-   AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))
+   AND (status = 'pending'
+        OR (status = 'processing' AND (lease_expires_at <= now() OR owner = $4)))
 RETURNING fence, previous_owner";
 
 /// Issued mode, after `RESERVE_ISSUED` took nothing and no live row is there: a

@@ -366,6 +366,32 @@ fn glob_escape(raw: &str) -> String {
     escaped
 }
 
+impl RedisTokenStore {
+    /// `reserve.lua` as `owner`, taking the token from `lost` too when it holds it.
+    async fn reserve_as(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        lost: Option<&str>,
+    ) -> Result<Reservation, TokenError> {
+        let implicit = match self.policy.mode {
+            TokenMode::Implicit => "1",
+            TokenMode::Issued => "0",
+        };
+        let mut invocation = SCRIPTS.reserve.prepare_invoke();
+        invocation
+            .key(self.token_key(key))
+            .arg(owner)
+            .arg(millis(self.policy.lease))
+            .arg(implicit)
+            .arg(millis(self.policy.pending_ttl))
+            .arg(self.tombstone_ms())
+            .arg(lost.unwrap_or(""));
+        let value = self.run("reserve", key, invocation).await?;
+        parse_reservation(key, value)
+    }
+}
+
 #[async_trait::async_trait]
 impl TokenStore for RedisTokenStore {
     fn policy(&self) -> &TokenPolicy {
@@ -413,20 +439,16 @@ impl TokenStore for RedisTokenStore {
     }
 
     async fn reserve(&self, key: &IdempotencyKey, owner: &str) -> Result<Reservation, TokenError> {
-        let implicit = match self.policy.mode {
-            TokenMode::Implicit => "1",
-            TokenMode::Issued => "0",
-        };
-        let mut invocation = SCRIPTS.reserve.prepare_invoke();
-        invocation
-            .key(self.token_key(key))
-            .arg(owner)
-            .arg(millis(self.policy.lease))
-            .arg(implicit)
-            .arg(millis(self.policy.pending_ttl))
-            .arg(self.tombstone_ms());
-        let value = self.run("reserve", key, invocation).await?;
-        parse_reservation(key, value)
+        self.reserve_as(key, owner, None).await
+    }
+
+    async fn reserve_reclaiming(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        lost: &str,
+    ) -> Result<Reservation, TokenError> {
+        self.reserve_as(key, owner, Some(lost)).await
     }
 
     async fn confirm(

@@ -252,6 +252,20 @@ pub trait TokenStore: Send + Sync + 'static {
     /// expired lease) → `processing` owned by `owner` with a new, higher fence.
     async fn reserve(&self, key: &IdempotencyKey, owner: &str) -> Result<Reservation, TokenError>;
 
+    /// `reserve`, and a token still held by `lost` is taken too, its lease live or
+    /// not: `lost` is the owner this caller's own previous attempt asked to reserve
+    /// as, without an answer (the request timed out, or its answer was lost on the
+    /// way back). That attempt ended when it gave up waiting, having done nothing
+    /// with the reservation, so its lease guards nothing; waiting it out would hold
+    /// the command a whole lease after every such partition. The fence grows as for
+    /// any reservation, and the predecessor is `lost`.
+    async fn reserve_reclaiming(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        lost: &str,
+    ) -> Result<Reservation, TokenError>;
+
     /// `processing` (same owner and fence) → `completed` tombstone.
     async fn confirm(
         &self,

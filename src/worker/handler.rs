@@ -293,6 +293,8 @@ impl Handler {
         // The owner this delivery last reserved the token as: a reservation after our
         // own restore inherits nothing, one after anyone else's inherits their charge.
         let mut previous_claim: Option<String> = None;
+        // The owner the last attempt asked to reserve as without an answer.
+        let mut lost_reservation: Option<String> = None;
         let last = loop {
             attempts += 1;
             let context = CommandContext {
@@ -300,12 +302,15 @@ impl Handler {
                 trace_id: None,
                 earlier: ChargeEvidence::from_unknown(charge_unknown),
                 previous_claim: previous_claim.as_deref(),
+                lost_reservation: lost_reservation.as_deref(),
             };
             let Watched {
                 attempt,
                 watch,
                 claimed_as,
+                lost_reservation: lost,
             } = self.processor.process_watching(command, &context).await;
+            lost_reservation = lost;
             if claimed_as.is_some() {
                 previous_claim = claimed_as;
             }

@@ -101,16 +101,30 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: RESERVE_LUA,
         breaks: "reserve: lease check (a live lease is taken over)",
-        from: "if held_until > now then",
+        from: "if held_until > now and h[7] ~= ARGV[6] then",
         to: "if false then",
         tests: REDIS_FENCING,
     },
     Mutant {
         file: RESERVE_LUA,
         breaks: "reserve: lease expiry (a lapsed lease is never taken over)",
-        from: "if held_until > now then",
+        from: "if held_until > now and h[7] ~= ARGV[6] then",
         to: "if true then",
         tests: &["token::redis::lapsed_lease_is_reservable"],
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: a lost reservation is taken back by the attempt that names it",
+        from: "if held_until > now and h[7] ~= ARGV[6] then",
+        to: "if held_until > now then",
+        tests: &["token::redis::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only"],
+    },
+    Mutant {
+        file: RESERVE_LUA,
+        breaks: "reserve: only the named owner's live lease is taken back",
+        from: "if held_until > now and h[7] ~= ARGV[6] then",
+        to: "if held_until > now and h[7] == ARGV[6] then",
+        tests: &["token::redis::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only"],
     },
     Mutant {
         file: RESERVE_LUA,
@@ -325,9 +339,23 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESERVE (implicit): lease check (a live lease is taken over)",
-        from: "        OR (status = 'processing' AND lease_expires_at <= now())\n        OR (status = 'completed'",
+        from: "        OR (status = 'processing' AND (lease_expires_at <= now() OR owner = $5))\n        OR (status = 'completed'",
         to: "        OR (status = 'processing')\n        OR (status = 'completed'",
         tests: PG_FENCING,
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (implicit): a lost reservation is taken back by the attempt that names it",
+        from: "(lease_expires_at <= now() OR owner = $5)",
+        to: "(lease_expires_at <= now())",
+        tests: &["token::postgres::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (implicit): only the named owner's live lease is taken back",
+        from: "(lease_expires_at <= now() OR owner = $5)",
+        to: "(lease_expires_at <= now() OR owner <> $5)",
+        tests: &["token::postgres::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only"],
     },
     Mutant {
         file: TOKEN_SQL,
@@ -353,9 +381,16 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: TOKEN_SQL,
         breaks: "RESERVE (issued): lease check (a live lease is taken over)",
-        from: "AND (status = 'pending' OR (status = 'processing' AND lease_expires_at <= now()))",
-        to: "AND (status = 'pending' OR status = 'processing')",
+        from: "   AND (status = 'pending'\n        OR (status = 'processing' AND (lease_expires_at <= now() OR owner = $4)))",
+        to: "   AND (status = 'pending' OR status = 'processing')",
         tests: &["token::postgres::lapsed_lease_is_reservable"],
+    },
+    Mutant {
+        file: TOKEN_SQL,
+        breaks: "RESERVE (issued): a lost reservation is taken back by the attempt that names it",
+        from: "(lease_expires_at <= now() OR owner = $4)",
+        to: "(lease_expires_at <= now())",
+        tests: &["token::postgres::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only"],
     },
     Mutant {
         file: TOKEN_SQL,
@@ -526,7 +561,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: PROCESSOR,
         breaks: "a reservation after a stranger's inherits its unknown charge",
-        from: "if predecessor.is_stranger(self.previous_claim) {",
+        from: "if predecessor.is_stranger(self.previous_claim)\n            && predecessor.is_stranger(self.lost_reservation)\n        {",
         to: "if false {",
         tests: &["gateway::takeovers::a_successor_that_cannot_look_up_a_killed_holders_charge_flags_it_and_a_redrive_books_it"],
     },

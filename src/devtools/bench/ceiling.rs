@@ -68,6 +68,14 @@ impl TokenStore for GrantingTokens {
             predecessor: Predecessor::Nobody,
         })
     }
+    async fn reserve_reclaiming(
+        &self,
+        key: &IdempotencyKey,
+        owner: &str,
+        _: &str,
+    ) -> Result<Reservation, TokenError> {
+        self.reserve(key, owner).await
+    }
     async fn confirm(
         &self,
         _: &IdempotencyKey,

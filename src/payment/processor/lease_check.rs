@@ -131,6 +131,14 @@ mod tests {
         async fn reserve(&self, _: &IdempotencyKey, _: &str) -> Result<Reservation, TokenError> {
             Err(unused())
         }
+        async fn reserve_reclaiming(
+            &self,
+            _: &IdempotencyKey,
+            _: &str,
+            _: &str,
+        ) -> Result<Reservation, TokenError> {
+            Err(unused())
+        }
         async fn confirm(
             &self,
             _: &IdempotencyKey,

@@ -2,7 +2,10 @@
 -- for ARGV[1] under fence + 1; an unknown key is created (implicit) or reported missing.
 -- KEYS[1] token hash; ARGV[1] owner, ARGV[2] lease ms, ARGV[3] '1' implicit / '0' issued,
 -- ARGV[4] ttl ms of an implicitly created token, ARGV[5] ms a processing token outlives
--- its deadline and lease as a tombstone (issued mode: the completed TTL; else 0).
+-- its deadline and lease as a tombstone (issued mode: the completed TTL; else 0),
+-- ARGV[6] the owner of the caller's own earlier reservation whose answer never came
+-- back ('' for none): a token it still holds is taken at once, its lease live or not
+-- (that attempt ended without doing anything with it).
 -- Returns {'reserved', fence, predecessor[, owner]} | {'inflight', lease_left_ms} |
 --         {'completed', payment_id, fingerprint} | {'missing'} | {'unsettled'}.
 -- predecessor: 'nobody' (a new token, or an issued one never reserved), 'holder' and
@@ -45,7 +48,7 @@ else
     if held_until == nil then
       return redis.error_reply('CORRUPT processing token without lease_until_ms')
     end
-    if held_until > now then
+    if held_until > now and h[7] ~= ARGV[6] then
       return {'inflight', held_until - now}
     end
     previous = h[7]

@@ -5,6 +5,7 @@
 //! nothing lost, every unknown flagged, `audit` clean, offsets only past answers.
 
 mod failover;
+mod lost_reservations;
 mod partitions;
 mod proxy;
 mod rig;

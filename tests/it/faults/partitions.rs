@@ -174,6 +174,87 @@ async fn every_store_connection_reset_and_new_ones_refused_loses_nothing() {
     .await;
 }
 
+/// The long run (`scripts/fault-run`, not in the suite): a random schedule of the
+/// faults above for `PW_FAULT_RUN_MINUTES` (default 3), seeded by `PW_FAULT_RUN_SEED`,
+/// then the same books and `audit`; every fault's figures are printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "minutes long: run by scripts/fault-run"]
+async fn a_random_schedule_of_faults_keeps_the_books() {
+    use rand::{Rng, SeedableRng};
+    let minutes: u64 = std::env::var("PW_FAULT_RUN_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(3);
+    let seed: u64 = std::env::var("PW_FAULT_RUN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(49);
+    let mut random = rand::rngs::StdRng::seed_from_u64(seed);
+    const STORES: &[Dependency] = &[Dependency::Redis, Dependency::Postgres];
+    let kinds: [(&'static str, &'static [Dependency], Fault, bool); 8] = [
+        (
+            "redis silent",
+            &[Dependency::Redis],
+            Fault::Blackhole,
+            false,
+        ),
+        (
+            "postgres silent",
+            &[Dependency::Postgres],
+            Fault::Blackhole,
+            false,
+        ),
+        ("both stores silent", STORES, Fault::Blackhole, false),
+        (
+            "redis answers lost",
+            &[Dependency::Redis],
+            Fault::HalfOpen(Direction::ToClient),
+            false,
+        ),
+        (
+            "gateway silent",
+            &[Dependency::Gateway],
+            Fault::Blackhole,
+            false,
+        ),
+        (
+            "postgres +200 ms",
+            &[Dependency::Postgres],
+            Fault::Delay(Latency {
+                fixed: Duration::from_millis(200),
+                jitter: Duration::from_millis(50),
+            }),
+            false,
+        ),
+        (
+            "redis +200 ms",
+            &[Dependency::Redis],
+            Fault::Delay(Latency {
+                fixed: Duration::from_millis(200),
+                jitter: Duration::from_millis(50),
+            }),
+            false,
+        ),
+        ("stores reset, refused", STORES, Fault::Refuse, true),
+    ];
+    let mut steps = Vec::new();
+    let mut planned = Duration::ZERO;
+    while planned < Duration::from_secs(minutes * 60) {
+        let (name, cut, fault, reset) = kinds[random.random_range(0..kinds.len())];
+        let lasting = Duration::from_millis(random.random_range(1_000..8_000));
+        planned += lasting + Duration::from_secs(4);
+        steps.push(Step {
+            name,
+            cut,
+            fault,
+            reset,
+            lasting,
+        });
+    }
+    eprintln!("fault run: seed {seed}, {} faults planned", steps.len());
+    run_schedule(&steps).await;
+}
+
 /// `/readyz` names what is cut, each dependency on its own, and is ready again
 /// after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

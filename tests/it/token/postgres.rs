@@ -181,6 +181,14 @@ async fn modes(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only(pool: PgPool) {
+    contract::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only(&PgBackend::over(
+        pool,
+    ))
+    .await;
+}
+
+#[sqlx::test]
 async fn lapsed_lease_is_reservable(pool: PgPool) {
     contract::lapsed_lease_is_reservable(&PgBackend::over(pool)).await;
 }

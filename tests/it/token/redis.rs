@@ -157,6 +157,14 @@ async fn modes() {
 }
 
 #[tokio::test]
+async fn a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only() {
+    contract::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only(
+        &RedisBackend::new().await,
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn lapsed_lease_is_reservable() {
     contract::lapsed_lease_is_reservable(&RedisBackend::new().await).await;
 }

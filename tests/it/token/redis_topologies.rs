@@ -111,6 +111,8 @@ async fn whole_contract(servers: &TopologyBackend) {
     contract::late_confirm_without_takeover(&servers.fresh()).await;
     contract::modes(&servers.fresh()).await;
     contract::lapsed_lease_is_reservable(&servers.fresh()).await;
+    contract::a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only(&servers.fresh())
+        .await;
     contract::reservations_name_the_previous_holder(&servers.fresh()).await;
     contract::restore_keeps_original_ttl(&servers.fresh()).await;
     contract::restore_after_deadline_removes(&servers.fresh()).await;

@@ -425,3 +425,63 @@ pub async fn reservations_name_the_previous_holder(backend: &dyn Backend) {
     assert!(!predecessor.is_stranger(Some("w2")), "{third:?}");
     assert!(predecessor.is_stranger(None), "{third:?}");
 }
+
+/// A reservation whose answer was lost is taken back at once, its lease still live, by
+/// the next attempt that names it (`reserve_reclaiming`): that attempt ended when it
+/// gave up waiting, so its lease guards nothing. Naming anybody else takes nothing,
+/// and once taken back the lost owner is nobody. Both token modes.
+pub async fn a_lost_reservation_is_reclaimed_by_the_attempt_that_names_it_only(
+    backend: &dyn Backend,
+) {
+    for mode in [TokenMode::Implicit, TokenMode::Issued] {
+        let store = backend.store(policy(mode, 60_000, 60_000, 60_000)).await;
+        let k = key("reclaim");
+        if mode == TokenMode::Issued {
+            store.issue(&k, Duration::from_secs(60)).await.unwrap();
+        }
+        // The first attempt reserved as "lost-1" and never heard back.
+        let Reservation::Reserved { fence, .. } = store.reserve(&k, "lost-1").await.unwrap() else {
+            panic!("{mode:?}: a fresh token is reservable");
+        };
+        for (owner, naming) in [("stranger", "someone-else"), ("stranger", "")] {
+            assert!(
+                matches!(
+                    store.reserve_reclaiming(&k, owner, naming).await.unwrap(),
+                    Reservation::InFlight { .. }
+                ),
+                "{mode:?}: naming {naming:?} takes nothing from a live lease"
+            );
+        }
+        assert!(matches!(
+            store.reserve(&k, "stranger").await.unwrap(),
+            Reservation::InFlight { .. }
+        ));
+        assert_eq!(
+            store
+                .reserve_reclaiming(&k, "attempt-2", "lost-1")
+                .await
+                .unwrap(),
+            Reservation::Reserved {
+                fence: fence + 1,
+                predecessor: Predecessor::Holder("lost-1".to_owned()),
+            },
+            "{mode:?}: the attempt that names the lost reservation takes the token at once"
+        );
+        let raw = backend.raw_token(&k).await.unwrap();
+        assert_eq!(
+            (raw.status.as_str(), raw.owner.as_deref(), raw.fence),
+            ("processing", Some("attempt-2"), fence + 1)
+        );
+        assert!(
+            matches!(
+                store
+                    .reserve_reclaiming(&k, "attempt-3", "lost-1")
+                    .await
+                    .unwrap(),
+                Reservation::InFlight { .. }
+            ),
+            "{mode:?}: the lost owner no longer holds it: attempt-2's live lease stands"
+        );
+        assert_eq!(backend.raw_token(&k).await.unwrap().fence, fence + 1);
+    }
+}
