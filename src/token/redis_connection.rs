@@ -13,35 +13,17 @@ use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture,
     TlsCertificates, Value,
 };
 
-use super::redis_node::NodeConnection;
+use super::redis_node::{tcp_settings, NodeConnection};
 use super::redis_sentinel::{SentinelConnection, SentinelService};
 use crate::redaction::{redact_url, Secret};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The sockets to every Redis node: no Nagle delay on small request/answer pairs;
-/// keepalive probes, so an idle connection to a host that vanished is found out in
-/// about 11 s instead of the kernel's two hours; and TCP_USER_TIMEOUT, so one whose
-/// sent bytes go unacknowledged (a silent partition) breaks after 10 s instead of the
-/// ~15 minutes of retransmissions, and is reconnected.
-pub(super) fn tcp_settings() -> TcpSettings {
-    TcpSettings::default()
-        .set_nodelay(true)
-        .set_keepalive(
-            TcpKeepalive::new()
-                .with_time(Duration::from_secs(5))
-                .with_interval(Duration::from_secs(2))
-                .with_retries(3),
-        )
-        .set_user_timeout(Duration::from_secs(10))
-}
 
 /// The parsed `REDIS_URL`: its nodes (each a `redis://` or `rediss://` URL; the
 /// sentinels for a Sentinel URL), whether they form a cluster or which master the

@@ -148,7 +148,13 @@ async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> any
         .await
         .context("deleting the run's Postgres tokens")?;
     let client = redis::Client::open(redis_url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
+    // Patient: redis-rs answers a SCAN late on a loaded machine after its default
+    // half second, and a clean-up cut short leaves the run's tokens behind.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
     let pattern = format!("{run_prefix}:*");
     let mut cursor: u64 = 0;
     loop {
