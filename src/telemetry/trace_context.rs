@@ -65,8 +65,7 @@ pub fn adopt_remote_parent(span: &tracing::Span, headers: Option<&OwnedHeaders>)
     let Some(remote) = remote_context(&crate::kafka_headers::raw(headers)) else {
         return;
     };
-    // Sampled or not is the one flag Level 1 defines; the others are not carried on.
-    let flags = TraceFlags::new(remote.parent.flags) & TraceFlags::SAMPLED;
+    let flags = carried_flags(remote.parent.flags);
     let state = remote
         .state
         .as_deref()
@@ -161,6 +160,12 @@ pub fn link_to(span: &tracing::Span, trace_id: &str, span_id: &str) {
         TraceState::default(),
     );
     span.add_link(remote);
+}
+
+/// The trace flags a remote parent passes on: sampled or not is the one flag W3C
+/// Level 1 defines; the others are not carried on.
+fn carried_flags(remote: u8) -> TraceFlags {
+    TraceFlags::new(remote) & TraceFlags::SAMPLED
 }
 
 /// Random trace and span ids that never read as a card number, alone or where
@@ -274,5 +279,30 @@ mod tests {
             card_free([0x01, 0x11, 0x11, 0x11, 0x11, 0x11, 0x1a, 0xa0]),
             Some([0xa1, 0x11, 0x11, 0x11, 0x11, 0x11, 0x1a, 0xaa])
         );
+    }
+
+    #[test]
+    fn the_ends_made_letters_stay_as_random_as_six_letters_allow() {
+        // Digits 0–5 become the six letters a–f one to one (and 6–9 again a–d): an
+        // id loses as little randomness at its ends as a letter there allows.
+        let firsts: std::collections::BTreeSet<u8> = (0u8..6)
+            .filter_map(|nibble| card_free([nibble << 4, 0xab]))
+            .map(|id| id[0] >> 4)
+            .collect();
+        assert_eq!(firsts.into_iter().collect::<Vec<_>>(), [10, 11, 12, 13, 14, 15]);
+        let lasts: std::collections::BTreeSet<u8> = (0u8..6)
+            .filter_map(|nibble| card_free([0xab, nibble]))
+            .map(|id| id[1] & 0x0f)
+            .collect();
+        assert_eq!(lasts.len(), 6);
+    }
+
+    #[test]
+    fn only_the_sampled_flag_of_a_remote_parent_is_carried_on() {
+        assert!(!carried_flags(0x00).is_sampled());
+        assert_eq!(carried_flags(0x01), TraceFlags::SAMPLED);
+        // Flags Level 1 does not define (e.g. random-trace-id, 0x02) are dropped.
+        assert_eq!(carried_flags(0x03), TraceFlags::SAMPLED);
+        assert_eq!(carried_flags(0x02), TraceFlags::default());
     }
 }
