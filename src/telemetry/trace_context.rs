@@ -289,7 +289,10 @@ mod tests {
             .filter_map(|nibble| card_free([nibble << 4, 0xab]))
             .map(|id| id[0] >> 4)
             .collect();
-        assert_eq!(firsts.into_iter().collect::<Vec<_>>(), [10, 11, 12, 13, 14, 15]);
+        assert_eq!(
+            firsts.into_iter().collect::<Vec<_>>(),
+            [10, 11, 12, 13, 14, 15]
+        );
         let lasts: std::collections::BTreeSet<u8> = (0u8..6)
             .filter_map(|nibble| card_free([0xab, nibble]))
             .map(|id| id[1] & 0x0f)

@@ -325,6 +325,60 @@ async fn broker_faults_lose_nothing_and_charge_nothing_twice() {
     stack.assert_books_balance().await;
 }
 
+/// Slow brokers (250 ms on every request to each of them, for 4 s mid-run): the run
+/// slows down and nothing breaks: every command answered, every offset committed,
+/// one charge per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_brokers_slow_the_run_and_break_nothing() {
+    let stack = Stack::new(4, SimulatorConfig::default()).await;
+    let records = operator::generate(
+        &WorkloadSpec {
+            count: 400,
+            duplicate_ratio: 0.25,
+            invalid_ratio: 0.0,
+            decline_ratio: 0.0,
+            seed: 13,
+        },
+        "slow",
+    );
+    stack.produce(&records).await;
+    let settings = quick_worker_settings();
+    let workers: Vec<_> = (0..2)
+        .map(|i| stack.start_worker(&format!("s{i}"), &settings))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let cluster = stack.kafka.cluster();
+    for broker in 1..=3 {
+        cluster
+            .broker_round_trip_time(broker, Duration::from_millis(250))
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for broker in 1..=3 {
+        cluster
+            .broker_round_trip_time(broker, Duration::ZERO)
+            .unwrap();
+    }
+    drop(cluster);
+    let results = stack
+        .wait_for_results(records.len(), Duration::from_secs(180))
+        .await;
+    stack.wait_for_commits(Duration::from_secs(60)).await;
+    stop_all(workers).await;
+    let answered: HashSet<(i32, i64)> = results
+        .iter()
+        .map(|r| (r.source.partition, r.source.offset))
+        .collect();
+    assert_eq!(answered.len(), records.len(), "every command answered");
+    let charged: HashSet<String> = stack
+        .ledger()
+        .iter()
+        .map(|e| e.idempotency_key.clone())
+        .collect();
+    assert_eq!(charged, valid_keys(&records));
+    stack.assert_books_balance().await;
+}
+
 /// One partition of `COMMANDS` fresh commands whose first key the gateway holds for
 /// `HOLD`; returns the keys in the order their results were read once all are
 /// answered, and the held key.
