@@ -249,6 +249,9 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319-cb7ad6b7169203331-01",
             "00-0af7651916cd43dd8448eb211c8031 c-b7ad6b7169203331-01",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333g-01",
+            // Each separator is a dash, the other one right or not.
+            "00-0af7651916cd43dd8448eb211c80319c_b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331_01",
             // A card number in the trace id: W3C-valid, and still never forwarded.
             "00-4111111111111111aaaaaaaaaaaaaaaa-b7ad6b7169203331-01",
         ] {
@@ -271,6 +274,12 @@ mod tests {
             sanitize_tracestate(&[b"a=1".as_slice(), b"a=2,b=3"]).as_deref(),
             Some("a=1,b=3"),
             "two headers are one list; the first of a key wins"
+        );
+        // After its first character a key takes lower-case letters, digits and
+        // `_ - * /` only.
+        assert_eq!(
+            sanitize_tracestate(&[b"aB=1,a.b=2,a b=3,a~b=4,a_b-c*d/e=5".as_slice()]).as_deref(),
+            Some("a_b-c*d/e=5")
         );
         for hidden in [
             "x=4111-1111-1111-1111",
