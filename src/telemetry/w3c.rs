@@ -281,6 +281,14 @@ mod tests {
             sanitize_tracestate(&[b"aB=1,a.b=2,a b=3,a~b=4,a_b-c*d/e=5".as_slice()]).as_deref(),
             Some("a_b-c*d/e=5")
         );
+        // `tenant@system`: both parts must be well formed.
+        assert_eq!(
+            sanitize_tracestate(&[
+                b"@s=1,t@=2,T@s=3,t@S=4,t@abcdefghijklmno=5,7@abcdefghijklmn=6".as_slice()
+            ])
+            .as_deref(),
+            Some("7@abcdefghijklmn=6")
+        );
         for hidden in [
             "x=4111-1111-1111-1111",
             "x=4111.1111.1111.1111",
