@@ -327,5 +327,11 @@ mod tests {
             Some("good=v")
         );
         assert_eq!(sanitize_baggage(&[b"".as_slice()]), None);
+        // White space around `=` is allowed; a member must be `key=value`, a
+        // property may be a bare key, and a bare key must be a token.
+        assert_eq!(
+            sanitize_baggage(&[b"k = v,flag,p=1;bad key,q=2;prop".as_slice()]).as_deref(),
+            Some("k = v,q=2;prop")
+        );
     }
 }
