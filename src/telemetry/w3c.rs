@@ -327,6 +327,13 @@ mod tests {
             Some("good=v")
         );
         assert_eq!(sanitize_baggage(&[b"".as_slice()]), None);
+        // At most 8192 bytes with the commas between members: two of 4096 do not fit.
+        let half = format!("k={}", "v".repeat(4094));
+        let two = format!("{half},{half}");
+        assert_eq!(
+            sanitize_baggage(&[two.as_bytes()]).as_deref(),
+            Some(half.as_str())
+        );
         // White space around `=` is allowed; a member must be `key=value`, a
         // property may be a bare key, and a bare key must be a token.
         assert_eq!(
