@@ -334,6 +334,20 @@ mod tests {
             sanitize_baggage(&[two.as_bytes()]).as_deref(),
             Some(half.as_str())
         );
+        let member = |len: usize| format!("k={}", "v".repeat(len - 2));
+        // Exactly 8192 with the comma: kept whole.
+        let exact = format!("{},{}", member(4095), member(4096));
+        assert_eq!(
+            sanitize_baggage(&[exact.as_bytes()]).as_deref(),
+            Some(exact.as_str())
+        );
+        // Three members of 8191 bytes need two commas: one byte too many for the third.
+        let (a, b, c) = (member(2730), member(2730), member(2731));
+        let three = format!("{a},{b},{c}");
+        assert_eq!(
+            sanitize_baggage(&[three.as_bytes()]).as_deref(),
+            Some(format!("{a},{b}").as_str())
+        );
         // White space around `=` is allowed; a member must be `key=value`, a
         // property may be a bare key, and a bare key must be a token.
         assert_eq!(
