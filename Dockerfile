@@ -3,8 +3,9 @@
 # - `runtime` (the default, last stage): the product only (`run`, `migrate`, `tokens`,
 #   `produce`, `replay`, `dlq`, `audit`, `process`, `healthcheck`, `completions`,
 #   `man`), on distroless: no shell, no package manager, a non-root user.
-# - `devtools`: the default build, with `demo`, `bench`, `gateway-sim` and
-#   `dev-kafka`, for the local stack in docker-compose.yml (the gateway simulator).
+# - `devtools`: the development tools' binary (devtools/: every product command and
+#   `demo`, `bench`, `gateway-sim`, `dev-kafka`), for the local stack in
+#   docker-compose.yml (the gateway simulator).
 
 # Build stage. rdkafka-sys compiles librdkafka from source with its mklove build, which
 # needs a C toolchain, make and perl; TLS (and so SASL SCRAM) links OpenSSL through
@@ -26,16 +27,16 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
-# build.rs compiles native/ into the local Kafka of the development tools.
-COPY native ./native
-# A workspace member: cargo reads its manifest even when it builds only the product.
+# Workspace members: cargo reads their manifests even when it builds only the product;
+# the development tools' binary is built from devtools/ for the `devtools` stage.
+COPY devtools ./devtools
 COPY model ./model
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --no-default-features --features kafka-oidc --bin payment-worker \
+    cargo build --release --locked --features kafka-oidc --bin payment-worker \
     && cp target/release/payment-worker /usr/local/bin/payment-worker \
-    && cargo build --release --locked --bin payment-worker \
-    && cp target/release/payment-worker /usr/local/bin/payment-worker-devtools \
+    && cargo build --release --locked -p payment-worker-devtools \
+    && cp target/release/payment-worker-devtools /usr/local/bin/payment-worker-devtools \
     # Debug information is 114 MB of the product binary's 142 MB: the Rust code's line
     # tables (a panic's backtrace names file:line) and what the C libraries
     # (librdkafka, libcurl, mimalloc) are built with. Compressed in place, where
@@ -48,7 +49,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && for lib in $(ldd /usr/local/bin/payment-worker /usr/local/bin/payment-worker-devtools \
                     | awk '/libz\.so/ { print $3 }' | sort -u); do cp "$lib" /runtime-libs/; done
 
-# The development tools' image: the default build (gateway-sim for docker-compose).
+# The development tools' image (gateway-sim for docker-compose), its binary under the
+# product's name: the compose file runs `payment-worker gateway-sim`.
 FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f AS devtools
 COPY --from=builder /runtime-libs/ /usr/lib/
 COPY --from=builder /usr/local/bin/payment-worker-devtools /usr/local/bin/payment-worker

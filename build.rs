@@ -2,11 +2,12 @@
 //! - the git commit the binary is built from, for `--version`
 //!   (`PAYMENT_WORKER_COMMIT` overrides it where there is no `.git`, as in an image
 //!   build);
-//! - with the development tools (feature `devtools`), two changes linked into
-//!   librdkafka's mock broker, the local Kafka of `dev-kafka`, `bench` and the tests:
-//!   a faster offset look-up (`native/mock_msgset_find.c`) and a group coordinator
-//!   that takes offset commits while a rebalance is prepared, as Kafka's does
-//!   (`native/mock_offset_commit.c`). The worker's own Kafka clients call neither.
+//! - for the integration tests only, the linker flags that route two functions of
+//!   librdkafka's mock broker to the development tools' replacements
+//!   (`devtools/native/`, compiled and linked by `devtools/build.rs`; the tests run
+//!   the local Kafka in process). A build script's flags reach its own package's
+//!   targets only, so this one repeats them for `tests/`; the product's binary gets
+//!   none.
 //!
 //! Also rebuilds the crate when a migration is added.
 
@@ -23,8 +24,7 @@ fn main() {
         "cargo:rustc-env=PAYMENT_WORKER_COMMIT={}",
         commit().unwrap_or_else(|| "unknown".to_owned())
     );
-    #[cfg(feature = "devtools")]
-    local_kafka::link_mock_changes();
+    mock_changes_for_tests();
 }
 
 /// The commit checked out, abbreviated as `git log --oneline` shows it.
@@ -58,51 +58,23 @@ fn commit() -> Option<String> {
     git(&["rev-parse", "--short=12", "HEAD"])
 }
 
-#[cfg(feature = "devtools")]
-mod local_kafka {
-    use std::env;
-    use std::path::PathBuf;
+/// Each mock function the development tools replace (`devtools/build.rs` keeps the
+/// same list, with the files that replace them).
+const MOCK_FUNCTIONS_REPLACED: [&str; 2] = [
+    "rd_kafka_mock_msgset_find",
+    "rd_kafka_mock_cgrp_classic_check_state",
+];
 
-    /// Each mock function replaced, and the file that replaces it.
-    const WRAPPED: [(&str, &str); 2] = [
-        ("rd_kafka_mock_msgset_find", "native/mock_msgset_find.c"),
-        (
-            "rd_kafka_mock_cgrp_classic_check_state",
-            "native/mock_offset_commit.c",
-        ),
-    ];
-
-    pub fn link_mock_changes() {
-        for (_, source) in WRAPPED {
-            println!("cargo:rerun-if-changed={source}");
-        }
-        // `--wrap` is GNU ld's (and lld's); elsewhere the mock keeps its own functions.
-        if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
-            return;
-        }
-        // rdkafka-sys builds librdkafka in its own directory and names it here; its
-        // internal headers describe the mock's partition log in that very build.
-        let Some(librdkafka) = env::var_os("DEP_RDKAFKA_ROOT").map(PathBuf::from) else {
-            println!(
-                "cargo:warning=librdkafka's build directory is unknown (DEP_RDKAFKA_ROOT): \
-                 the local Kafka keeps the mock's own offset look-up and commit checks"
-            );
-            return;
-        };
-        cc::Build::new()
-            .files(WRAPPED.map(|(_, source)| source))
-            // As system headers: librdkafka's internal headers are not clean under
-            // -Wall -Wextra, which then still apply to the file itself.
-            .flag("-isystem")
-            .flag(librdkafka.join("src"))
-            // Always linked: only the wrapped calls below ask for it, and the linker
-            // reads librdkafka's archive after this one.
-            .link_lib_modifier("+whole-archive")
-            .compile("mock_changes");
-        // Every call the mock's request handlers make to a wrapped function goes to
-        // its `__wrap_` replacement instead.
-        for (function, _) in WRAPPED {
-            println!("cargo:rustc-link-arg=-Wl,--wrap={function}");
-        }
+/// `--wrap` for the integration tests, under the condition `devtools/build.rs`
+/// compiles the replacements: GNU ld (or lld) on Linux, librdkafka's build directory
+/// known.
+fn mock_changes_for_tests() {
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux")
+        || env::var_os("DEP_RDKAFKA_ROOT").is_none()
+    {
+        return;
+    }
+    for function in MOCK_FUNCTIONS_REPLACED {
+        println!("cargo:rustc-link-arg-tests=-Wl,--wrap={function}");
     }
 }

@@ -14,8 +14,6 @@ use crate::configuration::{
     parse_duration, DatabaseSettings, KafkaSettings, ProcessorSettings, StoreSettings,
     WorkerSettings,
 };
-#[cfg(feature = "devtools")]
-use crate::devtools::SimulatorConfig;
 use crate::payment::{Attempt, CommandContext, Outcome, PaymentCommand, RejectionKind};
 use crate::startup;
 use crate::token::{IdempotencyKey, IssueOutcome};
@@ -206,10 +204,6 @@ pub enum Command {
         #[command(flatten)]
         processor: ProcessorSettings,
     },
-    /// The whole product on embedded defaults: local Kafka, gateway simulator,
-    /// Redis/Postgres at the default URLs; a workload, a worker group, a replay.
-    #[cfg(feature = "devtools")]
-    Demo(crate::devtools::DemoArgs),
     /// Apply `migrations/` to the database.
     Migrate {
         /// The database to migrate.
@@ -252,22 +246,6 @@ pub enum Command {
     /// Print the `x-key-hmac-sha256` of a record key (under KEY_HASH_SECRET_FILE, as the
     /// workers compute it), to find the answers of a key they show masked.
     KeyHash(crate::operator::KeyHashArgs),
-    /// A standalone local Kafka (librdkafka mock cluster) for development.
-    #[cfg(feature = "devtools")]
-    DevKafka(crate::devtools::DevKafkaArgs),
-    /// Throughput, latency and memory against a Postgres ceiling measured in the same run.
-    #[cfg(feature = "devtools")]
-    Bench(crate::devtools::BenchArgs),
-    /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
-    #[cfg(feature = "devtools")]
-    GatewaySim {
-        /// Address to serve on (port 0 picks a free port and prints it).
-        #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]
-        listen: std::net::SocketAddr,
-        /// The faults and latency the simulator injects.
-        #[command(flatten)]
-        config: SimulatorConfig,
-    },
     /// Print a shell completion script: `payment-worker completions bash > /etc/bash_completion.d/payment-worker`.
     Completions {
         /// The shell to complete for.
@@ -281,18 +259,6 @@ pub enum Command {
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
-}
-
-impl Command {
-    /// `demo` and `bench` print their own reports; their workers' info logs would
-    /// bury them.
-    pub fn prints_its_own_report(&self) -> bool {
-        #[cfg(feature = "devtools")]
-        if matches!(self, Self::Demo(_) | Self::Bench(_)) {
-            return true;
-        }
-        false
-    }
 }
 
 /// The `tokens` subcommands.
@@ -438,7 +404,12 @@ fn write_manual(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
 
 /// Runs the parsed command to its end; the error decides the exit status ([`exit_code`]).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+    run_command(cli.command).await
+}
+
+/// Runs one product command (the development tools' binary runs them too).
+pub async fn run_command(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Run {
             kafka,
             worker,
@@ -485,8 +456,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let handler = startup::handler(processor, &kafka, &worker)?;
             worker::run_until(&kafka, &worker, handler, shutdown).await
         }
-        #[cfg(feature = "devtools")]
-        Command::Demo(args) => crate::devtools::run_demo(args).await,
         Command::Migrate { database } => {
             startup::connect_and_migrate(&database).await?;
             println!("migrations applied");
@@ -572,14 +541,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Healthcheck(args) => crate::operator::healthcheck(args).await,
         Command::KeyHash(args) => {
             crate::operator::key_hash(&args, std::io::stdin().lock(), std::io::stdout().lock())
-        }
-        #[cfg(feature = "devtools")]
-        Command::DevKafka(args) => crate::devtools::run_dev_kafka(args).await,
-        #[cfg(feature = "devtools")]
-        Command::Bench(args) => crate::devtools::run_bench(args).await,
-        #[cfg(feature = "devtools")]
-        Command::GatewaySim { listen, config } => {
-            crate::devtools::run_simulator(listen, config).await
         }
         Command::Completions { shell } => {
             // Rendered into memory first: clap_complete panics on a failed write

@@ -1,15 +1,9 @@
 //! payment-worker: charges each payment command exactly once, however often it is
 //! delivered, replayed, or the worker crashes. See `docs/ARCHITECTURE.md`.
 
-#![warn(missing_docs)]
-
 pub mod audit;
 pub mod cli;
 pub mod configuration;
-/// Development tools (`demo`, `bench`, `gateway-sim`, `dev-kafka`); not in the
-/// production build (`--no-default-features`).
-#[cfg(feature = "devtools")]
-pub mod devtools;
 pub mod fault;
 pub mod gateway;
 pub mod kafka_headers;

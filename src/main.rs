@@ -1,3 +1,5 @@
+//! `payment-worker`: the product's binary (its commands: `src/cli.rs`).
+
 use clap::Parser;
 
 // glibc's allocator spent about a sixth of the worker's instructions per payment
@@ -11,13 +13,7 @@ async fn main() -> std::process::ExitCode {
     // may quote a record's data, to stderr unmasked.
     payment_worker::redaction::install_panic_hook();
     let cli = payment_worker::cli::Cli::parse();
-    // Demo and bench print their own reports; their workers' info logs would bury them.
-    let default_filter = if cli.command.prints_its_own_report() {
-        "error"
-    } else {
-        "info"
-    };
-    let telemetry = payment_worker::telemetry::init(default_filter);
+    let telemetry = payment_worker::telemetry::init("info");
     let result = payment_worker::cli::run(cli).await;
     telemetry.shutdown();
     match result {

@@ -44,7 +44,8 @@ const COPIED: &[&str] = &[
     "Cargo.toml",
     "Cargo.lock",
     "build.rs",
-    "native",
+    // The development tools: the tests run the simulator and the local Kafka.
+    "devtools",
     "src",
     "tests",
     "migrations",
@@ -429,6 +430,22 @@ fn build(scratch: &Path, target_dir: &Path, work: &Path) -> Result<(), String> {
     }
 }
 
+/// The development tools' binary the suite built beside this test (`<target>/debug/`):
+/// the mutated tests run its gateway simulator and local Kafka, which no mutant
+/// touches, so the `it` target alone is rebuilt per mutant.
+fn suite_devtools() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // `<target>/debug/deps/mutants-<hash>` → `<target>/debug`.
+    let debug = exe.ancestors().nth(2).expect("a target directory");
+    let devtools = debug.join("payment-worker-devtools");
+    assert!(
+        devtools.exists(),
+        "{} is missing: build the workspace first (`cargo xtask test` does)",
+        devtools.display()
+    );
+    devtools
+}
+
 /// Runs the named tests of the `it` target as last built.
 fn run_named(scratch: &Path, target_dir: &Path, work: &Path, tests: &[&str]) -> Verdict {
     let log = work.join("last-run.log");
@@ -436,7 +453,8 @@ fn run_named(scratch: &Path, target_dir: &Path, work: &Path, tests: &[&str]) -> 
     // side by side, and a flake would count as a catch.
     let mut args = vec!["test", "--test", "it", "--", "--exact", "--test-threads=1"];
     args.extend_from_slice(tests);
-    let run = cargo(scratch, target_dir, &args);
+    let mut run = cargo(scratch, target_dir, &args);
+    run.env("PW_TEST_DEVTOOLS", suite_devtools());
     let Some(status) = run_logged(run, &log, TEST_LIMIT) else {
         return Verdict::TimedOut;
     };

@@ -19,8 +19,6 @@ mod cli;
 mod deploy;
 mod faults;
 mod gateway;
-#[cfg(target_os = "linux")]
-mod local_kafka;
 mod payment;
 mod support;
 mod telemetry;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payment_worker::audit::{audit, AuditOptions, AuditReport, RepairAction};
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
 use payment_worker::gateway::ChargeRequest;
 use payment_worker::payment::{
@@ -16,6 +15,7 @@ use payment_worker::payment::{
 use payment_worker::token::{
     Claim, IdempotencyKey, RedisTokenStore, Reservation, TokenPolicy, TokenState, TokenStore,
 };
+use payment_worker_devtools::SimulatorConfig;
 use uuid::Uuid;
 
 use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease, Stack, REDIS_URL};

@@ -1,4 +1,4 @@
-//! `payment-worker bench` on small counts, as a black box: it exits 0, writes the
+//! `payment-worker-devtools bench` on small counts, as a black box: it exits 0, writes the
 //! JSON report with every headline figure, every phase answered every command with a
 //! payment, the ledger audit found one charge per key and ledger = rows, and the run
 //! left no rows or tokens behind. No figure is compared with a target: timing is not
@@ -17,7 +17,7 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
     let url = db.url.clone();
     let path = json.clone();
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(crate::support::procs::BINARY)
+        Command::new(crate::support::procs::devtools_binary())
             .args([
                 "bench",
                 "--quick",

@@ -4,9 +4,9 @@
 
 use std::process::{Output, Stdio};
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::PaymentCommand;
 use payment_worker::token::IdempotencyKey;
+use payment_worker_devtools::SimulatorConfig;
 
 use crate::support::helpers::{silent_server, NoLease, Stack, TestDb, TestRedis, REDIS_URL};
 

@@ -6,7 +6,7 @@ use crate::support::helpers::{ensure_services, unique, PG_ADDR};
 async fn demo(args: &[&str]) -> (String, String) {
     ensure_services();
     let database = format!("postgres://postgres@{PG_ADDR}/{}", unique("pw_demo"));
-    let output = tokio::process::Command::new(crate::support::procs::BINARY)
+    let output = tokio::process::Command::new(crate::support::procs::devtools_binary())
         .arg("demo")
         .args(args)
         .args(["--database-url", &database])

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use clap::{CommandFactory, Parser};
 use payment_worker::cli::Cli;
 use payment_worker::payment::PaymentCommand;
+use payment_worker_devtools::cli::DevCli;
 
 const BIN: &str = crate::support::procs::BINARY;
 
@@ -26,8 +27,8 @@ fn repo() -> PathBuf {
 
 /// Runs the binary with no inherited environment (help shows `[env: X=value]`
 /// for variables that are set) and returns exit status and stdout + stderr.
-fn run_isolated(args: &[String]) -> (i32, String) {
-    let output = std::process::Command::new(BIN)
+fn run_isolated(binary: &Path, args: &[String]) -> (i32, String) {
+    let output = std::process::Command::new(binary)
         .args(args)
         .env_clear()
         .output()
@@ -37,7 +38,49 @@ fn run_isolated(args: &[String]) -> (i32, String) {
     (output.status.code().expect("exited"), text)
 }
 
-/// Every command path: `[]`, `["run"]`, `["tokens"]`, `["tokens", "issue"]`, …
+/// Every help page and the snapshot file it is kept in: the product's command paths
+/// (`[]`, `["run"]`, `["tokens"]`, `["tokens", "issue"]`, …), then the development
+/// tools' binary and its own tools (the product commands it also runs are the pages
+/// above).
+fn help_pages() -> Vec<(PathBuf, Vec<String>, String)> {
+    let product = command_paths().into_iter().map(|path| {
+        (
+            PathBuf::from(BIN),
+            path.clone(),
+            snapshot_name("payment-worker", &path),
+        )
+    });
+    let product_commands: Vec<String> = Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect();
+    let tools: Vec<Vec<String>> = std::iter::once(Vec::new())
+        .chain(
+            DevCli::command()
+                .get_subcommands()
+                .map(|c| c.get_name().to_owned())
+                .filter(|name| !product_commands.contains(name) && name != "help")
+                .map(|name| vec![name]),
+        )
+        .collect();
+    let devtools = crate::support::procs::devtools_binary();
+    product
+        .chain(tools.into_iter().map(|path| {
+            let name = snapshot_name("payment-worker-devtools", &path);
+            (devtools.clone(), path, name)
+        }))
+        .collect()
+}
+
+/// `payment-worker-tokens-issue` for `["tokens", "issue"]`.
+fn snapshot_name(binary: &str, path: &[String]) -> String {
+    std::iter::once(binary.to_owned())
+        .chain(path.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// Every command path of the product: `[]`, `["run"]`, `["tokens"]`, `["tokens", "issue"]`, …
 fn command_paths() -> Vec<Vec<String>> {
     fn walk(command: &clap::Command, path: Vec<String>, out: &mut Vec<Vec<String>>) {
         out.push(path.clone());
@@ -61,17 +104,12 @@ fn snapshots() -> snapbox::Assert {
 fn every_commands_help_matches_its_snapshot() {
     let dir = repo().join("tests/snapshots/help");
     let mut expected_files = std::collections::BTreeSet::new();
-    for path in command_paths() {
-        let name = if path.is_empty() {
-            "payment-worker".to_owned()
-        } else {
-            format!("payment-worker-{}", path.join("-"))
-        };
+    for (binary, path, name) in help_pages() {
         let file = dir.join(format!("{name}.txt"));
         expected_files.insert(file.clone());
         let mut args = path.clone();
         args.push("--help".into());
-        let (status, help) = run_isolated(&args);
+        let (status, help) = run_isolated(&binary, &args);
         assert_eq!(status, 0, "{args:?}: {help}");
         // Exact text: no wildcard ("...", "[..]") in a help text means anything.
         snapshots().eq(help, snapbox::Data::read_from(&file, None).raw());
@@ -241,7 +279,7 @@ fn the_console_examples_print_what_the_docs_show() {
                     block.line
                 );
                 words.remove(0);
-                let (status, text) = run_isolated(&words);
+                let (status, text) = run_isolated(Path::new(BIN), &words);
                 last_status = Some(status);
                 ran += 1;
                 text
@@ -260,9 +298,37 @@ fn the_console_examples_print_what_the_docs_show() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The arguments after `payment-worker` in a shell line, when it runs the binary
-/// (`payment-worker …`, `./target/release/payment-worker …`, `cargo run [--release] -- …`).
-fn invocation(line: &str) -> Option<Vec<String>> {
+/// Which binary a documented command line runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Binary {
+    /// `payment-worker`, the product.
+    Product,
+    /// `payment-worker-devtools`: the development tools and every product command.
+    Devtools,
+}
+
+impl Binary {
+    fn of_word(word: &str) -> Option<Self> {
+        let name = word.rsplit('/').next().unwrap_or(word);
+        match name {
+            "payment-worker" => Some(Self::Product),
+            "payment-worker-devtools" => Some(Self::Devtools),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Product => "payment-worker",
+            Self::Devtools => "payment-worker-devtools",
+        }
+    }
+}
+
+/// The binary a shell line runs and the arguments after it (`payment-worker …`,
+/// `./target/release/payment-worker-devtools …`, `cargo run [--release] [-p P] -- …`,
+/// `cargo demo …`).
+fn invocation(line: &str) -> Option<(Binary, Vec<String>)> {
     let line = line.trim().trim_start_matches("$ ");
     if line.starts_with('#') {
         return None;
@@ -280,21 +346,26 @@ fn invocation(line: &str) -> Option<Vec<String>> {
         .trim_end_matches('&')
         .trim_end();
     let words = shell_words(line);
-    let start = words
-        .iter()
-        .position(|w| w == "payment-worker" || w.ends_with("/payment-worker"))
-        .map(|i| i + 1)
-        .or_else(|| {
-            (words.first().map(String::as_str) == Some("cargo")
-                && words.get(1).map(String::as_str) == Some("run"))
-            .then(|| words.iter().position(|w| w == "--").map(|i| i + 1))
-            .flatten()
-        })?;
+    let word = |i: usize| words.get(i).map(String::as_str);
     // `kubectl exec deploy/payment-worker -- payment-worker …`: the last one runs.
-    let start = words
+    let (binary, start) = match words
         .iter()
-        .rposition(|w| w == "payment-worker")
-        .map_or(start, |i| i + 1);
+        .enumerate()
+        .rev()
+        .find_map(|(i, w)| Binary::of_word(w).map(|b| (b, i + 1)))
+    {
+        Some(found) if word(0) != Some("cargo") => found,
+        _ if word(0) == Some("cargo") && word(1) == Some("demo") => (Binary::Devtools, 1),
+        _ if word(0) == Some("cargo") && word(1) == Some("run") => {
+            let binary = if words.iter().any(|w| w == "payment-worker-devtools") {
+                Binary::Devtools
+            } else {
+                Binary::Product
+            };
+            (binary, words.iter().position(|w| w == "--")? + 1)
+        }
+        _ => return None,
+    };
     let mut args = Vec::new();
     let mut rest = words[start..].iter();
     while let Some(word) = rest.next() {
@@ -304,11 +375,11 @@ fn invocation(line: &str) -> Option<Vec<String>> {
             args.push(word.clone());
         }
     }
-    Some(args)
+    Some((binary, args))
 }
 
 /// Command lines in code blocks and inline code of the docs.
-fn documented_invocations() -> Vec<(String, Vec<String>)> {
+fn documented_invocations() -> Vec<(String, Binary, Vec<String>)> {
     let mut found = Vec::new();
     for file in doc_files() {
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
@@ -318,8 +389,8 @@ fn documented_invocations() -> Vec<(String, Vec<String>)> {
                 continue;
             }
             for (n, line) in block.lines.iter().enumerate() {
-                if let Some(args) = invocation(line) {
-                    found.push((format!("{name}:{}", block.line + 1 + n), args));
+                if let Some((binary, args)) = invocation(line) {
+                    found.push((format!("{name}:{}", block.line + 1 + n), binary, args));
                 }
             }
         }
@@ -329,13 +400,14 @@ fn documented_invocations() -> Vec<(String, Vec<String>)> {
             for (i, span) in line.split('`').enumerate() {
                 let is_code = i % 2 == 1;
                 if is_code
-                    && span.starts_with("payment-worker ")
+                    && (span.starts_with("payment-worker ")
+                        || span.starts_with("payment-worker-devtools "))
                     && !span.contains('<')
                     && !span.contains('…')
                     && !span.contains("...")
                 {
-                    if let Some(args) = invocation(span) {
-                        found.push((format!("{name}:{}", n + 1), args));
+                    if let Some((binary, args)) = invocation(span) {
+                        found.push((format!("{name}:{}", n + 1), binary, args));
                     }
                 }
             }
@@ -353,16 +425,24 @@ fn every_documented_command_line_is_accepted() {
         invocations.len()
     );
     let mut failures = Vec::new();
-    for (place, args) in &invocations {
-        let argv = std::iter::once("payment-worker".to_owned()).chain(args.iter().cloned());
-        match Cli::try_parse_from(argv) {
-            Ok(_) => {}
+    for (place, binary, args) in &invocations {
+        let argv = std::iter::once(binary.name().to_owned()).chain(args.iter().cloned());
+        let parsed = match binary {
+            Binary::Product => Cli::try_parse_from(argv).map(drop),
+            Binary::Devtools => DevCli::try_parse_from(argv).map(drop),
+        };
+        match parsed {
+            Ok(()) => {}
             Err(e)
                 if matches!(
                     e.kind(),
                     clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
                 ) => {}
-            Err(e) => failures.push(format!("{place}: payment-worker {}\n{e}", args.join(" "))),
+            Err(e) => failures.push(format!(
+                "{place}: {} {}\n{e}",
+                binary.name(),
+                args.join(" ")
+            )),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -410,7 +490,7 @@ fn subcommand_names() -> Vec<String> {
 #[test]
 fn completions_cover_every_command_and_bash_accepts_the_script() {
     for shell in ["bash", "zsh", "fish"] {
-        let (status, script) = run_isolated(&["completions".into(), shell.into()]);
+        let (status, script) = run_isolated(Path::new(BIN), &["completions".into(), shell.into()]);
         assert_eq!(status, 0, "{shell}: {script}");
         for name in subcommand_names() {
             assert!(script.contains(&name), "{shell}: {name} missing");
@@ -420,7 +500,7 @@ fn completions_cover_every_command_and_bash_accepts_the_script() {
             assert!(script.contains(flag), "{shell}: {flag} missing");
         }
     }
-    let (_, script) = run_isolated(&["completions".into(), "bash".into()]);
+    let (_, script) = run_isolated(Path::new(BIN), &["completions".into(), "bash".into()]);
     let checked = std::process::Command::new("bash")
         .args(["-n", "-c", &script])
         .output()
@@ -434,7 +514,7 @@ fn completions_cover_every_command_and_bash_accepts_the_script() {
 
 #[test]
 fn the_manual_documents_every_command_and_its_exit_status() {
-    let (status, page) = run_isolated(&["man".into()]);
+    let (status, page) = run_isolated(Path::new(BIN), &["man".into()]);
     assert_eq!(status, 0, "{page}");
     assert!(page.contains(".TH payment-worker 1"), "{page}");
     assert!(page.contains(".SH \"EXIT STATUS\""), "{page}");
@@ -448,8 +528,10 @@ fn the_manual_documents_every_command_and_its_exit_status() {
         assert!(page.contains(&format!("payment\\-worker\\-{}", name.replace('-', "\\-"))));
     }
     let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_man"));
-    let (status, text) =
-        run_isolated(&["man".into(), "--out-dir".into(), dir.display().to_string()]);
+    let (status, text) = run_isolated(
+        Path::new(BIN),
+        &["man".into(), "--out-dir".into(), dir.display().to_string()],
+    );
     assert_eq!(status, 0, "{text}");
     for name in subcommand_names() {
         let page = dir.join(format!("payment-worker-{name}.1"));

@@ -5,11 +5,11 @@
 use std::process::Output;
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::{
     record_unresolved_stake, ChargeAtStake, PaymentCommand, SourcePosition,
 };
 use payment_worker::token::{Claim, IdempotencyKey, Reservation};
+use payment_worker_devtools::SimulatorConfig;
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
 use crate::support::scripted_stripe::ScriptedStripe;

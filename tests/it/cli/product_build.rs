@@ -1,10 +1,13 @@
-//! The production build (`--no-default-features`) holds the product only: no
-//! development tools among its commands and no crash point in its code.
+//! The production build (`cargo build` of the product crate, as the repository's root
+//! builds it) holds the product only: no development tools among its commands, none
+//! of the changes the development tools link into librdkafka's mock broker, and no
+//! crash point in its code.
 //!
 //! Built into a target directory of its own (seeded with the dependencies the suite
 //! already built, so only the crate compiles): the suite's own binary, which other
 //! tests run at the same time, is never replaced. The dev profile is enough: the
-//! tools and the crash points are cut by features, which a release build shares.
+//! tools are another crate and the crash points a feature only tests turn on, as in a
+//! release build.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,6 +30,9 @@ const PRODUCT_COMMANDS: &[&str] = &[
     "man",
 ];
 const DEVELOPMENT_TOOLS: &[&str] = &["demo", "bench", "gateway-sim", "dev-kafka"];
+/// A function of the development tools' changes to the mock broker
+/// (`devtools/native/`): linked into their binary and the tests, never the product's.
+const MOCK_CHANGE_SYMBOL: &str = "payment_worker_mock_batches_walked";
 /// What the crash points put into a binary: their variables, markers and names.
 const FAULT_HOOK_STRINGS: &[&str] = &[
     "PAYMENT_WORKER_FAULT",
@@ -46,19 +52,13 @@ fn build_product() -> PathBuf {
     let output = cargo(
         &root,
         &own,
-        &[
-            "build",
-            "--locked",
-            "--no-default-features",
-            "--bin",
-            "payment-worker",
-        ],
+        &["build", "--locked", "--bin", "payment-worker"],
     )
     .output()
     .expect("cargo runs");
     assert!(
         output.status.success(),
-        "cargo build --no-default-features failed:\n{}",
+        "cargo build failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     own.join("debug/payment-worker")
@@ -118,8 +118,12 @@ fn the_production_build_has_the_product_commands_only_and_no_crash_points() {
             "the production binary carries the fault hook string {hook:?}"
         );
     }
+    assert!(
+        !contains(&bytes, MOCK_CHANGE_SYMBOL),
+        "the production binary links the development tools' mock broker changes"
+    );
     // The scan itself works: the tests' own build has every one of them, and the
-    // development tools.
+    // development tools' binary lists its tools and links the mock changes.
     let tests_build = std::fs::read(crate::support::procs::BINARY).unwrap();
     for hook in FAULT_HOOK_STRINGS {
         assert!(
@@ -127,8 +131,13 @@ fn the_production_build_has_the_product_commands_only_and_no_crash_points() {
             "{hook:?} not found in the tests' build"
         );
     }
-    let listed = commands_listed(Path::new(crate::support::procs::BINARY));
-    for tool in DEVELOPMENT_TOOLS {
+    let devtools = crate::support::procs::devtools_binary();
+    assert!(contains(
+        &std::fs::read(&devtools).unwrap(),
+        MOCK_CHANGE_SYMBOL
+    ));
+    let listed = commands_listed(&devtools);
+    for tool in DEVELOPMENT_TOOLS.iter().chain(PRODUCT_COMMANDS) {
         assert!(
             listed.iter().any(|c| c == tool),
             "{tool} missing from {listed:?}"

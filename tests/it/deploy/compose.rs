@@ -422,7 +422,7 @@ fn dockerfile_base_images_are_pinned() {
         "the runtime is distroless (no shell, no package manager): {images:?}"
     );
     assert!(dockerfile
-        .contains("cargo build --release --locked --no-default-features --features kafka-oidc"));
+        .contains("cargo build --release --locked --features kafka-oidc --bin payment-worker"));
     assert!(dockerfile.contains(r#"ENTRYPOINT ["payment-worker"]"#));
 }
 

@@ -9,8 +9,8 @@ use serde_json::json;
 use crate::support::helpers::{unique, Stack};
 use crate::support::procs::{binary, run_to_end, Proc};
 use payment_worker::configuration::{DatabaseSettings, MigrateMode};
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::startup::open_database;
+use payment_worker_devtools::SimulatorConfig;
 
 /// A login role with `SELECT, INSERT, UPDATE, DELETE` on the test database's
 /// tables, `USAGE` on its sequences, and nothing else. Dropped on drop.

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::operator::{RecordKind, WorkloadRecord};
+use payment_worker_devtools::SimulatorConfig;
 
 use crate::support::helpers::{unique, Stack};
 use crate::support::pki::{path_str, TestPki};

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use payment_worker::devtools::{GatewaySimulator, SimulatorConfig};
 use payment_worker::gateway::{HttpGateway, PaymentGateway};
 use payment_worker::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
 };
 use payment_worker::token::{RedisTokenStore, TokenPolicy, TokenState, TokenStore};
+use payment_worker_devtools::{GatewaySimulator, SimulatorConfig};
 
 use crate::support::fault_proxy::{Direction, Fault, FaultProxy};
 use crate::support::helpers::{unique, TestDb, TestRedis};

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payment_worker::configuration::DatabaseSettings;
-use payment_worker::devtools::{GatewaySimulator, SimulatorConfig, SlowKey};
 use payment_worker::gateway::{HttpGateway, PaymentGateway};
 use payment_worker::payment::{
     Attempt, ChargeEvidence, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
@@ -17,6 +16,7 @@ use payment_worker::payment::{
 use payment_worker::token::{
     IdempotencyKey, RedisConnection, RedisTarget, RedisTokenStore, TokenPolicy, TokenStore,
 };
+use payment_worker_devtools::{GatewaySimulator, SimulatorConfig, SlowKey};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::Faults;
 use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{
@@ -16,6 +15,7 @@ use payment_worker::payment::{
 use payment_worker::token::{
     IdempotencyKey, RedisTokenStore, Reservation, TokenPolicy, TokenState, TokenStore, TokenView,
 };
+use payment_worker_devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use uuid::Uuid;
 
 use crate::support::helpers::{final_outcome, TestDb, TestRedis};

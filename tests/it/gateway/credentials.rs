@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use payment_worker::configuration::StripeCompat;
-use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::payment::{CommandContext, Outcome};
+use payment_worker_devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use rdkafka::message::{Header, OwnedHeaders};
 use tracing::Instrument;
 

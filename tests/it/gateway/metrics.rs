@@ -8,8 +8,8 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::metrics::v1::metric::Data;
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::operator::{RecordKind, WorkloadRecord};
+use payment_worker_devtools::SimulatorConfig;
 use prost::Message;
 
 use crate::support::helpers::{Stack, REDIS_URL};

@@ -1,4 +1,4 @@
-//! `payment-worker gateway-sim`, black box: the protocol over HTTP.
+//! `payment-worker-devtools gateway-sim`, black box: the protocol over HTTP.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -7,11 +7,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-const BIN: &str = crate::support::procs::BINARY;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_sim_binary_speaks_the_protocol() {
-    let mut child = tokio::process::Command::new(BIN)
+    let mut child = tokio::process::Command::new(crate::support::procs::devtools_binary())
         .args(["gateway-sim", "--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())

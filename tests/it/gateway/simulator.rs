@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::gateway::{
     ChargeRequest, ChargeStatus, GatewayError, HttpGateway, PaymentGateway,
 };
 use payment_worker::token::IdempotencyKey;
+use payment_worker_devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 
 use crate::support::helpers::NoLease;
 

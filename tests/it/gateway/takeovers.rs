@@ -9,12 +9,12 @@
 
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::gateway::{HttpGateway, PaymentGateway};
 use payment_worker::operator::{self, RecordKind, WorkloadRecord};
 use payment_worker::payment::PaymentCommand;
 use payment_worker::token::TokenPolicy;
 use payment_worker::worker;
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 

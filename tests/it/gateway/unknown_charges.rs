@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::audit::{audit, AuditOptions};
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::gateway::{HttpGateway, LedgerEntry};
 use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::payment::{Attempt, CommandContext, Outcome, PaymentCommand};
 use payment_worker::retry::RetryPolicy;
 use payment_worker::token::{RedisTokenStore, TokenMode, TokenPolicy};
 use payment_worker::worker;
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};

@@ -10,13 +10,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::gateway::{HttpGateway, LedgerEntry};
 use payment_worker::operator::{self, RecordKind, WorkloadRecord};
 use payment_worker::payment::unresolved_charges;
 use payment_worker::retry::RetryPolicy;
 use payment_worker::token::{TokenMode, TokenPolicy};
 use payment_worker::worker;
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Message, OwnedMessage};
 
 use crate::support::helpers::{quick_worker_settings, read_topic, stop_all, Stack};

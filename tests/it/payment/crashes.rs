@@ -1,10 +1,10 @@
 //! A failure after each step of the processor, then the command again: in process
 //! (an injected error) and as a real process SIGKILLed frozen at the fault point.
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
 use payment_worker::payment::{Attempt, CommandContext, Outcome};
 use payment_worker::token::TokenState;
+use payment_worker_devtools::SimulatorConfig;
 
 use crate::support::helpers::assert_duplicate_of;
 

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::configuration::DatabaseSettings;
-use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, Pause};
 use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{
@@ -20,6 +19,7 @@ use payment_worker::payment::{
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore,
 };
+use payment_worker_devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 

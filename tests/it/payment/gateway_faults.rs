@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::fault::{FaultPoint, Faults};
 use payment_worker::gateway::{ChargeStatus, PaymentGateway};
 use payment_worker::payment::{Attempt, CommandContext, GatewayLookup, Outcome};
 use payment_worker::token::{TokenPolicy, TokenState};
+use payment_worker_devtools::SimulatorConfig;
 
 use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease};
 

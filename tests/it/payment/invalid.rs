@@ -5,11 +5,11 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::gateway::{HttpGateway, PaymentGateway};
 use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::payment::PaymentCommand;
 use payment_worker::worker::{self};
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Headers, Message};
 
 use crate::support::books::scan;

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::gateway::PaymentGateway;
 use payment_worker::payment::{Attempt, CommandContext, Outcome, RejectionKind};
 use payment_worker::token::{TokenMode, TokenPolicy, TokenStore};
+use payment_worker_devtools::SimulatorConfig;
 
 use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease};
 

@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::{SimulatorConfig, SlowKey};
 use payment_worker::fault::{FaultPoint, Faults};
 use payment_worker::payment::{Attempt, CommandContext, Outcome, RejectionKind};
 use payment_worker::token::TokenState;
+use payment_worker_devtools::{SimulatorConfig, SlowKey};
 
 use crate::support::helpers::assert_duplicate_of;
 

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use payment_worker::configuration::DatabaseSettings;
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::{GatewayLookup, Outcome};
 use payment_worker::token::{
     PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore,
 };
+use payment_worker_devtools::SimulatorConfig;
 use uuid::Uuid;
 
 use super::rig::*;

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::gateway::{
     Charge, ChargeRequest, GatewayError, HttpGateway, LeaseGuard, LeaseLoss, LedgerEntry,
@@ -20,6 +19,7 @@ use payment_worker::payment::{
 use payment_worker::token::{
     IdempotencyKey, RedisTokenStore, TokenPolicy, TokenState, TokenStore, TokenView,
 };
+use payment_worker_devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;
 

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use payment_worker::configuration::DatabaseSettings;
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::{CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
 use payment_worker::telemetry::{RoundTripCounter, RoundTrips};
+use payment_worker_devtools::SimulatorConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::instrument::WithSubscriber;

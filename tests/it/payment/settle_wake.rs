@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use payment_worker::devtools::{SimulatorConfig, SlowKey};
 use payment_worker::payment::{Attempt, CommandContext, Outcome};
 use payment_worker::token::{
     PostgresTokenStore, RedisTokenStore, TokenPolicy, TokenState, TokenStore, Woken,
 };
+use payment_worker_devtools::{SimulatorConfig, SlowKey};
 
 use crate::support::helpers::{assert_duplicate_of, REDIS_URL};
 

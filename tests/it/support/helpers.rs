@@ -269,13 +269,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use payment_worker::configuration::{KafkaSettings, WorkerSettings};
-use payment_worker::devtools::LocalKafka;
-use payment_worker::devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig, SlowKey};
 use payment_worker::gateway::{HttpGateway, LedgerEntry, PaymentGateway};
 use payment_worker::payment::{GatewayLookup, Processor};
 use payment_worker::retry::RetryPolicy;
 use payment_worker::token::{IdempotencyKey, RedisTokenStore, TokenPolicy, TokenStore};
 use payment_worker::worker::{self, Handler, Publisher, ResultRecord, RunningWorker};
+use payment_worker_devtools::LocalKafka;
+use payment_worker_devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig, SlowKey};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Offset, TopicPartitionList};

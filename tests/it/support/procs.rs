@@ -1,5 +1,6 @@
-//! Real processes for crash tests: the `payment-worker` binary (dev-kafka,
-//! gateway-sim, run, produce, replay, audit) and a private Postgres server.
+//! Real processes for crash tests: the `payment-worker` binary (run, produce, replay,
+//! audit), the development tools' (dev-kafka, gateway-sim) and a private Postgres
+//! server.
 //!
 //! No child may outlive its test: `Drop` SIGKILLs and reaps it (also while a failed
 //! assertion unwinds), and every child gets `PR_SET_PDEATHSIG = SIGKILL`, so even a
@@ -19,6 +20,24 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_payment-worker");
+
+/// The development tools' binary (`payment-worker-devtools`: `dev-kafka`,
+/// `gateway-sim`, `demo`, `bench`). Another package's binary, so cargo names no
+/// variable for it: it is built beside [`BINARY`] by `cargo test --workspace` (and
+/// `cargo nextest run --workspace`); `PW_TEST_DEVTOOLS` names another one.
+pub fn devtools_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PW_TEST_DEVTOOLS") {
+        return PathBuf::from(path);
+    }
+    let path = Path::new(BINARY).with_file_name("payment-worker-devtools");
+    assert!(
+        path.exists(),
+        "{} is missing: the tests run the development tools' binary, which \
+         `cargo test --workspace` builds (or `cargo build -p payment-worker-devtools`)",
+        path.display()
+    );
+    path
+}
 
 extern "C" {
     // glibc's prctl(2); declared here because `libc` is not a direct dependency.
@@ -235,7 +254,11 @@ pub fn binary(args: &[&str], env: &HashMap<String, String>) -> Command {
 /// test bed, never the build under test (which may be a production build without
 /// them).
 fn tool(args: &[&str]) -> Command {
-    command_of(BINARY.to_owned(), args, &HashMap::new())
+    command_of(
+        devtools_binary().display().to_string(),
+        args,
+        &HashMap::new(),
+    )
 }
 
 fn command_of(program: String, args: &[&str], env: &HashMap<String, String>) -> Command {

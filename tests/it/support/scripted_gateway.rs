@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use payment_worker::devtools::RunningSimulator;
+use payment_worker_devtools::RunningSimulator;
 
 /// How the front answers one `POST /charges`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

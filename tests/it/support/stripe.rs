@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::configuration::{DatabaseSettings, StripeCompat, DEFAULT_STRIPE_API_VERSION};
-use payment_worker::devtools::LOCALSTRIPE_KEY;
 use payment_worker::fault::Faults;
 use payment_worker::gateway::{GatewayTransport, PaymentGateway, StripeGateway, StripeOptions};
 use payment_worker::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
 };
 use payment_worker::token::{RedisTokenStore, TokenPolicy, TokenStore};
+use payment_worker_devtools::LOCALSTRIPE_KEY;
 use serde_json::Value;
 use uuid::Uuid;
 

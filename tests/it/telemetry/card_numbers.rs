@@ -203,7 +203,7 @@ fn exported_spans(sink: &OtlpSink) -> (String, Vec<Vec<u8>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_card_number_in_trace_context_or_a_grouped_key_leaves_the_worker_nowhere() {
-    let stack = Stack::new(1, payment_worker::devtools::SimulatorConfig::default()).await;
+    let stack = Stack::new(1, payment_worker_devtools::SimulatorConfig::default()).await;
     let sink = OtlpSink::start().await;
     let dir = std::env::temp_dir().join(unique("pw-cards"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -451,7 +451,7 @@ async fn the_stripe_adapter_forwards_no_card_number_in_trace_context() {
 /// hook prints it masked, and so does the worker's log of the caught panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_panic_message_that_quotes_a_card_number_is_printed_and_logged_masked() {
-    let stack = Stack::new(1, payment_worker::devtools::SimulatorConfig::default()).await;
+    let stack = Stack::new(1, payment_worker_devtools::SimulatorConfig::default()).await;
     let sink = OtlpSink::start().await;
     let key = CARD_KEYS[0];
     publish(&stack, key, &command_json(key), &[]).await;

@@ -15,8 +15,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::operator::{RecordKind, WorkloadRecord};
+use payment_worker_devtools::SimulatorConfig;
 use prost::Message as _;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tonic::transport::{Identity, Server, ServerTlsConfig};

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use payment_worker::configuration::{DatabaseSettings, KafkaSettings, RedisSettings};
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker::redaction::redact_url;
+use payment_worker_devtools::SimulatorConfig;
 use tokio::io::AsyncReadExt;
 
 use crate::support::cards::card_like_numbers;

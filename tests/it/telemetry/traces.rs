@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use opentelemetry::trace::{SpanId, SpanKind, TraceId};
 use opentelemetry_sdk::trace::SpanData;
-use payment_worker::devtools::SimulatorConfig;
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;

@@ -10,7 +10,6 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use payment_worker::configuration::DatabaseSettings;
-use payment_worker::devtools::{GatewaySimulator, SimulatorConfig};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::operator;
 use payment_worker::operator::WorkloadSpec;
@@ -18,6 +17,7 @@ use payment_worker::startup::{connect_with_size, purge_round, PURGE_BATCHES_PER_
 use payment_worker::token::{
     IdempotencyKey, PostgresTokenStore, Reservation, TokenPolicy, TokenStore,
 };
+use payment_worker_devtools::{GatewaySimulator, SimulatorConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, unique, Stack, TestDb, REDIS_URL};

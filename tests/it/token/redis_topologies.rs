@@ -8,13 +8,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::operator;
 use payment_worker::operator::WorkloadSpec;
 use payment_worker::token::{
     IdempotencyKey, RedisConnection, RedisTarget, RedisTokenStore, ScanTarget, TokenMode,
     TokenPolicy, TokenStore,
 };
+use payment_worker_devtools::SimulatorConfig;
 use redis::aio::ConnectionLike;
 
 use crate::support::helpers::{quick_worker_settings, unique, Stack};
@@ -298,7 +298,7 @@ async fn the_token_contract_holds_on_a_three_master_cluster() {
 /// `prefix`): how many stuck tokens it reports. It exits 3 for them.
 pub(crate) async fn audit_stuck_tokens(redis_url: &str, prefix: &str) -> u64 {
     let db = crate::support::helpers::TestDb::new().await;
-    let simulator = payment_worker::devtools::GatewaySimulator::bind(
+    let simulator = payment_worker_devtools::GatewaySimulator::bind(
         "127.0.0.1:0".parse().unwrap(),
         SimulatorConfig::default(),
     )

@@ -4,11 +4,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::{SimulatorConfig, SlowKey};
 use payment_worker::operator;
 use payment_worker::operator::{RecordKind, WorkloadRecord, WorkloadSpec};
 use payment_worker::token::{IdempotencyKey, TokenMode};
 use payment_worker::worker;
+use payment_worker_devtools::{SimulatorConfig, SlowKey};
 use rdkafka::message::{Headers, Message};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, wait_for_stable_group, Stack};

@@ -7,8 +7,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::token::{IdempotencyKey, TokenMode, TokenPolicy};
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;

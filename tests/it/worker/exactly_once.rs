@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payment_worker::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
-use payment_worker::devtools::{LocalKafka, SimulatorConfig};
 use payment_worker::operator::WorkloadSpec;
 use payment_worker::payment::SourcePosition;
 use payment_worker::worker::{self, ResultRecord, TransactionFailure, Transactions};
+use payment_worker_devtools::{LocalKafka, SimulatorConfig};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 

@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::payment::RejectionKind;
 use payment_worker::worker;
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Message, OwnedHeaders};
 use serde_json::json;
 
@@ -479,8 +479,8 @@ async fn a_results_producer_refused_for_good_ends_the_worker_with_a_fatal_error(
 /// "postgres: no answer" for as long as the gateway was slow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn readyz_answers_while_every_payment_connection_waits_on_a_slow_gateway() {
-    use payment_worker::devtools::SlowKey;
     use payment_worker::token::IdempotencyKey;
+    use payment_worker_devtools::SlowKey;
     const HELD: [&str; 2] = ["ready-held-1", "ready-held-2"];
     let stack = Stack::new(
         1,

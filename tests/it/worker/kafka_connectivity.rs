@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use payment_worker::configuration::KafkaSettings;
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::worker;
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;

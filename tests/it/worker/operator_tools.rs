@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::operator;
 use payment_worker::worker;
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::Message;
 
 use crate::support::helpers::{quick_worker_settings, read_topic, stop_all, Stack};

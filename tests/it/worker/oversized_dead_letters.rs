@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::operator::{RecordKind, WorkloadRecord};
+use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 
 use crate::support::helpers::{read_topic, Stack};

@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::SimulatorConfig;
 use payment_worker::kafka_headers as headers;
 use payment_worker::payment::RejectionKind;
 use payment_worker::worker;
+use payment_worker_devtools::SimulatorConfig;
 use proptest::prelude::*;
 use rdkafka::message::{Message, OwnedHeaders, OwnedMessage, Timestamp};
 use rdkafka::producer::{FutureProducer, FutureRecord};

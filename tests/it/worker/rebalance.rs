@@ -338,7 +338,7 @@ fn membership_events(worker: &Proc) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_incremental_revoke_keeps_the_rest_of_the_assignment_and_the_membership() {
     use crate::support::helpers::{quick_worker_settings, stop_all, wait_for_stable_group, Stack};
-    use payment_worker::devtools::SimulatorConfig;
+    use payment_worker_devtools::SimulatorConfig;
 
     let stack = Stack::new(
         PARTITIONS,

@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::{LocalStripe, LOCALSTRIPE_KEY};
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::token::{IdempotencyKey, RedisTokenStore, TokenPolicy, TokenStore};
+use payment_worker_devtools::{LocalStripe, LOCALSTRIPE_KEY};
 use serde_json::Value;
 
 use crate::support::helpers::{http, unique, TestDb, TestRedis, REDIS_URL};

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payment_worker::configuration::{DatabaseSettings, StripeCompat, DEFAULT_STRIPE_API_VERSION};
-use payment_worker::devtools::{LocalStripe, LOCALSTRIPE_KEY};
 use payment_worker::gateway::{GatewayTransport, StripeGateway, StripeOptions};
 use payment_worker::operator::{self, WorkloadSpec};
+use payment_worker_devtools::{LocalStripe, LOCALSTRIPE_KEY};
 
 use crate::support::books::*;
 use crate::support::deployment::*;

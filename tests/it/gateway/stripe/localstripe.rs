@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use payment_worker::configuration::StripeCompat;
-use payment_worker::devtools::LocalStripe;
 use payment_worker::payment::{Outcome, RejectionKind};
+use payment_worker_devtools::LocalStripe;
 
 use crate::support::helpers::{assert_duplicate_of, unique};
 use crate::support::stripe::{command, intents_for, localstripe_intents, until_final, StripeRig};

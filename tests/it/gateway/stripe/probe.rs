@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::LocalStripe;
+use payment_worker_devtools::LocalStripe;
 
 use crate::support::helpers::{unique, TestDb, TestRedis, REDIS_URL};
 use crate::support::procs::{binary, run_to_end};
@@ -118,7 +118,7 @@ async fn a_key_stripe_refuses_ends_process_and_run_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn localstripe_without_its_compat_setting_is_named_at_start() {
     let localstripe = LocalStripe::start().await.unwrap();
-    let setup = Setup::new(payment_worker::devtools::LOCALSTRIPE_KEY).await;
+    let setup = Setup::new(payment_worker_devtools::LOCALSTRIPE_KEY).await;
     let mut env = setup.env(&localstripe.url());
     for args in [&["process", &order(&unique("probe-404"))][..], &["run"]] {
         let (code, output, took) = run(args, &env).await;

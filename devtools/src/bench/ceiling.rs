@@ -17,13 +17,13 @@ use uuid::Uuid;
 
 use super::cpu;
 use super::report::LoopReport;
-use crate::gateway::{
+use payment_worker::gateway::{
     Charge, ChargeRequest, ChargeStatus, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway,
 };
-use crate::payment::{
+use payment_worker::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor, SourcePosition,
 };
-use crate::token::{
+use payment_worker::token::{
     Claim, IdempotencyKey, IssueOutcome, LockOutcome, Predecessor, Reservation, TokenError,
     TokenPolicy, TokenStore, TokenView, Transition,
 };
@@ -200,7 +200,7 @@ pub async fn postgres_ceiling(
     // Built before the clock starts: decoding is the worker's cost, not Postgres's.
     let commands: Vec<PaymentCommand> = (0..count)
         .map(|n| {
-            let key = crate::operator::numbered_key(key_prefix, n, 7);
+            let key = payment_worker::operator::numbered_key(key_prefix, n, 7);
             PaymentCommand::parse(command_json(&key, n).as_bytes())
                 .map_err(|e| anyhow::anyhow!("{}: {e}", e.code()))
         })
@@ -255,7 +255,7 @@ pub async fn token_round_trips(
     bar: &ProgressBar,
 ) -> anyhow::Result<LoopReport> {
     let keys: Vec<IdempotencyKey> = (0..count)
-        .map(|n| IdempotencyKey::try_from(crate::operator::numbered_key(key_prefix, n, 7)))
+        .map(|n| IdempotencyKey::try_from(payment_worker::operator::numbered_key(key_prefix, n, 7)))
         .collect::<Result<_, _>>()?;
     let keys = Arc::new(keys);
     let fingerprint: Arc<str> = Arc::from("0".repeat(64));

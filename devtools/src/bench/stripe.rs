@@ -14,11 +14,11 @@ use super::e2e::Bed;
 use super::load::produce_backlog;
 use super::report::BenchReport;
 use super::results::{summarize, ResultsReader, MOCK_FETCH_WAIT_MS};
-use crate::configuration::{DatabaseSettings, StripeCompat, DEFAULT_STRIPE_API_VERSION};
-use crate::devtools::{LocalStripe, LOCALSTRIPE_KEY};
-use crate::gateway::{GatewayTransport, PaymentGateway, StripeGateway, StripeOptions};
-use crate::payment::{GatewayLookup, Processor};
-use crate::worker;
+use crate::{LocalStripe, LOCALSTRIPE_KEY};
+use payment_worker::configuration::{DatabaseSettings, StripeCompat, DEFAULT_STRIPE_API_VERSION};
+use payment_worker::gateway::{GatewayTransport, PaymentGateway, StripeGateway, StripeOptions};
+use payment_worker::payment::{GatewayLookup, Processor};
+use payment_worker::worker;
 
 /// The adapter's own pool, as the worker's default.
 const RECORD_CONNECTIONS: u32 = 4;
@@ -56,7 +56,7 @@ async fn measure(
     let phase = "stripe";
     let kafka = bed.kafka(phase)?;
     let key_prefix = bed.key_prefix(phase);
-    let records = crate::startup::connect_with_size(
+    let records = payment_worker::startup::connect_with_size(
         &DatabaseSettings::with_url(&bed.database_url),
         RECORD_CONNECTIONS,
     )
@@ -79,7 +79,7 @@ async fn measure(
         GatewayLookup::Uncertain,
         key_prefix.clone(),
     ));
-    let handler = crate::startup::handler(processor, &kafka, &bed.worker)?;
+    let handler = payment_worker::startup::handler(processor, &kafka, &bed.worker)?;
     let sent = produce_backlog(
         &bed.producer,
         &kafka.commands_topic,

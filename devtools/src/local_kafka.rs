@@ -9,7 +9,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 
-use crate::configuration::KafkaSettings;
+use payment_worker::configuration::KafkaSettings;
 
 /// An in-process Kafka: librdkafka's mock cluster, speaking the real protocol on
 /// localhost ports, with consumer groups and fault injection.
@@ -98,7 +98,7 @@ pub struct DevKafkaArgs {
 /// `payment-worker dev-kafka`: starts the mock cluster with the three payment
 /// topics, prints (and writes) its bootstrap address, and runs until SIGTERM/Ctrl-C.
 pub async fn run_dev_kafka(args: DevKafkaArgs) -> anyhow::Result<()> {
-    let shutdown = crate::startup::shutdown_signal()?;
+    let shutdown = payment_worker::startup::shutdown_signal()?;
     let local = LocalKafka::start(args.brokers)?;
     local.create_payment_topics(&args.kafka, args.partitions)?;
     let bootstrap = local.bootstrap_servers();

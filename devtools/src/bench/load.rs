@@ -85,7 +85,7 @@ pub(super) async fn produce_backlog(
     let mut sent = HashMap::with_capacity(count);
     let mut pending = Vec::with_capacity(5000);
     for n in 0..count {
-        let key = crate::operator::numbered_key(key_prefix, n, 7);
+        let key = payment_worker::operator::numbered_key(key_prefix, n, 7);
         pending.push(send_command(producer, topic, &key, &command_json(&key, n)).await?);
         if pending.len() == 5000 {
             delivered(&mut pending, &mut sent).await?;
@@ -112,7 +112,7 @@ pub(super) async fn produce_paced(
     while n < count {
         let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).min(count);
         while n < due {
-            let key = crate::operator::numbered_key(key_prefix, n, 7);
+            let key = payment_worker::operator::numbered_key(key_prefix, n, 7);
             pending.push(send_command(producer, topic, &key, &command_json(&key, n)).await?);
             n += 1;
         }
@@ -161,7 +161,7 @@ pub(super) async fn produce_duplicated_backlog(
             };
             (key, original_n, partition, index)
         } else {
-            let key = crate::operator::numbered_key(key_prefix, n, 7);
+            let key = payment_worker::operator::numbered_key(key_prefix, n, 7);
             let partition = (originals.len() % partitions as usize) as i32;
             originals.push((key.clone(), n, partition));
             (key, n, partition, originals.len() - 1)

@@ -3,7 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::token::IdempotencyKey;
+use payment_worker::token::IdempotencyKey;
 
 /// Fault injection for the simulator (`payment-worker gateway-sim …`).
 #[derive(Debug, Clone, clap::Args)]

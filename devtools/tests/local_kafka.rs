@@ -1,17 +1,23 @@
 //! The local Kafka (librdkafka's mock cluster, as `dev-kafka`, the demo and the bench
 //! run it) finds a fetch offset without walking its whole partition log, and takes
-//! a member's offset commit while another member is joining, as Kafka does.
+//! a member's offset commit while another member is joining, as Kafka does: the two
+//! changes `native/` links into the mock (`build.rs`).
+#![cfg(target_os = "linux")]
 
 use std::time::{Duration, Instant};
 
-use payment_worker::devtools::LocalKafka;
+use payment_worker_devtools::LocalKafka;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::support::helpers::unique;
+/// A name no other run of this test uses (the mock cluster lives in this process,
+/// but a group or topic name says which test made it).
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
 
 extern "C" {
     /// Batches the mock's offset look-up has looked at in this process so far

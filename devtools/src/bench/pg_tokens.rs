@@ -13,9 +13,9 @@ use super::audit::AuditReport;
 use super::e2e::{Bed, Load, WorkerKind};
 use super::phase::phase;
 use super::report::{BenchReport, PurgeReport};
-use crate::configuration::DatabaseSettings;
-use crate::startup::purge_round;
-use crate::token::{PostgresTokenStore, TokenPolicy, TokenStore};
+use payment_worker::configuration::DatabaseSettings;
+use payment_worker::startup::purge_round;
+use payment_worker::token::{PostgresTokenStore, TokenPolicy, TokenStore};
 
 /// The worker's default lease-renewal pool.
 const LEASE_CONNECTIONS: u32 = 4;
@@ -33,7 +33,7 @@ pub(super) async fn postgres_token_phases(
     commands: usize,
     audit: &mut AuditReport,
 ) -> anyhow::Result<()> {
-    let maintenance = crate::startup::connect_with_size(
+    let maintenance = payment_worker::startup::connect_with_size(
         &DatabaseSettings::with_url(&bed.database_url),
         LEASE_CONNECTIONS,
     )
@@ -85,7 +85,7 @@ async fn measure(
     let phase_name = "e2e-0ms-pgtokens-purging";
     // The phase's keys are `numbered_key(prefix, n, 7)`: one of them with its counter
     // cut off is what they all start with.
-    let first = crate::operator::numbered_key(&bed.key_prefix(phase_name), 0, 1);
+    let first = payment_worker::operator::numbered_key(&bed.key_prefix(phase_name), 0, 1);
     let phase_keys = first.strip_suffix('0').unwrap_or(&first).to_owned();
     let admin = bed.admin.clone();
     let store = Arc::clone(postgres);

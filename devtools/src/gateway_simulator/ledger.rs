@@ -10,8 +10,8 @@ use rand::{Rng as _, SeedableRng as _};
 use sha2::{Digest as _, Sha256};
 
 use super::SimulatorConfig;
-use crate::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
-use crate::token::IdempotencyKey;
+use payment_worker::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
+use payment_worker::token::IdempotencyKey;
 
 /// A payment method the simulator always declines, whatever `--decline-rate` says.
 const DECLINED_PAYMENT_METHOD: &str = "pm_card_declined";

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::ledger::Shared;
 use super::routes::router;
 use super::SimulatorConfig;
-use crate::gateway::LedgerEntry;
+use payment_worker::gateway::LedgerEntry;
 
 /// How long requests in flight may finish after shutdown was asked for; a held
 /// answer (`--late-by-ms`, `--slow-key`) is cut off rather than waited for.
@@ -217,7 +217,7 @@ impl std::fmt::Debug for RunningSimulator {
 pub async fn run_cli(listen: SocketAddr, config: SimulatorConfig) -> anyhow::Result<()> {
     // Handlers first: a SIGTERM sent right after the line is read must already
     // find them installed.
-    let shutdown = crate::startup::shutdown_signal()?;
+    let shutdown = payment_worker::startup::shutdown_signal()?;
     let simulator = GatewaySimulator::bind(listen, config)?;
     {
         let mut stdout = std::io::stdout().lock();

@@ -171,7 +171,7 @@ fn backlog_distribution(out: &mut String, curve: &[(f64, i64)], base: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devtools::bench::report::PhaseReport;
+    use crate::bench::report::PhaseReport;
 
     #[test]
     fn every_phase_has_a_bar_and_its_percentiles_and_the_ceiling_a_rule() {
@@ -198,7 +198,7 @@ mod tests {
             !picture.contains("backlog-20ms: wait"),
             "no backlog phase, no panel"
         );
-        report.backlog = Some(crate::devtools::bench::report::BacklogReport {
+        report.backlog = Some(crate::bench::report::BacklogReport {
             read_to_answer_curve: vec![(50.0, 30), (99.9, 400), (100.0, 1234)],
             ..Default::default()
         });

@@ -79,7 +79,7 @@ impl LocalStripe {
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        crate::telemetry::install_crypto_provider();
+        payment_worker::telemetry::install_crypto_provider();
         let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -13,16 +13,16 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 
-use crate::configuration::{
+use crate::{GatewaySimulator, LocalKafka, SimulatorConfig};
+use payment_worker::configuration::{
     DatabaseSettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
 };
-use crate::devtools::{GatewaySimulator, LocalKafka, SimulatorConfig};
-use crate::gateway::{HttpGateway, PaymentGateway};
-use crate::operator::{self, WorkloadSpec};
-use crate::payment::{GatewayLookup, Processor};
-use crate::retry::RetryPolicy;
-use crate::startup;
-use crate::worker::{self, Handler, Publisher, ResultRecord};
+use payment_worker::gateway::{HttpGateway, PaymentGateway};
+use payment_worker::operator::{self, WorkloadSpec};
+use payment_worker::payment::{GatewayLookup, Processor};
+use payment_worker::retry::RetryPolicy;
+use payment_worker::startup;
+use payment_worker::worker::{self, Handler, Publisher, ResultRecord};
 
 /// `payment-worker demo`: the workload's size and the services to use.
 #[derive(Debug, clap::Args)]
@@ -41,7 +41,7 @@ pub struct DemoArgs {
     pub gateway_latency_ms: u64,
     /// How the workers deliver results (see `run --results`).
     #[arg(long, value_enum, default_value = "at-least-once")]
-    pub results: crate::configuration::ResultsMode,
+    pub results: payment_worker::configuration::ResultsMode,
     /// The database the demo's payments go to (created and migrated when missing).
     #[command(flatten)]
     pub database: DatabaseSettings,
@@ -233,11 +233,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("payment-worker demo (run {run_id})");
     println!(
         "  postgres: {}",
-        crate::redaction::redact_url(args.database.url())
+        payment_worker::redaction::redact_url(args.database.url())
     );
     println!(
         "  redis:    {}",
-        crate::redaction::redact_url(args.redis.url())
+        payment_worker::redaction::redact_url(args.redis.url())
     );
     let pool = startup::connect_and_migrate(&args.database).await?;
 
@@ -266,8 +266,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  results:  {}", args.results.as_str());
 
     let token_settings = TokenSettings {
-        store: crate::configuration::TokenStoreKind::Redis,
-        mode: crate::token::TokenMode::Implicit,
+        store: payment_worker::configuration::TokenStoreKind::Redis,
+        mode: payment_worker::token::TokenMode::Implicit,
         lease: Duration::from_secs(10),
         pending_ttl: Duration::from_secs(3600),
         completed_ttl: Duration::from_secs(3600),
@@ -359,8 +359,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .into_iter()
         .filter(|e| e.idempotency_key.starts_with(&prefix))
         .collect();
-    let rows = crate::payment::booked_payments(&pool, &prefix, token_settings.lease).await?;
-    let books = crate::audit::reconcile(&ledger, &rows);
+    let rows =
+        payment_worker::payment::booked_payments(&pool, &prefix, token_settings.lease).await?;
+    let books = payment_worker::audit::reconcile(&ledger, &rows);
     let double_charged = books.double_charged.len();
     let mismatches = books.unbooked_charges;
     let rows_without_charge = books.rows_unbacked();
@@ -381,7 +382,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         rate(pass2.results, second),
         pass2.by_outcome
     );
-    if args.results == crate::configuration::ResultsMode::ExactlyOnce {
+    if args.results == payment_worker::configuration::ResultsMode::ExactlyOnce {
         // Counted by a read_committed reader of the results topic, never assumed.
         println!(
             "results per command (read_committed): pass 1 {}, pass 2 {}",

@@ -13,11 +13,13 @@ use super::e2e::{Bed, Load, WorkerKind};
 use super::phase::{bar, phase};
 use super::report::{BenchReport, LoopReport, PhaseReport, Settings};
 use super::rss::read_memory;
-use crate::configuration::{DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL};
-use crate::devtools::LocalKafka;
-use crate::redaction::redact_url;
-use crate::token::{RedisTokenStore, TokenPolicy, TokenStore};
-use crate::worker;
+use crate::LocalKafka;
+use payment_worker::configuration::{
+    DatabaseSettings, KafkaSettings, WorkerSettings, DEFAULT_REDIS_URL,
+};
+use payment_worker::redaction::redact_url;
+use payment_worker::token::{RedisTokenStore, TokenPolicy, TokenStore};
+use payment_worker::worker;
 
 /// Loopback without TLS: a server with `ssl = on` (Debian's default) would otherwise
 /// be reached over TLS (sqlx's `sslmode=prefer`), and every phase, the ceiling too,
@@ -109,7 +111,7 @@ fn load_average() -> f64 {
 /// A pool of the worker's size with every connection already open, so neither
 /// the ceiling nor a phase pays for connecting inside its measurement.
 async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> {
-    let pool = crate::startup::connect(database).await?;
+    let pool = payment_worker::startup::connect(database).await?;
     let mut held = Vec::new();
     for _ in 0..database.max_connections {
         held.push(
@@ -139,7 +141,7 @@ async fn clean_up_unless_kept(
 
 /// Deletes this run's rows and tokens, so repeated runs measure the same table.
 async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> anyhow::Result<()> {
-    crate::payment::delete_payments_with_prefix(pool, &format!("{run_prefix}-"))
+    payment_worker::payment::delete_payments_with_prefix(pool, &format!("{run_prefix}-"))
         .await
         .context("deleting the run's payment rows")?;
     sqlx::query("DELETE FROM idempotency_tokens WHERE starts_with(key, $1)")
@@ -222,7 +224,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     // Set-up, audit and clean-up share two connections, so the measured pools have
     // the server's connection slots to themselves.
-    let admin = crate::startup::connect_and_migrate(&DatabaseSettings {
+    let admin = payment_worker::startup::connect_and_migrate(&DatabaseSettings {
         max_connections: 2,
         ..database.clone()
     })
@@ -489,9 +491,9 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
     report.phases.push(drained);
 
     // The same two phases with results, dead letters and offsets in transactions.
-    bed.worker.results = crate::configuration::ResultsMode::ExactlyOnce;
+    bed.worker.results = payment_worker::configuration::ResultsMode::ExactlyOnce;
     let eos = eos_phases(bed, e2e_commands, &mut audit).await;
-    bed.worker.results = crate::configuration::ResultsMode::AtLeastOnce;
+    bed.worker.results = payment_worker::configuration::ResultsMode::AtLeastOnce;
     let (eos_zero, eos_slow) = eos?;
     report.eos_tps_0ms = eos_zero.payments_per_s;
     report.eos_tps_20ms = eos_slow.payments_per_s;

@@ -13,8 +13,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::load::{now_ms, Position};
 use super::report::{LatencySummary, PhaseReport};
-use crate::configuration::KafkaSettings;
-use crate::worker::{self, ResultRecord};
+use payment_worker::configuration::KafkaSettings;
+use payment_worker::worker::{self, ResultRecord};
 
 /// librdkafka's mock broker answers a fetch that finds no data only after the full
 /// `fetch.wait.max.ms` (default 500), even when records arrive meanwhile; a real

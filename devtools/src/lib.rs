@@ -1,8 +1,10 @@
-//! Development tools, apart from the product: `demo`, `bench`, the gateway
-//! simulator (`gateway-sim`) and the local Kafka (`dev-kafka`). They may use any
-//! product module; no product module uses them (only `cli` names both, to
-//! dispatch commands).
+//! payment-worker's development tools, a crate apart from the product: `demo`,
+//! `bench`, the gateway simulator (`gateway-sim`), the local Kafka (`dev-kafka`, with
+//! the changes `native/` links into librdkafka's mock broker) and localstripe for
+//! the tests. They use the product's public library; the product never uses them,
+//! and its build (`cargo build --release` at the repository's root) holds none of it.
 mod bench;
+pub mod cli;
 mod demo;
 mod gateway_simulator;
 mod local_kafka;

@@ -25,12 +25,12 @@ use super::results::{
     summarize, write_samples, ResultsReader, MOCK_FETCH_WAIT_MS, RESULTS_KEPT_PER_PARTITION,
 };
 use super::rss::read_memory;
-use crate::configuration::{KafkaSettings, WorkerSettings};
-use crate::devtools::{GatewaySimulator, LocalKafka, RunningSimulator, SimulatorConfig};
-use crate::gateway::{HttpGateway, PaymentGateway};
-use crate::payment::{GatewayLookup, Processor};
-use crate::token::TokenStore;
-use crate::worker::{self, RunningWorker};
+use crate::{GatewaySimulator, LocalKafka, RunningSimulator, SimulatorConfig};
+use payment_worker::configuration::{KafkaSettings, WorkerSettings};
+use payment_worker::gateway::{HttpGateway, PaymentGateway};
+use payment_worker::payment::{GatewayLookup, Processor};
+use payment_worker::token::TokenStore;
+use payment_worker::worker::{self, RunningWorker};
 
 /// A phase that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(60);
@@ -152,7 +152,7 @@ impl Bed {
             GatewayLookup::Uncertain,
             self.key_prefix(phase),
         ));
-        let handler = crate::startup::handler(processor, kafka, &self.worker)?;
+        let handler = payment_worker::startup::handler(processor, kafka, &self.worker)?;
         // The consumer only: producers would log the consumer setting as ignored.
         let mut consumer = kafka.clone();
         consumer
@@ -603,7 +603,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::redaction::holds_card_number;
+    use payment_worker::redaction::holds_card_number;
 
     proptest! {
         #[test]
@@ -615,8 +615,8 @@ mod tests {
             ]),
             n in 0usize..10_000_000,
         ) {
-            let key = crate::operator::numbered_key(&phase_key_prefix(&run_id, phase), n, 7);
-            prop_assert!(crate::token::IdempotencyKey::try_from(key.as_str()).is_ok(), "{}", key);
+            let key = payment_worker::operator::numbered_key(&phase_key_prefix(&run_id, phase), n, 7);
+            prop_assert!(payment_worker::token::IdempotencyKey::try_from(key.as_str()).is_ok(), "{}", key);
             prop_assert!(!holds_card_number(key.as_bytes()), "{}", key);
         }
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::gateway::LedgerEntry;
-use crate::payment::{booked_payments, BookedPayment};
+use payment_worker::gateway::LedgerEntry;
+use payment_worker::payment::{booked_payments, BookedPayment};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct AuditReport {
@@ -61,7 +61,7 @@ pub fn reconcile(
     commands: usize,
     answered: usize,
 ) -> AuditReport {
-    let books = crate::audit::reconcile(ledger, rows);
+    let books = payment_worker::audit::reconcile(ledger, rows);
     let mut report = AuditReport {
         phases: 1,
         commands,
@@ -80,8 +80,8 @@ pub fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::ChargeStatus;
-    use crate::payment::PaymentStatus;
+    use payment_worker::gateway::ChargeStatus;
+    use payment_worker::payment::PaymentStatus;
 
     fn entry(key: &str, txn: &str) -> LedgerEntry {
         LedgerEntry {

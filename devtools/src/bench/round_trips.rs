@@ -11,10 +11,12 @@ use tracing_subscriber::Layer;
 
 use super::e2e::Bed;
 use super::report::RoundTripsPerPayment;
-use crate::devtools::{GatewaySimulator, SimulatorConfig};
-use crate::gateway::{HttpGateway, PaymentGateway};
-use crate::payment::{Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor};
-use crate::telemetry::RoundTripCounter;
+use crate::{GatewaySimulator, SimulatorConfig};
+use payment_worker::gateway::{HttpGateway, PaymentGateway};
+use payment_worker::payment::{
+    Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
+};
+use payment_worker::telemetry::RoundTripCounter;
 
 pub(super) async fn per_fresh_payment(
     bed: &Bed,
@@ -45,7 +47,7 @@ pub(super) async fn per_fresh_payment(
     let mut fresh = 0usize;
     for n in 0..payments {
         let value = serde_json::json!({
-            "idempotency_key": crate::operator::numbered_key(&prefix, n, 1), "account_id": "acct_bench",
+            "idempotency_key": payment_worker::operator::numbered_key(&prefix, n, 1), "account_id": "acct_bench",
             "amount_minor": 1000 + n, "currency": "EUR", "payment_method": "pm_card_visa",
         });
         let command = PaymentCommand::parse(value.to_string().as_bytes())

@@ -11,8 +11,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use super::ledger::{Decision, Delivery, Shared};
-use crate::gateway::{ChargeRequest, LedgerEntry};
-use crate::token::IdempotencyKey;
+use payment_worker::gateway::{ChargeRequest, LedgerEntry};
+use payment_worker::token::IdempotencyKey;
 
 /// An error answer: `{"error": code, "message": …}`.
 struct Rejection {
