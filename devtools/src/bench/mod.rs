@@ -14,6 +14,7 @@ mod report;
 mod results;
 mod round_trips;
 mod rss;
+mod running;
 mod runner;
 mod stripe;
 mod table;
