@@ -14,8 +14,8 @@ mod report;
 mod results;
 mod round_trips;
 mod rss;
-mod running;
 mod runner;
+mod running;
 mod stripe;
 mod table;
 

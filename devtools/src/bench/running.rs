@@ -51,7 +51,10 @@ pub(super) fn check_alive(running: &mut Running) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(super) async fn wait_for_assignment(running: &Running, partitions: usize) -> anyhow::Result<()> {
+pub(super) async fn wait_for_assignment(
+    running: &Running,
+    partitions: usize,
+) -> anyhow::Result<()> {
     let Running::InProcess(worker) = running else {
         anyhow::bail!("paced phases run the worker in process");
     };
@@ -175,4 +178,3 @@ pub(super) async fn stop(running: Running) -> anyhow::Result<()> {
         }
     }
 }
-

@@ -347,13 +347,15 @@ fn invocation(line: &str) -> Option<(Binary, Vec<String>)> {
         .trim_end();
     let words = shell_words(line);
     let word = |i: usize| words.get(i).map(String::as_str);
-    // `kubectl exec deploy/payment-worker -- payment-worker …`: the last one runs.
-    let (binary, start) = match words
+    // The first word that names a binary (`./target/release/payment-worker`), unless
+    // a bare name follows: `kubectl exec deploy/payment-worker -- payment-worker …`
+    // runs the last one.
+    let named = |i: usize| Binary::of_word(&words[i]).map(|b| (b, i + 1));
+    let bare = words
         .iter()
-        .enumerate()
-        .rev()
-        .find_map(|(i, w)| Binary::of_word(w).map(|b| (b, i + 1)))
-    {
+        .rposition(|w| w == "payment-worker" || w == "payment-worker-devtools");
+    let first = (0..words.len()).find(|&i| named(i).is_some());
+    let (binary, start) = match bare.or(first).and_then(named) {
         Some(found) if word(0) != Some("cargo") => found,
         _ if word(0) == Some("cargo") && word(1) == Some("demo") => (Binary::Devtools, 1),
         _ if word(0) == Some("cargo") && word(1) == Some("run") => {
