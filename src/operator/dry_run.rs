@@ -290,7 +290,7 @@ impl Examiner<'_> {
             Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
             None => match self.decided_earlier(command) {
                 Some(verdict) => verdict,
-                None => self.from_token(command, offset).await?,
+                None => self.decide_from_token(command, offset).await?,
             },
         })
     }
@@ -311,7 +311,7 @@ impl Examiner<'_> {
 
     /// The verdict from the key's token ([`token_verdict`]); a key it would charge or
     /// look up is decided here for the records after it.
-    async fn from_token(
+    async fn decide_from_token(
         &mut self,
         command: &PaymentCommand,
         offset: i64,
