@@ -1,18 +1,27 @@
 //! The reconciliation itself: ledger against rows, rows against the ledger, and the
 //! token store against both.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+
 use anyhow::Context;
 use sqlx::PgPool;
 
-use super::books::reconcile;
+use super::books::{reconcile, Books};
 use super::repair::{cancel_orphan, repair_stuck_token};
 use super::report::AuditReport;
-use crate::gateway::{LedgerEntry, PaymentGateway};
-use crate::payment::{booked_payments, unresolved_charges, PaymentStatus, UnresolvedCharge};
+use crate::gateway::{LedgerEntry, PaymentGateway, Unconfirmed};
+use crate::payment::{
+    booked_payments, unresolved_charges, BookedPayment, PaymentStatus, UnresolvedCharge,
+};
 use crate::token::{IdempotencyKey, TokenState, TokenStore};
 
 /// Most stuck tokens listed (and repaired) in one run.
 const MAX_STUCK_TOKENS: usize = 100_000;
+
+/// The ledger's entries by key, as [`Books::charges`].
+type Charges<'a> = BTreeMap<&'a str, Vec<&'a LedgerEntry>>;
+/// The rows by key, as [`Books::rows`].
+type Rows<'a> = HashMap<&'a str, &'a BookedPayment>;
 
 /// What an audit covers and whether it repairs.
 #[derive(Debug, Clone, Default)]
@@ -43,6 +52,70 @@ pub async fn audit(
     options: &AuditOptions,
 ) -> anyhow::Result<AuditReport> {
     let lease = tokens.policy().lease;
+    let sources = read_sources(pool, gateway, options, lease).await?;
+    let mut report = AuditReport {
+        key_prefix: options.key_prefix.clone(),
+        ledger_entries: sources.ledger.len(),
+        payment_rows: sources.rows.len(),
+        ..AuditReport::default()
+    };
+
+    let books = reconcile(&sources.ledger, &sources.rows);
+    report_books(&mut report, &books);
+    report_unresolved(&mut report, &sources.unresolved, &books.charges);
+
+    let orphans = list_orphans(gateway, options, lease).await?;
+    report_orphans(&mut report, &orphans);
+    report_tombstones_without_row(&mut report, &books, tokens).await?;
+
+    let stuck = list_stuck_tokens(&mut report, tokens, options).await?;
+    let unsafe_keys = report_stuck_tokens(&mut report, &stuck, &books.rows);
+    report.token_table = tokens
+        .housekeeping()
+        .await
+        .context("reading the token table's size")?;
+
+    if options.repair {
+        repair_stuck_tokens(
+            &mut report,
+            &stuck,
+            &unsafe_keys,
+            &books,
+            pool,
+            tokens,
+            gateway,
+        )
+        .await;
+        cancel_orphans(&mut report, &orphans, &books.rows, tokens, gateway).await;
+        report.token_inconsistencies_repaired = report
+            .repairs
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.action,
+                    super::RepairAction::Completed | super::RepairAction::Restored
+                )
+            })
+            .count();
+    }
+    Ok(report)
+}
+
+/// What the books are reconciled from, read in this order.
+struct Sources {
+    rows: Vec<BookedPayment>,
+    unresolved: Vec<UnresolvedCharge>,
+    ledger: Vec<LedgerEntry>,
+}
+
+/// Reads the payment rows, the commands dead-lettered with their charge unknown and
+/// the ledger, each narrowed to the audited keys.
+async fn read_sources(
+    pool: &PgPool,
+    gateway: &dyn PaymentGateway,
+    options: &AuditOptions,
+    lease: std::time::Duration,
+) -> anyhow::Result<Sources> {
     // Rows first: a command finishing during the audit then shows up as a charge
     // without a row at worst, never as a row without its charge.
     let rows = booked_payments(
@@ -62,16 +135,17 @@ pub async fn audit(
         .into_iter()
         .filter(|entry| options.wants(&entry.idempotency_key))
         .collect();
-    let mut report = AuditReport {
-        key_prefix: options.key_prefix.clone(),
-        ledger_entries: ledger.len(),
-        payment_rows: rows.len(),
-        ..AuditReport::default()
-    };
+    Ok(Sources {
+        rows,
+        unresolved,
+        ledger,
+    })
+}
 
-    let books = reconcile(&ledger, &rows);
+/// The ledger against the rows: double charges, charges without a row, stale
+/// `processing` rows, rows without a charge and rows the ledger disagrees with.
+fn report_books(report: &mut AuditReport, books: &Books<'_>) {
     let charges = &books.charges;
-    let rows_by_key = &books.rows;
     for key in &books.double_charged {
         let entries = &charges[key];
         let ids: Vec<&str> = entries.iter().map(|e| e.transaction_id.as_str()).collect();
@@ -130,8 +204,16 @@ pub async fn audit(
             ),
         );
     }
+}
 
-    for given_up in &unresolved {
+/// Every command dead-lettered with its charge unknown, against what the ledger
+/// holds for its key.
+fn report_unresolved(
+    report: &mut AuditReport,
+    unresolved: &[UnresolvedCharge],
+    charges: &Charges<'_>,
+) {
+    for given_up in unresolved {
         let ledger_side = charges
             .get(given_up.idempotency_key.as_str())
             .map(|entries| entries.as_slice())
@@ -141,19 +223,30 @@ pub async fn audit(
             describe_unresolved(given_up, ledger_side),
         );
     }
+}
 
+/// The gateway's unconfirmed charges of the audited keys that are orphans.
+async fn list_orphans(
+    gateway: &dyn PaymentGateway,
+    options: &AuditOptions,
+    lease: std::time::Duration,
+) -> anyhow::Result<Vec<Unconfirmed>> {
     // Charges made ready and never confirmed: an orphan once it is older than any
     // attempt that may still confirm it.
     let orphan_before = chrono::Utc::now()
         - chrono::Duration::from_std(lease + options.orphan_margin).unwrap_or_default();
-    let orphans: Vec<_> = gateway
+    Ok(gateway
         .unconfirmed()
         .await
         .context("listing the gateway's unconfirmed charges")?
         .into_iter()
         .filter(|u| options.wants(&u.idempotency_key) && u.created_at < orphan_before)
-        .collect();
-    for orphan in &orphans {
+        .collect())
+}
+
+/// Every orphaned charge, with its id, amount and age.
+fn report_orphans(report: &mut AuditReport, orphans: &[Unconfirmed]) {
+    for orphan in orphans {
         report.orphaned_charges.push(
             &orphan.idempotency_key,
             format!(
@@ -167,10 +260,21 @@ pub async fn audit(
             ),
         );
     }
+}
 
+/// Completed tokens whose key was charged but has no row.
+async fn report_tombstones_without_row(
+    report: &mut AuditReport,
+    books: &Books<'_>,
+    tokens: &dyn TokenStore,
+) -> anyhow::Result<()> {
     // Tombstones can only lack their row where a key was charged without one (a row
     // is written before every charge and only committed final).
-    for key in charges.keys().filter(|k| !rows_by_key.contains_key(*k)) {
+    for key in books
+        .charges
+        .keys()
+        .filter(|k| !books.rows.contains_key(*k))
+    {
         let Ok(key) = IdempotencyKey::try_from(*key) else {
             continue;
         };
@@ -183,21 +287,39 @@ pub async fn audit(
             }
         }
     }
+    Ok(())
+}
 
+/// The audited keys of tokens whose lease expired in `processing`; notes in the
+/// report whether the store listed as many as it was asked for.
+async fn list_stuck_tokens(
+    report: &mut AuditReport,
+    tokens: &dyn TokenStore,
+    options: &AuditOptions,
+) -> anyhow::Result<Vec<IdempotencyKey>> {
     let stuck = tokens
         .expired_leases(MAX_STUCK_TOKENS)
         .await
         .context("listing tokens whose lease expired")?;
     report.stuck_tokens_truncated = stuck.len() >= MAX_STUCK_TOKENS;
-    let stuck: Vec<IdempotencyKey> = stuck
+    Ok(stuck
         .into_iter()
         .filter(|k| options.wants(k.as_str()))
-        .collect();
+        .collect())
+}
+
+/// Sorts the stuck tokens into harmless ones and violations; returns the keys of
+/// the violations.
+fn report_stuck_tokens(
+    report: &mut AuditReport,
+    stuck: &[IdempotencyKey],
+    rows_by_key: &Rows<'_>,
+) -> HashSet<String> {
     // A token left to its lease with a final row is harmless: the next delivery (or
     // `--repair`) finds the row and completes it. Without a final row nobody knows
     // yet whether a charge happened: that one is a violation until settled.
-    let mut unsafe_keys = std::collections::HashSet::new();
-    for key in &stuck {
+    let mut unsafe_keys = HashSet::new();
+    for key in stuck {
         match rows_by_key.get(key.as_str()) {
             Some(row) if row.status != PaymentStatus::Processing => report.lease_left_tokens.push(
                 key.as_str(),
@@ -216,45 +338,51 @@ pub async fn audit(
             }
         }
     }
-    report.token_table = tokens
-        .housekeeping()
-        .await
-        .context("reading the token table's size")?;
+    unsafe_keys
+}
 
-    if options.repair {
-        for key in &stuck {
-            let charged_without_row =
-                charges.contains_key(key.as_str()) && !rows_by_key.contains_key(key.as_str());
-            let repair = repair_stuck_token(key, charged_without_row, pool, tokens, gateway).await;
-            report.repairs.push(repair);
-        }
-        report.stuck_tokens_repaired = report
-            .repairs
-            .iter()
-            .filter(|r| r.action.resolves() && unsafe_keys.contains(&r.idempotency_key))
-            .count();
-        for orphan in &orphans {
-            let final_row = rows_by_key
-                .get(orphan.idempotency_key.as_str())
-                .is_some_and(|row| row.status != PaymentStatus::Processing);
-            let repair = cancel_orphan(orphan, final_row, tokens, gateway).await;
-            if repair.action == super::RepairAction::Cancelled {
-                report.orphans_cancelled += 1;
-            }
-            report.repairs.push(repair);
-        }
-        report.token_inconsistencies_repaired = report
-            .repairs
-            .iter()
-            .filter(|r| {
-                matches!(
-                    r.action,
-                    super::RepairAction::Completed | super::RepairAction::Restored
-                )
-            })
-            .count();
+/// `--repair` of every stuck token, one after the other; counts the violations
+/// it settled.
+async fn repair_stuck_tokens(
+    report: &mut AuditReport,
+    stuck: &[IdempotencyKey],
+    unsafe_keys: &HashSet<String>,
+    books: &Books<'_>,
+    pool: &PgPool,
+    tokens: &dyn TokenStore,
+    gateway: &dyn PaymentGateway,
+) {
+    for key in stuck {
+        let charged_without_row =
+            books.charges.contains_key(key.as_str()) && !books.rows.contains_key(key.as_str());
+        let repair = repair_stuck_token(key, charged_without_row, pool, tokens, gateway).await;
+        report.repairs.push(repair);
     }
-    Ok(report)
+    report.stuck_tokens_repaired = report
+        .repairs
+        .iter()
+        .filter(|r| r.action.resolves() && unsafe_keys.contains(&r.idempotency_key))
+        .count();
+}
+
+/// `--repair` of every orphaned charge, one after the other.
+async fn cancel_orphans(
+    report: &mut AuditReport,
+    orphans: &[Unconfirmed],
+    rows_by_key: &Rows<'_>,
+    tokens: &dyn TokenStore,
+    gateway: &dyn PaymentGateway,
+) {
+    for orphan in orphans {
+        let final_row = rows_by_key
+            .get(orphan.idempotency_key.as_str())
+            .is_some_and(|row| row.status != PaymentStatus::Processing);
+        let repair = cancel_orphan(orphan, final_row, tokens, gateway).await;
+        if repair.action == super::RepairAction::Cancelled {
+            report.orphans_cancelled += 1;
+        }
+        report.repairs.push(repair);
+    }
 }
 
 /// One unresolved command against what the ledger holds for its key.

@@ -6,7 +6,7 @@
 use uuid::Uuid;
 
 use crate::gateway::{PaymentGateway, Unconfirmed};
-use crate::payment::{find_payment, PaymentStatus};
+use crate::payment::{find_payment, PaymentRecord, PaymentStatus};
 use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
 
 /// What `--repair` did with one stuck token.
@@ -95,35 +95,10 @@ pub(super) async fn repair_stuck_token(
             "charged at the gateway without a row; the next delivery records it",
         );
     }
-    let owner = format!("audit:{}", Uuid::new_v4().simple());
-    let fence = match tokens.reserve(key, &owner).await {
-        Ok(Reservation::Reserved { fence, .. }) => fence,
-        Ok(Reservation::InFlight { .. } | Reservation::Completed { .. }) => {
-            return repair(key, RepairAction::AlreadyMoved, "a worker got to it first")
-        }
-        Ok(Reservation::Missing) => {
-            return repair(
-                key,
-                RepairAction::Failed,
-                "the token is past its deadline (issued mode)",
-            )
-        }
-        Ok(Reservation::Unsettled) => {
-            return repair(
-                key,
-                RepairAction::LeftForWorker,
-                "the token expired while an attempt held it (issued mode): its charge is unknown; the next delivery looks it up",
-            )
-        }
-        Err(error) => {
-            return repair(
-                key,
-                RepairAction::Failed,
-                format!("reserve failed: {error}"),
-            )
-        }
+    let claim = match take_over(key, tokens).await {
+        Ok(claim) => claim,
+        Err(not_taken) => return not_taken,
     };
-    let claim = Claim { owner, fence };
     let row = async {
         let mut conn = pool.acquire().await?;
         find_payment(&mut conn, key.as_str()).await
@@ -142,63 +117,116 @@ pub(super) async fn repair_stuck_token(
     };
     match row {
         Some(row) if row.status != PaymentStatus::Processing => {
-            match tokens
-                .confirm(key, &claim, row.id, row.fingerprint.as_str())
-                .await
-            {
-                Ok(Transition::Applied) => {
-                    record_inconsistency(key, "completed", "processing");
-                    repair(key, RepairAction::Completed, format!("payment {}", row.id))
-                }
-                Ok(Transition::Refused) => {
-                    repair(key, RepairAction::AlreadyMoved, "confirm refused")
-                }
-                Err(error) => repair(
-                    key,
-                    RepairAction::Failed,
-                    format!("confirm failed: {error}"),
-                ),
-            }
+            complete_from_row(key, &claim, &row, tokens).await
         }
         Some(_) => repair(
             key,
             RepairAction::LeftForWorker,
             "its payment row is stuck in processing; an operator must decide",
         ),
-        None => {
-            // The fenced-out owner may have charged just before we took over.
-            let charged_now = match gateway.lookup(key).await {
-                Ok(found) => found.is_some(),
-                Err(error) => {
-                    return repair(
-                        key,
-                        RepairAction::Failed,
-                        format!("gateway look-up failed: {error}"),
-                    )
-                }
-            };
-            if charged_now {
-                return repair(
-                    key,
-                    RepairAction::LeftForWorker,
-                    "charged at the gateway without a row; the next delivery records it",
-                );
-            }
-            match tokens.restore(key, &claim).await {
-                Ok(Transition::Applied) => {
-                    record_inconsistency(key, "pending", "processing");
-                    repair(key, RepairAction::Restored, "no payment row, no charge")
-                }
-                Ok(Transition::Refused) => {
-                    repair(key, RepairAction::AlreadyMoved, "restore refused")
-                }
-                Err(error) => repair(
-                    key,
-                    RepairAction::Failed,
-                    format!("restore failed: {error}"),
-                ),
-            }
+        None => restore_if_uncharged(key, &claim, tokens, gateway).await,
+    }
+}
+
+/// Reserves the stuck token under an owner of the audit's own, fencing the old
+/// owner out; or what the repair comes to when it cannot.
+async fn take_over(key: &IdempotencyKey, tokens: &dyn TokenStore) -> Result<Claim, TokenRepair> {
+    let owner = format!("audit:{}", Uuid::new_v4().simple());
+    let fence = match tokens.reserve(key, &owner).await {
+        Ok(Reservation::Reserved { fence, .. }) => fence,
+        Ok(Reservation::InFlight { .. } | Reservation::Completed { .. }) => {
+            return Err(repair(
+                key,
+                RepairAction::AlreadyMoved,
+                "a worker got to it first",
+            ))
         }
+        Ok(Reservation::Missing) => {
+            return Err(repair(
+                key,
+                RepairAction::Failed,
+                "the token is past its deadline (issued mode)",
+            ))
+        }
+        Ok(Reservation::Unsettled) => {
+            return Err(repair(
+                key,
+                RepairAction::LeftForWorker,
+                "the token expired while an attempt held it (issued mode): its charge is unknown; the next delivery looks it up",
+            ))
+        }
+        Err(error) => {
+            return Err(repair(
+                key,
+                RepairAction::Failed,
+                format!("reserve failed: {error}"),
+            ))
+        }
+    };
+    Ok(Claim { owner, fence })
+}
+
+/// The payment committed final: completes the token with the row's payment.
+async fn complete_from_row(
+    key: &IdempotencyKey,
+    claim: &Claim,
+    row: &PaymentRecord,
+    tokens: &dyn TokenStore,
+) -> TokenRepair {
+    match tokens
+        .confirm(key, claim, row.id, row.fingerprint.as_str())
+        .await
+    {
+        Ok(Transition::Applied) => {
+            record_inconsistency(key, "completed", "processing");
+            repair(key, RepairAction::Completed, format!("payment {}", row.id))
+        }
+        Ok(Transition::Refused) => repair(key, RepairAction::AlreadyMoved, "confirm refused"),
+        Err(error) => repair(
+            key,
+            RepairAction::Failed,
+            format!("confirm failed: {error}"),
+        ),
+    }
+}
+
+/// No payment row: gives the token back to `pending`, unless the gateway holds a
+/// charge for the key after all.
+async fn restore_if_uncharged(
+    key: &IdempotencyKey,
+    claim: &Claim,
+    tokens: &dyn TokenStore,
+    gateway: &dyn PaymentGateway,
+) -> TokenRepair {
+    // The fenced-out owner may have charged just before we took over.
+    let charged_now = match gateway.lookup(key).await {
+        Ok(found) => found.is_some(),
+        Err(error) => {
+            return repair(
+                key,
+                RepairAction::Failed,
+                format!("gateway look-up failed: {error}"),
+            )
+        }
+    };
+    if charged_now {
+        return repair(
+            key,
+            RepairAction::LeftForWorker,
+            "charged at the gateway without a row; the next delivery records it",
+        );
+    }
+    match tokens.restore(key, claim).await {
+        Ok(Transition::Applied) => {
+            record_inconsistency(key, "pending", "processing");
+            repair(key, RepairAction::Restored, "no payment row, no charge")
+        }
+        Ok(Transition::Refused) => repair(key, RepairAction::AlreadyMoved, "restore refused"),
+        Err(error) => repair(
+            key,
+            RepairAction::Failed,
+            format!("restore failed: {error}"),
+        ),
     }
 }
 

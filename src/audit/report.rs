@@ -169,6 +169,17 @@ impl AuditReport {
     /// The human-readable table `audit` prints by default.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
+        self.write_header(&mut out);
+        self.write_sections(&mut out);
+        self.write_warnings(&mut out);
+        self.write_token_table(&mut out);
+        self.write_repairs(&mut out);
+        self.write_result(&mut out);
+        out
+    }
+
+    /// What was audited, and the columns.
+    fn write_header(&self, out: &mut String) {
         let scope = match &self.key_prefix {
             Some(prefix) => format!("keys starting with {prefix:?}"),
             None => "all keys".to_owned(),
@@ -179,43 +190,37 @@ impl AuditReport {
             self.ledger_entries, self.payment_rows
         );
         let _ = writeln!(out, "{:<44} {:>7}  examples", "check", "count");
+    }
+
+    /// One line per check with its count, then its examples.
+    fn write_sections(&self, out: &mut String) {
         for (title, finding) in self.sections() {
             let _ = writeln!(out, "{title:<44} {:>7}", finding.count);
-            for example in &finding.examples {
-                let _ = writeln!(
-                    out,
-                    "{:<44} {:>7}  {}: {}",
-                    "", "", example.idempotency_key, example.detail
-                );
-            }
+            write_examples(out, finding);
         }
         if self.stuck_tokens_truncated {
             let _ = writeln!(out, "(stuck tokens: the listing was truncated)");
         }
+    }
+
+    /// The findings that settle on their own, with their examples.
+    fn write_warnings(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "warning: {:<35} {:>7}",
             "tokens lease-left with a final row", self.lease_left_tokens.count
         );
-        for example in &self.lease_left_tokens.examples {
-            let _ = writeln!(
-                out,
-                "{:<44} {:>7}  {}: {}",
-                "", "", example.idempotency_key, example.detail
-            );
-        }
+        write_examples(out, &self.lease_left_tokens);
         let _ = writeln!(
             out,
             "warning: {:<35} {:>7}",
             "orphaned unconfirmed charges", self.orphaned_charges.count
         );
-        for example in &self.orphaned_charges.examples {
-            let _ = writeln!(
-                out,
-                "{:<44} {:>7}  {}: {}",
-                "", "", example.idempotency_key, example.detail
-            );
-        }
+        write_examples(out, &self.orphaned_charges);
+    }
+
+    /// The token table's size and oldest expired row, when the store has one.
+    fn write_token_table(&self, out: &mut String) {
         if let Some(table) = &self.token_table {
             let oldest = table.oldest_expired_for.map_or_else(
                 || "none".to_owned(),
@@ -234,6 +239,10 @@ impl AuditReport {
                 table.table_bytes / 1024
             );
         }
+    }
+
+    /// What `--repair` did, key by key, and its totals.
+    fn write_repairs(&self, out: &mut String) {
         if !self.repairs.is_empty() {
             let _ = writeln!(out, "repairs:");
             for repair in &self.repairs {
@@ -251,6 +260,10 @@ impl AuditReport {
                 self.token_inconsistencies_repaired, self.orphans_cancelled
             );
         }
+    }
+
+    /// The verdict: clean or how many violations, and how many warnings.
+    fn write_result(&self, out: &mut String) {
         let repaired_note = if self
             .repairs
             .iter()
@@ -275,7 +288,17 @@ impl AuditReport {
                 );
             }
         }
-        out
+    }
+}
+
+/// A finding's examples, indented under the count column.
+fn write_examples(out: &mut String, finding: &Finding) {
+    for example in &finding.examples {
+        let _ = writeln!(
+            out,
+            "{:<44} {:>7}  {}: {}",
+            "", "", example.idempotency_key, example.detail
+        );
     }
 }
 

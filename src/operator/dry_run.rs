@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rdkafka::message::Message;
+use rdkafka::message::{Message, OwnedMessage};
 
 use super::topics::{partition_ranges, read_ranges, PartitionRange};
 use crate::configuration::{GatewayKind, KafkaSettings};
-use crate::payment::{Fingerprint, GatewayLookup};
+use crate::payment::{Fingerprint, GatewayLookup, PaymentCommand};
 use crate::token::{TokenMode, TokenState, TokenStore};
 use crate::worker::Inbound;
 
@@ -193,89 +193,144 @@ async fn examine(
     store: &dyn TokenStore,
     mode: TokenMode,
 ) -> anyhow::Result<(u64, Vec<DryRunVerdict>)> {
+    let (in_range, records) = read_replay(kafka, scope).await?;
+    let mut examiner = Examiner {
+        scope,
+        pool,
+        store,
+        mode,
+        unknown: charges_unknown(pool).await?,
+        decided_here: HashMap::new(),
+    };
+    let mut verdicts = Vec::with_capacity(records.len());
+    for record in &records {
+        verdicts.push(examiner.record(record).await?);
+    }
+    verdicts.sort_by_key(|v| (v.partition, v.offset));
+    Ok((in_range, verdicts))
+}
+
+/// The records a replay would read (off the runtime: reading blocks), and how many
+/// the ranges hold.
+async fn read_replay(
+    kafka: &KafkaSettings,
+    scope: &DryRunScope,
+) -> anyhow::Result<(u64, Vec<OwnedMessage>)> {
     let kafka_settings = kafka.clone();
     let scope_copy = *scope;
-    let (in_range, records) = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let ranges = replay_ranges(&kafka_settings, &scope_copy)?;
         let in_range = ranges.iter().map(|r| r.available).sum::<i64>().max(0) as u64;
         let records = read_ranges(&kafka_settings, &kafka_settings.commands_topic, &ranges)?;
         anyhow::Ok((in_range, records))
     })
-    .await??;
-    // Keys given up on with their charge unknown: the workers look these up before
-    // any charge, whatever their token says.
-    let unknown: HashMap<String, DateTime<Utc>> = crate::payment::unresolved_charges(pool, "")
+    .await?
+}
+
+/// Keys given up on with their charge unknown, and since when: the workers look
+/// these up before any charge, whatever their token says.
+async fn charges_unknown(pool: &sqlx::PgPool) -> anyhow::Result<HashMap<String, DateTime<Utc>>> {
+    Ok(crate::payment::unresolved_charges(pool, "")
         .await?
         .into_iter()
         .map(|u| (u.idempotency_key, u.dead_lettered_at))
-        .collect();
-    let mut verdicts = Vec::with_capacity(records.len());
-    // Keys this replay would charge (or look up) at an earlier record: the workers
-    // answer their later records from that first one, not from today's state.
-    let mut decided_here: HashMap<String, (Fingerprint, i64)> = HashMap::new();
-    for record in &records {
-        let mut idempotency_key = None;
-        let (verdict, detail) = match Inbound::read(record).command {
-            Err(reason) => ("invalid", reason.to_string()),
-            Ok(command) => match scope.gateway.accepts(&command.charge_request()) {
-                Err(refusal) => {
-                    idempotency_key = Some(command.idempotency_key.as_str().to_owned());
-                    ("invalid", refusal)
-                }
-                Ok(()) => {
-                    idempotency_key = Some(command.idempotency_key.as_str().to_owned());
-                    let mut conn = pool.acquire().await?;
-                    let existing =
-                        crate::payment::find_payment(&mut conn, command.idempotency_key.as_str())
-                            .await?;
-                    drop(conn);
-                    match existing {
-                        Some(row) if row.fingerprint == command.fingerprint() => {
-                            ("duplicate", format!("payment {}", row.id))
-                        }
-                        Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
-                        None => match decided_here.get(command.idempotency_key.as_str()) {
-                            Some((fingerprint, first)) if *fingerprint == command.fingerprint() => {
-                                (
-                                    "duplicate",
-                                    format!("of offset {first}, earlier in this replay"),
-                                )
-                            }
-                            Some((_, first)) => (
-                                "key_reused",
-                                format!("key first used at offset {first}, earlier in this replay"),
-                            ),
-                            None => {
-                                let token = store.show(&command.idempotency_key).await?;
-                                let verdict = token_verdict(
-                                    token.as_ref(),
-                                    mode,
-                                    scope.lookup,
-                                    unknown.get(command.idempotency_key.as_str()).copied(),
-                                );
-                                if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
-                                    decided_here.insert(
-                                        command.idempotency_key.as_str().to_owned(),
-                                        (command.fingerprint(), record.offset()),
-                                    );
-                                }
-                                verdict
-                            }
-                        },
-                    }
-                }
-            },
+        .collect())
+}
+
+/// What a dry run reads its verdicts from, and what it decided so far.
+struct Examiner<'a> {
+    scope: &'a DryRunScope,
+    pool: &'a sqlx::PgPool,
+    store: &'a dyn TokenStore,
+    mode: TokenMode,
+    /// Keys given up on with their charge unknown ([`charges_unknown`]).
+    unknown: HashMap<String, DateTime<Utc>>,
+    /// Keys this replay would charge (or look up) at an earlier record: the workers
+    /// answer their later records from that first one, not from today's state.
+    decided_here: HashMap<String, (Fingerprint, i64)>,
+}
+
+impl Examiner<'_> {
+    /// The verdict on one record.
+    async fn record(&mut self, record: &OwnedMessage) -> anyhow::Result<DryRunVerdict> {
+        let (idempotency_key, (verdict, detail)) = match Inbound::read(record).command {
+            Err(reason) => (None, ("invalid", reason.to_string())),
+            Ok(command) => {
+                let verdict = match self.scope.gateway.accepts(&command.charge_request()) {
+                    Err(refusal) => ("invalid", refusal),
+                    Ok(()) => self.command(&command, record.offset()).await?,
+                };
+                (Some(command.idempotency_key.as_str().to_owned()), verdict)
+            }
         };
-        verdicts.push(DryRunVerdict {
+        Ok(DryRunVerdict {
             partition: record.partition(),
             offset: record.offset(),
             idempotency_key,
             verdict,
             detail,
-        });
+        })
     }
-    verdicts.sort_by_key(|v| (v.partition, v.offset));
-    Ok((in_range, verdicts))
+
+    /// The verdict on a valid command the gateway accepts, at `offset`: from its
+    /// payment row, else from an earlier record of this replay, else from its token.
+    async fn command(
+        &mut self,
+        command: &PaymentCommand,
+        offset: i64,
+    ) -> anyhow::Result<(&'static str, String)> {
+        let mut conn = self.pool.acquire().await?;
+        let existing =
+            crate::payment::find_payment(&mut conn, command.idempotency_key.as_str()).await?;
+        drop(conn);
+        Ok(match existing {
+            Some(row) if row.fingerprint == command.fingerprint() => {
+                ("duplicate", format!("payment {}", row.id))
+            }
+            Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
+            None => match self.decided_earlier(command) {
+                Some(verdict) => verdict,
+                None => self.decide_from_token(command, offset).await?,
+            },
+        })
+    }
+
+    /// The verdict when an earlier record of this replay already decided the key.
+    fn decided_earlier(&self, command: &PaymentCommand) -> Option<(&'static str, String)> {
+        match self.decided_here.get(command.idempotency_key.as_str())? {
+            (fingerprint, first) if *fingerprint == command.fingerprint() => Some((
+                "duplicate",
+                format!("of offset {first}, earlier in this replay"),
+            )),
+            (_, first) => Some((
+                "key_reused",
+                format!("key first used at offset {first}, earlier in this replay"),
+            )),
+        }
+    }
+
+    /// The verdict from the key's token ([`token_verdict`]); a key it would charge or
+    /// look up is decided here for the records after it.
+    async fn decide_from_token(
+        &mut self,
+        command: &PaymentCommand,
+        offset: i64,
+    ) -> anyhow::Result<(&'static str, String)> {
+        let token = self.store.show(&command.idempotency_key).await?;
+        let verdict = token_verdict(
+            token.as_ref(),
+            self.mode,
+            self.scope.lookup,
+            self.unknown.get(command.idempotency_key.as_str()).copied(),
+        );
+        if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
+            self.decided_here.insert(
+                command.idempotency_key.as_str().to_owned(),
+                (command.fingerprint(), offset),
+            );
+        }
+        Ok(verdict)
+    }
 }
 
 /// The verdict for a command with no payment row, from its token: the processor

@@ -1,6 +1,7 @@
 //! `payment-worker dlq redrive`: puts dead letters back on the commands topic.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,54 +49,24 @@ pub struct RedriveArgs {
 /// original broke and be charged as something nobody asked for.
 pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     let kafka = args.kafka.clone();
-    let group = format!("{}.dlq-redrive", kafka.group_id);
-    let (ends, mut progress) = tokio::task::spawn_blocking({
+    let (ends, progress) = tokio::task::spawn_blocking({
         let kafka = kafka.clone();
-        move || -> anyhow::Result<_> {
-            let mut config = base_config(&kafka);
-            config
-                .set("group.id", &group)
-                .set("enable.auto.commit", "false");
-            let probe: BaseConsumer = create_client(&config)?;
-            let partitions = partition_count(&kafka, &kafka.dlq_topic)?;
-            let mut list = TopicPartitionList::new();
-            for p in 0..partitions {
-                list.add_partition(&kafka.dlq_topic, p);
-            }
-            let committed = probe.committed_offsets(list, Duration::from_secs(10))?;
-            let starts: HashMap<i32, i64> = committed
-                .elements()
-                .iter()
-                .filter_map(|e| match e.offset() {
-                    Offset::Offset(o) => Some((e.partition(), o)),
-                    _ => None,
-                })
-                .collect();
-            drop(committed);
-            // What the topic holds now is this run's work; letters that arrive
-            // while it runs are left for the next run.
-            let run = partition_ranges(&kafka, &kafka.dlq_topic, |p, low| {
-                starts.get(&p).copied().unwrap_or(low)
-            })?;
-            let ends: Vec<(i32, i64)> = run.iter().map(|r| (r.partition, r.to)).collect();
-            let progress = Progress {
-                next: run.iter().map(|r| (r.partition, r.from)).collect(),
-                uncommitted: 0,
-                topic: kafka.dlq_topic.clone(),
-                committer: Arc::new(probe),
-            };
-            Ok((ends, progress))
-        }
+        move || where_the_run_starts(&kafka)
     })
     .await??;
     let producer: FutureProducer = create_client(&producer_config(&kafka))?;
-    let mut sent = 0usize;
-    let mut altered = 0usize;
+    let mut run = Run {
+        args: &args,
+        producer,
+        progress,
+        sent: 0,
+        altered: 0,
+    };
     // A window at a time, so that memory and each read stay bounded however many
     // dead letters an outage left, and `--max` bounds what is read as well.
-    'windows: loop {
-        let ranges = windows(&ends, &progress.next);
-        if ranges.is_empty() || args.max.is_some_and(|m| sent >= m) {
+    loop {
+        let ranges = windows(&ends, &run.progress.next);
+        if ranges.is_empty() || run.max_reached() {
             break;
         }
         let records = tokio::task::spawn_blocking({
@@ -103,67 +74,161 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
             move || read_ranges(&kafka, &kafka.dlq_topic, &ranges)
         })
         .await??;
-        for record in &records {
-            if args.max.is_some_and(|m| sent >= m) {
-                break 'windows;
+        if run.window(&records).await?.is_break() {
+            break;
+        }
+        // Offsets of the window that hold no record to redrive (transaction markers,
+        // aborted records) are passed too.
+        for range in &ranges {
+            run.progress.reached(range.partition, range.to);
+        }
+    }
+    let Run {
+        progress,
+        sent,
+        altered,
+        ..
+    } = run;
+    progress.finish().await?;
+    print_summary(sent, altered);
+    Ok(())
+}
+
+/// Where each dead-letter partition ends now (this run's work) and where the
+/// `.dlq-redrive` group left off, with the consumer that commits the progress.
+/// Blocking: run off the runtime.
+fn where_the_run_starts(kafka: &KafkaSettings) -> anyhow::Result<(Vec<(i32, i64)>, Progress)> {
+    let group = format!("{}.dlq-redrive", kafka.group_id);
+    let mut config = base_config(kafka);
+    config
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false");
+    let probe: BaseConsumer = create_client(&config)?;
+    let partitions = partition_count(kafka, &kafka.dlq_topic)?;
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(&kafka.dlq_topic, p);
+    }
+    let committed = probe.committed_offsets(list, Duration::from_secs(10))?;
+    let starts: HashMap<i32, i64> = committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect();
+    drop(committed);
+    // What the topic holds now is this run's work; letters that arrive
+    // while it runs are left for the next run.
+    let run = partition_ranges(kafka, &kafka.dlq_topic, |p, low| {
+        starts.get(&p).copied().unwrap_or(low)
+    })?;
+    let ends: Vec<(i32, i64)> = run.iter().map(|r| (r.partition, r.to)).collect();
+    let progress = Progress {
+        next: run.iter().map(|r| (r.partition, r.from)).collect(),
+        uncommitted: 0,
+        topic: kafka.dlq_topic.clone(),
+        committer: Arc::new(probe),
+    };
+    Ok((ends, progress))
+}
+
+/// What the run has done so far, and what it sends with.
+struct Run<'a> {
+    args: &'a RedriveArgs,
+    producer: FutureProducer,
+    progress: Progress,
+    sent: usize,
+    altered: usize,
+}
+
+impl Run<'_> {
+    /// `--max` records were sent.
+    fn max_reached(&self) -> bool {
+        self.args.max.is_some_and(|m| self.sent >= m)
+    }
+
+    /// Redrives (or passes over) the records of one window in order, committing
+    /// every [`COMMIT_EVERY`]; breaks once `--max` records were sent.
+    async fn window(
+        &mut self,
+        records: &[rdkafka::message::OwnedMessage],
+    ) -> anyhow::Result<ControlFlow<()>> {
+        for record in records {
+            if self.max_reached() {
+                return Ok(ControlFlow::Break(()));
             }
             let kind = record
                 .headers()
                 .and_then(|h| crate::kafka_headers::last_value(h, ERROR_KIND))
                 .and_then(|v| String::from_utf8(v.to_vec()).ok());
-            let passed_over = args.kind.as_ref().is_some_and(|k| Some(k) != kind.as_ref());
+            let passed_over = self
+                .args
+                .kind
+                .as_ref()
+                .is_some_and(|k| Some(k) != kind.as_ref());
             if !passed_over && is_altered(record) {
-                altered += 1;
+                self.altered += 1;
             } else if !passed_over {
-                let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&kafka.commands_topic);
-                if let Some(key) = record.key() {
-                    out = out.key(key);
-                }
-                if let Some(value) = record.payload() {
-                    out = out.payload(value);
-                }
-                let headers: Option<OwnedHeaders> = redriven_headers(record);
-                if let Some(headers) = headers {
-                    out = out.headers(headers);
-                }
-                let delivered = producer
-                    .send(out, Timeout::After(Duration::from_secs(30)))
-                    .await
-                    .map_err(|(e, _)| e);
-                if let Err(error) = delivered {
-                    // What was sent stays sent: record it, so that the next run starts
-                    // with the record that failed and sends nothing twice.
-                    let position = format!(
-                        "producing a redriven record (partition {}, offset {})",
-                        record.partition(),
-                        record.offset()
-                    );
-                    let context = match progress.commit().await {
-                        Ok(()) => format!(
-                            "{position}; the {sent} sent before it are recorded, run the redrive \
-                             again to go on"
-                        ),
-                        Err(commit) => format!(
-                            "{position}; recording the {sent} sent before it failed too \
-                             ({commit:#}), so the next run sends them again"
-                        ),
-                    };
-                    return Err(anyhow::Error::new(error).context(context));
-                }
-                sent += 1;
+                self.send(record).await?;
+                self.sent += 1;
             }
-            progress.passed(record.partition(), record.offset());
-            if progress.uncommitted >= COMMIT_EVERY {
-                progress.commit().await?;
+            self.progress.passed(record.partition(), record.offset());
+            if self.progress.uncommitted >= COMMIT_EVERY {
+                self.progress.commit().await?;
             }
         }
-        // Offsets of the window that hold no record to redrive (transaction markers,
-        // aborted records) are passed too.
-        for range in &ranges {
-            progress.reached(range.partition, range.to);
-        }
+        Ok(ControlFlow::Continue(()))
     }
-    progress.finish().await?;
+
+    /// Sends `record` back to the commands topic; on failure records the progress
+    /// before it and says so in the error.
+    async fn send(&mut self, record: &rdkafka::message::OwnedMessage) -> anyhow::Result<()> {
+        let mut out: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&self.args.kafka.commands_topic);
+        if let Some(key) = record.key() {
+            out = out.key(key);
+        }
+        if let Some(value) = record.payload() {
+            out = out.payload(value);
+        }
+        let headers: Option<OwnedHeaders> = redriven_headers(record);
+        if let Some(headers) = headers {
+            out = out.headers(headers);
+        }
+        let delivered = self
+            .producer
+            .send(out, Timeout::After(Duration::from_secs(30)))
+            .await
+            .map_err(|(e, _)| e);
+        let Err(error) = delivered else {
+            return Ok(());
+        };
+        // What was sent stays sent: record it, so that the next run starts
+        // with the record that failed and sends nothing twice.
+        let sent = self.sent;
+        let position = format!(
+            "producing a redriven record (partition {}, offset {})",
+            record.partition(),
+            record.offset()
+        );
+        let context = match self.progress.commit().await {
+            Ok(()) => format!(
+                "{position}; the {sent} sent before it are recorded, run the redrive \
+                 again to go on"
+            ),
+            Err(commit) => format!(
+                "{position}; recording the {sent} sent before it failed too \
+                 ({commit:#}), so the next run sends them again"
+            ),
+        };
+        Err(anyhow::Error::new(error).context(context))
+    }
+}
+
+/// What the run did, for the operator.
+fn print_summary(sent: usize, altered: usize) {
     println!("redrove {sent} records");
     if altered > 0 {
         println!(
@@ -171,7 +236,6 @@ pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
              their commands must be sent again by whoever sent them"
         );
     }
-    Ok(())
 }
 
 /// Records redriven (or passed over) between two progress commits: what a crash
