@@ -6,6 +6,8 @@ mod postgres_statements;
 mod redis;
 mod redis_connection;
 mod redis_node;
+mod redis_replies;
+mod redis_scan;
 mod redis_sentinel;
 mod redis_settle;
 mod settle_wait;

@@ -8,16 +8,17 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::redis_connection::{RedisConnection, RedisTarget, ScanTarget};
+use super::redis_connection::{RedisConnection, RedisTarget};
 use super::redis_node::NodeConnection;
+use super::redis_replies::{classify, corrupt, parse_reservation, parse_view, transition};
 use super::redis_settle::RedisSettleListener;
 use super::settle_wait::{SettleWatch, Woken};
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{Script, Value};
 use uuid::Uuid;
 
 use super::{
-    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Predecessor, Reservation, TokenError,
-    TokenMode, TokenPolicy, TokenState, TokenStore, TokenView, Transition,
+    Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode,
+    TokenPolicy, TokenState, TokenStore, TokenView, Transition,
 };
 use crate::redaction::redact_url;
 
@@ -28,8 +29,6 @@ const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Durations are capped so `now + ttl` stays exact in Lua's doubles.
 const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
-
-const SCAN_BATCH: usize = 500;
 
 struct Scripts {
     issue: Script,
@@ -59,10 +58,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// Tokens in Redis: one hash per key, each transition one Lua script timed by `TIME`.
 #[derive(Clone)]
 pub struct RedisTokenStore {
-    conn: RedisConnection,
-    prefix: String,
+    pub(super) conn: RedisConnection,
+    pub(super) prefix: String,
     policy: TokenPolicy,
-    op_timeout: Duration,
+    pub(super) op_timeout: Duration,
     /// The process's one subscriber for settle announcements (`None`: waiters only
     /// back off, as behind Sentinel).
     settle: Option<Arc<RedisSettleListener>>,
@@ -221,149 +220,10 @@ pub(crate) fn lock_key(prefix: &str, key: &IdempotencyKey) -> String {
     format!("{prefix}:lock:{{{}}}", key.as_str())
 }
 
-fn idempotency_key_of(prefix: &str, redis_key: &str) -> Option<IdempotencyKey> {
-    let rest = redis_key
-        .strip_prefix(prefix)?
-        .strip_prefix(":token:{")?
-        .strip_suffix('}')?;
-    IdempotencyKey::try_from(rest).ok()
-}
-
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis())
         .unwrap_or(MAX_MILLIS)
         .clamp(1, MAX_MILLIS)
-}
-
-/// Connection trouble and server states that pass (loading, failover, cluster moves)
-/// are worth retrying; data this code never writes is not.
-fn classify(err: RedisError, what: &'static str, key: &IdempotencyKey) -> TokenError {
-    let data_problem = matches!(err.code(), Some("CORRUPT" | "WRONGTYPE"))
-        || matches!(
-            err.kind(),
-            ErrorKind::Parse | ErrorKind::UnexpectedReturnType
-        )
-        // A script that raised at run time hit a value it could not handle.
-        || (err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
-            && err.detail().is_some_and(|d| d.contains("script")));
-    if data_problem {
-        TokenError::Corrupt(format!("{what} {key}: {err}"))
-    } else {
-        TokenError::Unavailable(anyhow::Error::new(err).context(format!("{what} {key}")))
-    }
-}
-
-fn corrupt(what: &str, key: &IdempotencyKey, value: &Value) -> TokenError {
-    TokenError::Corrupt(format!("{what} {key}: unexpected reply {value:?}"))
-}
-
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-fn integer(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(n) => Some(*n),
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn non_negative_millis(ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-/// `'nobody'`, `'unknown'` or `'holder', owner`: who held the token before (reserve.lua).
-fn predecessor(items: &[Value]) -> Option<Predecessor> {
-    match (items.first().and_then(text).as_deref(), items.get(1)) {
-        (Some("nobody"), None) => Some(Predecessor::Nobody),
-        (Some("unknown"), None) => Some(Predecessor::Unknown),
-        (Some("holder"), Some(owner)) => text(owner).map(Predecessor::Holder),
-        _ => None,
-    }
-}
-
-fn parse_reservation(key: &IdempotencyKey, value: Value) -> Result<Reservation, TokenError> {
-    let Value::Array(items) = &value else {
-        return Err(corrupt("reserve", key, &value));
-    };
-    let tag = items.first().and_then(text);
-    let reservation = match (tag.as_deref(), items.get(1)) {
-        (Some("reserved"), Some(fence)) => integer(fence)
-            .and_then(|f| u64::try_from(f).ok())
-            .zip(predecessor(&items[2..]))
-            .map(|(fence, predecessor)| Reservation::Reserved { fence, predecessor }),
-        (Some("inflight"), Some(left)) => integer(left).map(|ms| Reservation::InFlight {
-            lease_left: non_negative_millis(ms),
-        }),
-        (Some("completed"), Some(payment_id)) => text(payment_id)
-            .and_then(|p| Uuid::parse_str(&p).ok())
-            .map(|payment_id| Reservation::Completed {
-                payment_id,
-                fingerprint: items.get(2).and_then(text),
-            }),
-        (Some("missing"), _) => Some(Reservation::Missing),
-        (Some("unsettled"), _) => Some(Reservation::Unsettled),
-        _ => None,
-    };
-    reservation.ok_or_else(|| corrupt("reserve", key, &value))
-}
-
-fn parse_view(key: &IdempotencyKey, value: Value) -> Result<Option<TokenView>, TokenError> {
-    let items = match &value {
-        Value::Nil => return Ok(None),
-        Value::Array(items) if items.len() == 8 => items,
-        _ => return Err(corrupt("show", key, &value)),
-    };
-    let bad = || corrupt("show", key, &value);
-    let state = text(&items[0])
-        .as_deref()
-        .and_then(TokenState::parse)
-        .ok_or_else(bad)?;
-    let fence = integer(&items[2])
-        .and_then(|f| u64::try_from(f).ok())
-        .ok_or_else(bad)?;
-    let now = integer(&items[7]).ok_or_else(bad)?;
-    let lease_left = match state {
-        TokenState::Processing => {
-            let until = integer(&items[3]).ok_or_else(bad)?;
-            Some(non_negative_millis(until - now))
-        }
-        _ => None,
-    };
-    let payment_id = match text(&items[5]) {
-        Some(p) => Some(Uuid::parse_str(&p).map_err(|_| bad())?),
-        None => None,
-    };
-    // PTTL is -1 for a key without expiry (never written by this code) and -2 when gone.
-    let ttl = integer(&items[6])
-        .filter(|ms| *ms >= 0)
-        .map(non_negative_millis);
-    Ok(Some(TokenView {
-        state,
-        owner: text(&items[1]),
-        fence,
-        lease_left,
-        ttl,
-        payment_id,
-    }))
-}
-
-/// MATCH treats these as glob syntax; a prefix must match literally.
-fn glob_escape(raw: &str) -> String {
-    let mut escaped = String::with_capacity(raw.len());
-    for c in raw.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
 }
 
 impl RedisTokenStore {
@@ -542,65 +402,6 @@ impl TokenStore for RedisTokenStore {
     }
 }
 
-impl RedisTokenStore {
-    async fn expired_leases_on(
-        &self,
-        target: &ScanTarget,
-        limit: usize,
-        found: &mut Vec<IdempotencyKey>,
-    ) -> Result<(), TokenError> {
-        let pattern = format!("{}:token:*", glob_escape(&self.prefix));
-        let mut cursor: u64 = 0;
-        loop {
-            let mut command = redis::cmd("SCAN");
-            command
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_BATCH);
-            let scan = self.conn.query_on::<(u64, Vec<String>)>(target, &command);
-            let (next, batch) = tokio::time::timeout(self.op_timeout, scan)
-                .await
-                .map_err(|_| anyhow!("SCAN {pattern}: no answer within {:?}", self.op_timeout))
-                .and_then(|r| r.with_context(|| format!("SCAN {pattern} on {target:?}")))
-                .map_err(TokenError::Unavailable)?;
-            for redis_key in batch {
-                if found.len() >= limit {
-                    return Ok(());
-                }
-                let Some(key) = idempotency_key_of(&self.prefix, &redis_key) else {
-                    tracing::warn!(
-                        redis_key,
-                        "skipping a key that is not a token of this store"
-                    );
-                    continue;
-                };
-                // Each key is judged by its own script, on the server clock, at that moment.
-                if let Some(view) = self.show(&key).await? {
-                    if view.state == TokenState::Processing
-                        && view.lease_left == Some(Duration::ZERO)
-                    {
-                        found.push(key);
-                    }
-                }
-            }
-            if next == 0 || found.len() >= limit {
-                return Ok(());
-            }
-            cursor = next;
-        }
-    }
-}
-
-fn transition(applied: bool) -> Transition {
-    if applied {
-        Transition::Applied
-    } else {
-        Transition::Refused
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,172 +410,11 @@ mod tests {
         IdempotencyKey::try_from(raw).unwrap()
     }
 
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn replies_map_to_reservations() {
-        let k = key("k");
-        let pid = Uuid::new_v4();
-        let cases = [
-            (
-                Value::Array(vec![bulk("reserved"), Value::Int(1), bulk("nobody")]),
-                Reservation::Reserved {
-                    fence: 1,
-                    predecessor: Predecessor::Nobody,
-                },
-            ),
-            (
-                Value::Array(vec![
-                    bulk("reserved"),
-                    Value::Int(3),
-                    bulk("holder"),
-                    bulk("w1:abc"),
-                ]),
-                Reservation::Reserved {
-                    fence: 3,
-                    predecessor: Predecessor::Holder("w1:abc".into()),
-                },
-            ),
-            (
-                Value::Array(vec![bulk("reserved"), Value::Int(5), bulk("unknown")]),
-                Reservation::Reserved {
-                    fence: 5,
-                    predecessor: Predecessor::Unknown,
-                },
-            ),
-            (
-                Value::Array(vec![bulk("inflight"), Value::Int(1500)]),
-                Reservation::InFlight {
-                    lease_left: Duration::from_millis(1500),
-                },
-            ),
-            (
-                Value::Array(vec![bulk("completed"), bulk(&pid.to_string()), bulk("fp")]),
-                Reservation::Completed {
-                    payment_id: pid,
-                    fingerprint: Some("fp".into()),
-                },
-            ),
-            (
-                Value::Array(vec![bulk("completed"), bulk(&pid.to_string()), Value::Nil]),
-                Reservation::Completed {
-                    payment_id: pid,
-                    fingerprint: None,
-                },
-            ),
-            (Value::Array(vec![bulk("missing")]), Reservation::Missing),
-            (
-                Value::Array(vec![bulk("unsettled")]),
-                Reservation::Unsettled,
-            ),
-            // Through a proxy or RESP3 the same answers may come as status replies
-            // and numbers as strings.
-            (
-                Value::Array(vec![
-                    Value::SimpleString("reserved".into()),
-                    Value::SimpleString("4".into()),
-                    Value::SimpleString("unknown".into()),
-                ]),
-                Reservation::Reserved {
-                    fence: 4,
-                    predecessor: Predecessor::Unknown,
-                },
-            ),
-            (
-                Value::Array(vec![bulk("inflight"), bulk("250")]),
-                Reservation::InFlight {
-                    lease_left: Duration::from_millis(250),
-                },
-            ),
-        ];
-        for (reply, expected) in cases {
-            assert_eq!(parse_reservation(&k, reply).unwrap(), expected);
-        }
-    }
-
-    #[test]
-    fn malformed_replies_are_corrupt_not_panics() {
-        let k = key("k");
-        for reply in [
-            Value::Nil,
-            Value::Int(1),
-            Value::Array(vec![]),
-            Value::Array(vec![bulk("reserved")]),
-            Value::Array(vec![bulk("reserved"), Value::Int(-1), bulk("nobody")]),
-            Value::Array(vec![bulk("reserved"), Value::Int(2)]),
-            Value::Array(vec![bulk("reserved"), Value::Int(2), bulk("holder")]),
-            Value::Array(vec![
-                bulk("reserved"),
-                Value::Int(2),
-                bulk("nobody"),
-                bulk("x"),
-            ]),
-            Value::Array(vec![bulk("completed"), bulk("not-a-uuid")]),
-            Value::Array(vec![bulk("completed"), Value::Nil]),
-            Value::Array(vec![bulk("bogus"), Value::Int(1)]),
-        ] {
-            assert!(matches!(
-                parse_reservation(&k, reply),
-                Err(TokenError::Corrupt(_))
-            ));
-        }
-        for items in [vec![bulk("weird"); 8], vec![bulk("pending"); 7], vec![]] {
-            assert!(matches!(
-                parse_view(&k, Value::Array(items)),
-                Err(TokenError::Corrupt(_))
-            ));
-        }
-        assert!(matches!(parse_view(&k, Value::Nil), Ok(None)));
-    }
-
-    fn reply_error(resp: &[u8]) -> RedisError {
-        match redis::parse_redis_value(resp).map(Value::extract_error) {
-            Ok(Err(error)) | Err(error) => error,
-            Ok(Ok(value)) => panic!("not an error reply: {value:?}"),
-        }
-    }
-
-    /// What the processor retries: a retry cannot fix data this code never writes
-    /// (a foreign type under the key, an unreadable reply, a script that raised), while
-    /// a server that is loading, failing over or unreachable passes.
-    #[test]
-    fn only_failures_that_pass_are_retryable() {
-        let k = key("k");
-        let retried = |error: RedisError| classify(error, "reserve", &k).is_retryable();
-        assert!(!retried(reply_error(
-            b"-WRONGTYPE Operation against a key\r\n"
-        )));
-        assert!(!retried(reply_error(
-            b"-ERR user_script:7: Script attempted to access a non local key\r\n"
-        )));
-        assert!(!retried(RedisError::from((ErrorKind::Parse, "bad reply"))));
-        assert!(!retried(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "not an integer"
-        ))));
-        assert!(retried(reply_error(
-            b"-ERR max number of clients reached\r\n"
-        )));
-        assert!(retried(reply_error(b"-LOADING Redis is loading\r\n")));
-        assert!(retried(reply_error(
-            b"-READONLY You can't write against a replica\r\n"
-        )));
-        assert!(retried(RedisError::from(std::io::Error::from(
-            std::io::ErrorKind::ConnectionReset
-        ))));
-    }
-
     #[test]
     fn key_layout_hash_tags_the_idempotency_key() {
         let k = key("ord-1");
         assert_eq!(token_key("pw", &k), "pw:token:{ord-1}");
         assert_eq!(lock_key("pw", &k), "pw:lock:{ord-1}");
-        assert_eq!(idempotency_key_of("pw", "pw:token:{ord-1}"), Some(k));
-        assert_eq!(idempotency_key_of("pw", "pw:lock:{ord-1}"), None);
-        assert_eq!(idempotency_key_of("pw", "pw:token:{a{b}"), None);
-        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
         assert_eq!(millis(Duration::ZERO), 1);
         assert_eq!(millis(Duration::from_millis(250)), 250);
         assert_eq!(millis(Duration::MAX), MAX_MILLIS);
