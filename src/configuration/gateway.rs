@@ -2,7 +2,9 @@
 //! every command that talks to the gateway shares (`run`, `process`, `audit`).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
+use super::parse_duration;
 pub use crate::gateway::StripeCompat;
 use crate::redaction::{redact_url, Secret};
 
@@ -190,5 +192,41 @@ impl Default for StripeSettings {
             compat: StripeCompat::Stripe,
             record_connections: 4,
         }
+    }
+}
+
+/// The payment gateway: which, where, with which credentials, and how long to wait for it.
+#[derive(Clone, clap::Args)]
+pub struct GatewaySettings {
+    /// Kind, URL, credentials and TLS.
+    #[command(flatten)]
+    pub access: GatewayAccess,
+    /// A charge without an answer after this long has an UNKNOWN outcome.
+    #[arg(id = "gateway_timeout", long = "gateway-timeout", env = "GATEWAY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Longest wait for a TCP connection to the gateway.
+    #[arg(long = "gateway-connect-timeout", env = "GATEWAY_CONNECT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// When to look a charge up by key before charging: `uncertain` (after an
+    /// earlier attempt may have charged) or `always`.
+    #[arg(
+        long = "gateway-lookup",
+        env = "GATEWAY_LOOKUP",
+        value_enum,
+        default_value = "uncertain"
+    )]
+    pub lookup: crate::payment::GatewayLookup,
+}
+
+impl std::fmt::Debug for GatewaySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client refuses a URL with credentials, but only after `run` logged
+        // its settings: the log line must not carry them either (nor the API key).
+        f.debug_struct("GatewaySettings")
+            .field("access", &self.access)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("lookup", &self.lookup)
+            .finish()
     }
 }
