@@ -27,6 +27,7 @@ const PAYMENT_SQL: &str = "src/payment/persistence.rs";
 const PAYMENTS_SCHEMA: &str = "migrations/0002_payments.sql";
 const PROCESSOR: &str = "src/payment/processor.rs";
 const CHARGING: &str = "src/payment/processor/charging.rs";
+const TRANSACTION: &str = "src/payment/processor/transaction.rs";
 const DECISIONS: &str = "src/payment/decisions.rs";
 
 const REDIS_FENCING: &[&str] = &["token::redis::fencing"];
@@ -520,7 +521,7 @@ pub const MUTANTS: &[Mutant] = &[
     },
     // The fence check before COMMIT (I5): `extend` refused treated as fine.
     Mutant {
-        file: PROCESSOR,
+        file: TRANSACTION,
         breaks: "pre-COMMIT fence check",
         from: "return Settlement::LeaveToLease(retry_unknown(\"lease lost before commit\"))",
         to: "()",

@@ -1,0 +1,125 @@
+//! The attempt once its token is reserved: the payment transaction, then the token
+//! confirmed, restored or left to its lease as the transaction's `Settlement` says.
+
+use super::*;
+
+impl Processor {
+    pub(super) async fn run_reserved(
+        &self,
+        command: &PaymentCommand,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+        lease: &Lease<'_>,
+    ) -> Attempt {
+        let claim = lease.claim;
+        let key = &command.idempotency_key;
+        let settlement = match self
+            .faults
+            .hit(FaultPoint::AfterReserve, key.as_str())
+            .await
+        {
+            Err(fault) => Settlement::Restore(retry(fault.to_string())),
+            Ok(()) => {
+                self.transact(command, fingerprint, context, lease)
+                    .instrument(tracing::info_span!(
+                        "payment transaction",
+                        otel.kind = "internal",
+                        db.system.name = "postgresql",
+                        token.fence = claim.fence,
+                    ))
+                    .await
+            }
+        };
+        match settlement {
+            Settlement::Confirm {
+                payment_id,
+                fingerprint,
+                outcome,
+            } => {
+                if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit, key.as_str()).await {
+                    // The payment is durable; the token stays `processing` until its lease
+                    // expires, and the next attempt finds the row (a duplicate).
+                    tracing::warn!(idempotency_key = %key, %fault, "token left processing");
+                    return outcome.into();
+                }
+                let confirmed = (|| {
+                    self.tokens
+                        .confirm(key, claim, payment_id, fingerprint.as_str())
+                        .instrument(token_span("confirm"))
+                })
+                .retry(settle_backoff())
+                .when(TokenError::is_retryable)
+                .notify(|error, after| note_settle_retry("confirm", key, error, after))
+                .await;
+                match confirmed {
+                    Ok(Transition::Applied) => {
+                        tracing::debug!(idempotency_key = %key, "token processing -> completed")
+                    }
+                    Ok(Transition::Refused) => {
+                        crate::telemetry::record_token_inconsistency("processing", "not_owned");
+                        tracing::warn!(
+                            idempotency_key = %key,
+                            "confirm refused: lease lost after commit; the next owner will find the row"
+                        )
+                    }
+                    Err(error) => {
+                        token_failure("confirm", &error);
+                        tracing::warn!(
+                            idempotency_key = %key, %error,
+                            "confirm failed; the lease will expire and the row decides"
+                        )
+                    }
+                }
+                outcome.into()
+            }
+            Settlement::Restore(attempt) => {
+                let attempt = attempt.knowing(context.earlier);
+                let retried = std::sync::atomic::AtomicBool::new(false);
+                let restored = (|| {
+                    self.tokens
+                        .restore(key, claim)
+                        .instrument(token_span("restore"))
+                })
+                .retry(settle_backoff())
+                .when(TokenError::is_retryable)
+                .notify(|error, after| {
+                    retried.store(true, std::sync::atomic::Ordering::Relaxed);
+                    note_settle_retry("restore", key, error, after)
+                })
+                .await;
+                match restored {
+                    Ok(Transition::Applied) => {
+                        tracing::debug!(idempotency_key = %key, "token processing -> pending")
+                    }
+                    // The attempt that timed out may have reached the store and restored
+                    // the token already; nobody else is implied.
+                    Ok(Transition::Refused)
+                        if retried.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        tracing::debug!(idempotency_key = %key, "restore refused after a retry")
+                    }
+                    Ok(Transition::Refused) => {
+                        crate::telemetry::record_token_inconsistency("processing", "not_owned");
+                        tracing::warn!(idempotency_key = %key, "restore refused: lease lost")
+                    }
+                    Err(error) => {
+                        token_failure("restore", &error);
+                        tracing::warn!(
+                            idempotency_key = %key, %error,
+                            "restore failed; the lease will expire instead"
+                        )
+                    }
+                }
+                attempt
+            }
+            Settlement::LeaveToLease(attempt) => attempt.knowing(context.earlier),
+            Settlement::Settled(outcome) => {
+                if let Err(fault) = self.faults.hit(FaultPoint::AfterCommit, key.as_str()).await {
+                    // Token and payment were committed together: nothing is left behind.
+                    tracing::warn!(idempotency_key = %key, %fault, "stopped after commit; token already completed");
+                }
+                outcome.into()
+            }
+        }
+    }
+}
