@@ -243,7 +243,7 @@ fn poll_loop(
     let reached = partitions.drain(&partitions.ids());
     tracing::info!(
         partitions = reached.len(),
-        reached = %super::member::offsets_list(&reached),
+        reached = %super::rebalance_callback::offsets_list(&reached),
         "drained for shutdown"
     );
     partitions.commits.leaving(&reached);

@@ -6,18 +6,19 @@
 //! default) an assignment or a revocation names only the partitions that move, so
 //! the callback calls `incremental_assign` / `incremental_unassign`; under an eager
 //! assignor every revoke is of everything, and `assign` / `unassign` apply. The
-//! commits themselves are `rebalance.rs`'s.
+//! commits themselves are `rebalance.rs`'s; the callback's steps are in
+//! `rebalance_callback.rs`, the exactly-once settling and rewinding in
+//! `member_transactions.rs`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -28,19 +29,19 @@ use super::health::Liveness;
 use super::partition::{PanicCounts, PartitionTask};
 use super::rebalance::{Commits, PartitionId};
 use super::supervision::WorkerFailure;
-use super::transactions::{TransactionFailure, Transactions};
+use super::transactions::Transactions;
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
 /// The group member's consumer.
 pub(super) type Member = BaseConsumer<MemberContext>;
 
-struct Assigned {
+pub(super) struct Assigned {
     inbox: mpsc::Sender<OwnedMessage>,
     /// Records the inbox had no room for; the partition is paused meanwhile.
     overflow: VecDeque<OwnedMessage>,
-    abandon: CancellationToken,
+    pub(super) abandon: CancellationToken,
     /// Ends with the last offset the task stored, if any.
-    task: JoinHandle<Option<i64>>,
+    pub(super) task: JoinHandle<Option<i64>>,
 }
 
 /// Partitions this member is working on. Touched only from the poll thread (the
@@ -49,10 +50,10 @@ pub(super) struct Partitions {
     assigned: Mutex<HashMap<(String, i32), Assigned>>,
     /// The group's current assignment to this member (a partition is here before
     /// its first record arrives, unlike in `assigned`).
-    owned: Mutex<HashSet<PartitionId>>,
+    pub(super) owned: Mutex<HashSet<PartitionId>>,
     pub(super) commits: Arc<Commits>,
     pub(super) handler: Arc<Handler>,
-    runtime: Handle,
+    pub(super) runtime: Handle,
     max_in_flight: usize,
     drain_deadline: Duration,
     consumer: OnceLock<std::sync::Weak<Member>>,
@@ -102,7 +103,7 @@ impl Partitions {
         let _ = self.consumer.set(Arc::downgrade(consumer));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), Assigned>> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), Assigned>> {
         // A poisoned map is still a valid map: every mutation is a single insert/remove.
         self.assigned.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -240,104 +241,6 @@ impl Partitions {
         })
     }
 
-    /// Exactly-once: commits the open transaction; when it aborts instead, rewinds
-    /// every partition to its last committed offset before the next transaction
-    /// takes answers. Runs on the poll thread.
-    pub(super) fn commit_transaction(&self, consumer: &Member) {
-        let Some(transactions) = &self.transactions else {
-            return;
-        };
-        match transactions.commit(consumer.group_metadata()) {
-            Ok(committed) => tracing::debug!(
-                answers = committed.answers,
-                partitions = committed.partitions,
-                "transaction committed"
-            ),
-            Err((TransactionFailure::Aborted(_), closed)) => {
-                self.rewind(consumer);
-                drop(closed);
-            }
-            Err((TransactionFailure::Fatal(reason), _closed)) => self.fail(reason),
-        }
-    }
-
-    /// Exactly-once: rolls the open transaction back (this member may no longer
-    /// own what it holds) and rewinds what it still owns.
-    pub(super) fn abort_transaction(&self, consumer: &Member, reason: &str) {
-        let Some(transactions) = &self.transactions else {
-            return;
-        };
-        match transactions.abort(reason) {
-            (TransactionFailure::Fatal(reason), _closed) => self.fail(reason),
-            (TransactionFailure::Aborted(_), closed) => {
-                self.rewind(consumer);
-                drop(closed);
-            }
-        }
-    }
-
-    fn fail(&self, reason: String) {
-        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        failure.get_or_insert(WorkerFailure::FatalBroker(reason));
-    }
-
-    /// Stops every partition task at once: commands that run are abandoned (their
-    /// offsets stay uncommitted, their tokens wait for their leases). Runs on the
-    /// poll thread.
-    pub(super) fn abandon_all(&self) {
-        let stopped: Vec<Assigned> = self.lock().drain().map(|(_, entry)| entry).collect();
-        self.runtime.block_on(async move {
-            for mut entry in stopped {
-                entry.abandon.cancel();
-                if tokio::time::timeout(Duration::from_secs(2), &mut entry.task)
-                    .await
-                    .is_err()
-                {
-                    entry.task.abort();
-                }
-            }
-        });
-    }
-
-    /// After an abort: every partition task is stopped at once (their commands wait
-    /// at the closed gate, or run without having answered; a command that charged
-    /// is answered as a duplicate when redone), and every partition this member
-    /// owns is read again from where the aborted transaction began. A partition
-    /// that cannot be rewound stops the worker: going on would commit past
-    /// commands whose answers were rolled back.
-    fn rewind(&self, consumer: &Member) {
-        let Some(transactions) = &self.transactions else {
-            return;
-        };
-        self.abandon_all();
-        let owned: HashSet<PartitionId> =
-            self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut rewound = 0;
-        for ((topic, partition), offset) in transactions.restart_points() {
-            if !owned.contains(&(topic.clone(), partition)) {
-                continue;
-            }
-            let sought = consumer.seek(
-                &topic,
-                partition,
-                rdkafka::Offset::Offset(offset),
-                Duration::from_secs(10),
-            );
-            if let Err(error) = sought {
-                self.fail(format!(
-                    "rewinding {topic}/{partition} to {offset} after an abort failed: {error}"
-                ));
-                return;
-            }
-            pause(consumer, &(topic, partition), false);
-            rewound += 1;
-        }
-        tracing::warn!(
-            partitions = rewound,
-            "transaction aborted: partitions rewound to their last committed offsets"
-        );
-    }
-
     /// Adds (`owned`) or removes `ids` from this member's assignment; returns how
     /// many partitions it holds now.
     pub(super) fn own(&self, ids: &[PartitionId], owned: bool) -> usize {
@@ -370,7 +273,7 @@ impl Partitions {
     }
 }
 
-fn pause(consumer: &Member, id: &(String, i32), paused: bool) {
+pub(super) fn pause(consumer: &Member, id: &(String, i32), paused: bool) {
     let mut list = TopicPartitionList::new();
     list.add_partition(&id.0, id.1);
     let result = if paused {
@@ -425,237 +328,5 @@ impl ConsumerContext for MemberContext {
         list: &mut TopicPartitionList,
     ) {
         self.on_rebalance(consumer, err, list);
-    }
-}
-
-/// `0,3,5`: partition numbers for a log line.
-fn partition_list(ids: &[PartitionId]) -> String {
-    let mut numbers: Vec<i32> = ids.iter().map(|(_, p)| *p).collect();
-    numbers.sort_unstable();
-    numbers
-        .iter()
-        .map(i32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// `0:120,3:97`: partition and offset pairs for a log line.
-pub(super) fn offsets_list(offsets: &HashMap<PartitionId, i64>) -> String {
-    let mut pairs: Vec<(i32, i64)> = offsets.iter().map(|((_, p), o)| (*p, *o)).collect();
-    pairs.sort_unstable();
-    pairs
-        .iter()
-        .map(|(p, o)| format!("{p}:{o}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn ids_of(list: &TopicPartitionList) -> Vec<PartitionId> {
-    list.elements()
-        .iter()
-        .map(|e| (e.topic().to_owned(), e.partition()))
-        .collect()
-}
-
-impl MemberContext {
-    /// librdkafka's rebalance callback, served on the poll thread.
-    pub(super) fn on_rebalance(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        err: RDKafkaRespErr,
-        list: &mut TopicPartitionList,
-    ) {
-        let cooperative = matches!(
-            consumer.rebalance_protocol(),
-            RebalanceProtocol::Cooperative
-        );
-        match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.assign(consumer, list, cooperative)
-            }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                self.revoke(consumer, list, cooperative)
-            }
-            other => {
-                // librdkafka's advice: give everything up and let the group re-sync.
-                let code: RDKafkaErrorCode = other.into();
-                tracing::error!(error = %code, "rebalance failed; giving up every partition");
-                let owned = TopicPartitionList::from_topic_map(
-                    &self
-                        .partitions
-                        .ids()
-                        .into_iter()
-                        .map(|id| (id, Offset::Invalid))
-                        .collect(),
-                );
-                match owned {
-                    Ok(mut owned) => self.revoke(consumer, &mut owned, cooperative),
-                    Err(error) => tracing::error!(%error, "listing the owned partitions"),
-                }
-            }
-        }
-    }
-
-    fn assign(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        list: &mut TopicPartitionList,
-        cooperative: bool,
-    ) {
-        let ids = ids_of(list);
-        let resume = self.partitions.commits.resume_points(consumer, &ids);
-        for ((topic, partition), offset) in &resume {
-            if let Err(error) =
-                list.set_partition_offset(topic, *partition, Offset::Offset(*offset))
-            {
-                tracing::warn!(%error, partition, "resume point not set");
-            }
-        }
-        let applied = if cooperative {
-            consumer.incremental_assign(list)
-        } else {
-            consumer.assign(list)
-        };
-        if let Err(error) = applied {
-            tracing::error!(%error, "applying the assignment failed");
-        }
-        // librdkafka keeps a partition's pause across a revoke and a later
-        // re-assignment, while the overflow that would have resumed it was dropped
-        // with the revoke: without this a partition paused for back pressure when
-        // it was revoked comes back paused and is never consumed again.
-        if list.count() > 0 {
-            if let Err(error) = consumer.resume(list) {
-                tracing::warn!(%error, "resuming the assigned partitions failed");
-            }
-        }
-        if !resume.is_empty() {
-            // Committed by the next progress commit, now that the group is stable.
-            let mut store = TopicPartitionList::new();
-            for ((topic, partition), offset) in &resume {
-                let _ = store.add_partition_offset(topic, *partition, Offset::Offset(*offset));
-            }
-            match consumer.store_offsets(&store) {
-                Ok(()) => self.partitions.commits.mark_progress(),
-                Err(error) => tracing::warn!(%error, "storing resume points failed"),
-            }
-            tracing::info!(
-                partitions = resume.len(),
-                "resuming where a failed drain commit left off"
-            );
-        }
-        let held = self.partitions.own(&ids, true);
-        self.assigned.store(held, Ordering::SeqCst);
-        self.partitions.liveness.set_in_group(true);
-        let member = super::kafka::group_generation(consumer);
-        tracing::info!(
-            partitions = held,
-            added = ids.len(),
-            partition_ids = %partition_list(&ids),
-            generation = member.as_ref().map(|m| m.generation),
-            member_id = member.as_ref().map(|m| m.member_id.as_str()),
-            cooperative,
-            "assigned"
-        );
-    }
-
-    fn revoke(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        list: &mut TopicPartitionList,
-        cooperative: bool,
-    ) {
-        let ids = ids_of(list);
-        let lost = consumer.assignment_lost();
-        let held = self.partitions.own(&ids, false);
-        self.assigned.store(held, Ordering::SeqCst);
-        // An incremental revoke keeps the membership; an eager one or a lost
-        // assignment means the member is out until its next assignment.
-        if !cooperative || lost {
-            self.partitions.liveness.set_in_group(false);
-        }
-        let member = super::kafka::group_generation(consumer);
-        tracing::info!(
-            partitions = ids.len(),
-            held,
-            lost,
-            cooperative,
-            partition_ids = %partition_list(&ids),
-            generation = member.as_ref().map(|m| m.generation),
-            member_id = member.as_ref().map(|m| m.member_id.as_str()),
-            "revoked; draining"
-        );
-        let started = Instant::now();
-        let reached = self.partitions.drain(&ids);
-        if let Some(transactions) = &self.partitions.transactions {
-            // Exactly-once: the drained partitions' answers and offsets leave in one
-            // transaction before they are given up. A lost assignment means another
-            // member may already redo them: roll back instead.
-            if lost {
-                self.partitions
-                    .abort_transaction(consumer, "the assignment was lost");
-            } else {
-                self.partitions.commit_transaction(consumer);
-            }
-            transactions.forget(&ids);
-            tracing::info!(
-                partitions = ids.len(),
-                drained_ms = started.elapsed().as_millis() as u64,
-                lost,
-                "drained; transaction settled"
-            );
-        } else {
-            self.commit_drained(consumer, &ids, reached, lost, started);
-        }
-        let applied = if cooperative {
-            consumer.incremental_unassign(list)
-        } else {
-            consumer.unassign()
-        };
-        if let Err(error) = applied {
-            tracing::error!(%error, "giving up the revoked partitions failed");
-        }
-    }
-
-    /// At-least-once: commits the stored offsets after a drain, or keeps them for
-    /// a later attempt.
-    fn commit_drained(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        ids: &[PartitionId],
-        reached: HashMap<PartitionId, i64>,
-        lost: bool,
-        started: Instant,
-    ) {
-        let commits = &self.partitions.commits;
-        // A revoke while leaving finds its partitions drained by the shutdown already.
-        let leaving = commits.take_leaving(ids);
-        let mut offsets = leaving.clone();
-        offsets.extend(reached);
-        let commit = if lost {
-            // The group moved on without this member: the commit would be refused.
-            Err(KafkaError::ConsumerCommit(
-                RDKafkaErrorCode::UnknownMemberId,
-            ))
-        } else {
-            commits.commit_final(consumer, &offsets)
-        };
-        match commit {
-            Ok(()) => tracing::info!(
-                partitions = ids.len(),
-                drained_ms = started.elapsed().as_millis() as u64,
-                reached = %offsets_list(&offsets),
-                "drained and committed"
-            ),
-            // Nothing drained (the final revoke while closing): nothing to keep.
-            Err(error) if offsets.is_empty() => {
-                tracing::debug!(%error, "commit after an empty drain failed")
-            }
-            Err(error) => {
-                tracing::warn!(%error, partitions = offsets.len(), reached = %offsets_list(&offsets), "commit after the drain failed; kept for a later retry");
-                // The leave goes on committing what the shutdown drained.
-                commits.leaving(&leaving);
-                commits.remember(offsets);
-            }
-        }
     }
 }

@@ -1,6 +1,6 @@
 //! Offset commits: as the member makes progress, after a drain, before it leaves;
 //! and the bounds a drain must fit in. (What a rebalance does to the partitions is
-//! `member.rs`'s.)
+//! `member.rs`'s and `rebalance_callback.rs`'s.)
 //!
 //! A revoked partition is drained and committed while the group is stable, so the
 //! commit is accepted. Offsets are committed as soon as they move (by a commit

@@ -539,7 +539,7 @@ fn workers_log_json_and_name_themselves_in_telemetry() {
     let compose = compose();
     let worker = service(&compose, "worker");
     // The replicas' service.instance.id is the container's host name, which the
-    // worker reads itself (telemetry.rs): no shell in the image has to put it in
+    // worker reads itself (telemetry/resource.rs): no shell in the image has to put it in
     // OTEL_RESOURCE_ATTRIBUTES, and none could.
     assert!(
         worker.get("entrypoint").is_none(),
