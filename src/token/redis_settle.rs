@@ -75,68 +75,30 @@ async fn run(
         return;
     };
     loop {
-        let connected = tokio::time::timeout(SUBSCRIBE_TIMEOUT, client.get_async_pubsub()).await;
-        let pubsub = match connected {
-            Ok(Ok(pubsub)) => pubsub,
-            failed => {
-                match failed {
-                    Ok(Err(error)) => tracing::warn!(
-                        %error,
-                        "settle notifications: cannot connect the subscriber"
-                    ),
-                    _ => tracing::warn!("settle notifications: no subscriber connection within 2s"),
-                }
-                let Command::Subscribe(_, ack) = first;
-                let _ = ack.send(false);
-                if !pause_answering_no(&mut commands).await {
-                    return;
-                }
-                let Some(next) = commands.recv().await else {
-                    return;
-                };
-                first = next;
-                continue;
+        let Some(pubsub) = connect(&client).await else {
+            let Command::Subscribe(_, ack) = first;
+            let _ = ack.send(false);
+            if !pause_answering_no(&mut commands).await {
+                return;
             }
+            let Some(next) = commands.recv().await else {
+                return;
+            };
+            first = next;
+            continue;
         };
         let (mut sink, mut stream) = pubsub.split();
-        let mut subscribed: HashSet<String> = HashSet::new();
-        let Command::Subscribe(channel, ack) = first;
-        if subscribe(&mut sink, &mut subscribed, channel, ack).await {
-            loop {
-                tokio::select! {
-                    command = commands.recv() => {
-                        let Some(Command::Subscribe(channel, ack)) = command else {
-                            return;
-                        };
-                        if !subscribe(&mut sink, &mut subscribed, channel, ack).await {
-                            break;
-                        }
-                    }
-                    Some(channel) = idle.recv() => {
-                        // Checked when processed, not when reported: a waiter registered
-                        // since keeps the channel, and one registering later finds it
-                        // missing from `subscribed` and subscribes it again.
-                        if !waiters.has_waiters(&channel) && subscribed.remove(&channel) {
-                            let unsubscribed = tokio::time::timeout(
-                                SUBSCRIBE_TIMEOUT,
-                                sink.unsubscribe(&channel),
-                            )
-                            .await;
-                            if !matches!(unsubscribed, Ok(Ok(()))) {
-                                tracing::warn!("settle notifications: UNSUBSCRIBE failed; reconnecting");
-                                break;
-                            }
-                        }
-                    }
-                    message = stream.next() => {
-                        let Some(message) = message else {
-                            tracing::warn!("settle notifications: subscriber connection lost; reconnecting");
-                            break;
-                        };
-                        waiters.wake(message.get_channel_name());
-                    }
-                }
-            }
+        let served = serve(
+            &mut sink,
+            &mut stream,
+            first,
+            &waiters,
+            &mut commands,
+            &mut idle,
+        )
+        .await;
+        if served == Served::ListenerDropped {
+            return;
         }
         // Whatever was announced while the connection was going away is lost: every
         // waiter looks again, then registers on the next connection.
@@ -147,6 +109,96 @@ async fn run(
         };
         first = next;
     }
+}
+
+/// The subscriber's connection, or `None` (logged) when it cannot be had in time.
+async fn connect(client: &redis::Client) -> Option<redis::aio::PubSub> {
+    let connected = tokio::time::timeout(SUBSCRIBE_TIMEOUT, client.get_async_pubsub()).await;
+    match connected {
+        Ok(Ok(pubsub)) => Some(pubsub),
+        failed => {
+            match failed {
+                Ok(Err(error)) => tracing::warn!(
+                    %error,
+                    "settle notifications: cannot connect the subscriber"
+                ),
+                _ => tracing::warn!("settle notifications: no subscriber connection within 2s"),
+            }
+            None
+        }
+    }
+}
+
+/// How serving one connection ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Served {
+    /// The connection failed: reconnect at the next wait.
+    Lost,
+    /// The listener was dropped: the task ends.
+    ListenerDropped,
+}
+
+/// Serves one connection (its halves stay the caller's, open until it connects
+/// anew), starting with the subscription `first` asked for: the
+/// subscriptions asked for, the channels nobody waits for anymore, the announcements.
+async fn serve(
+    sink: &mut redis::aio::PubSubSink,
+    stream: &mut redis::aio::PubSubStream,
+    first: Command,
+    waiters: &Waiters,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    idle: &mut mpsc::UnboundedReceiver<String>,
+) -> Served {
+    let mut subscribed: HashSet<String> = HashSet::new();
+    let Command::Subscribe(channel, ack) = first;
+    if !subscribe(sink, &mut subscribed, channel, ack).await {
+        return Served::Lost;
+    }
+    loop {
+        tokio::select! {
+            command = commands.recv() => {
+                let Some(Command::Subscribe(channel, ack)) = command else {
+                    return Served::ListenerDropped;
+                };
+                if !subscribe(sink, &mut subscribed, channel, ack).await {
+                    return Served::Lost;
+                }
+            }
+            Some(channel) = idle.recv() => {
+                if !unsubscribe_idle(sink, &mut subscribed, waiters, &channel).await {
+                    return Served::Lost;
+                }
+            }
+            message = stream.next() => {
+                let Some(message) = message else {
+                    tracing::warn!("settle notifications: subscriber connection lost; reconnecting");
+                    return Served::Lost;
+                };
+                waiters.wake(message.get_channel_name());
+            }
+        }
+    }
+}
+
+/// UNSUBSCRIBEs `channel`, reported idle, if nobody waits for it now; false when the
+/// connection failed (the caller reconnects).
+async fn unsubscribe_idle(
+    sink: &mut redis::aio::PubSubSink,
+    subscribed: &mut HashSet<String>,
+    waiters: &Waiters,
+    channel: &str,
+) -> bool {
+    // Checked when processed, not when reported: a waiter registered
+    // since keeps the channel, and one registering later finds it
+    // missing from `subscribed` and subscribes it again.
+    if !waiters.has_waiters(channel) && subscribed.remove(channel) {
+        let unsubscribed = tokio::time::timeout(SUBSCRIBE_TIMEOUT, sink.unsubscribe(channel)).await;
+        if !matches!(unsubscribed, Ok(Ok(()))) {
+            tracing::warn!("settle notifications: UNSUBSCRIBE failed; reconnecting");
+            return false;
+        }
+    }
+    true
 }
 
 /// SUBSCRIBEs `channel` unless it already is, and answers `ack`; false when the

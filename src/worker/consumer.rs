@@ -97,64 +97,14 @@ pub fn start(
         Arc::clone(&handler),
         Arc::clone(&liveness),
     ));
-    kafka.check_passthrough()?;
-    let consumer: Member = super::kafka::create_client_with_context(
-        &super::kafka::consumer_config(kafka),
-        MemberContext {
-            partitions: Arc::clone(&partitions),
-            assigned: Arc::clone(&assigned),
-        },
-    )
-    .context("creating the Kafka consumer")?;
-    consumer
-        .subscribe(&[kafka.commands_topic.as_str()])
-        .context("subscribing to the commands topic")?;
-    let consumer = Arc::new(consumer);
-    partitions.attach(&consumer);
-    // In exactly-once mode offsets leave with the transaction, committed by the
-    // poll loop; the consumer itself commits nothing.
-    let committer = match partitions.transactions {
-        Some(_) => None,
-        None => Some(
-            Committer::start(&partitions.commits, Arc::clone(&consumer))
-                .context("spawning the commit thread")?,
-        ),
-    };
+    let consumer = subscribe(kafka, &partitions, &assigned)?;
+    let committer = start_committer(&partitions, &consumer)?;
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stopping);
     let (report, failure) = watch::channel(None);
     let thread = std::thread::Builder::new()
         .name("kafka-poll".into())
-        .spawn(move || {
-            let (member, tasks) = (Arc::clone(&consumer), Arc::clone(&partitions));
-            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                poll_loop(consumer, partitions, committer, &flag)
-            }));
-            let failure = match polled {
-                Ok(Ok(())) if flag.load(Ordering::SeqCst) => None,
-                Ok(Ok(())) => Some(WorkerFailure::PollLoopEnded),
-                Ok(Err(failure)) => Some(failure),
-                Err(panic) => Some(WorkerFailure::PollLoopPanicked(panic_message(
-                    panic.as_ref(),
-                ))),
-            };
-            if let Some(failure) = failure {
-                tracing::error!(%failure, "the worker cannot go on");
-                // Partition tasks hold the consumer too, and whoever lets go of it
-                // last closes it, serving its revoke: that must be this thread, not
-                // a task on the runtime (a revoke blocks on the runtime).
-                tasks.abandon_all();
-                let _ = report.send(Some(failure));
-            }
-            drop(tasks);
-            match Arc::try_unwrap(member) {
-                Ok(consumer) => drop(consumer),
-                Err(shared) => tracing::warn!(
-                    holders = Arc::strong_count(&shared),
-                    "consumer still shared at shutdown"
-                ),
-            }
-        })
+        .spawn(move || poll_thread(consumer, partitions, committer, &flag, report))
         .context("spawning the poll thread")?;
     Ok(RunningWorker {
         stopping,
@@ -163,6 +113,86 @@ pub fn start(
         failure,
         thread: Some(thread),
     })
+}
+
+/// The group member's consumer, subscribed to the commands topic and attached to
+/// `partitions`.
+fn subscribe(
+    kafka: &KafkaSettings,
+    partitions: &Arc<Partitions>,
+    assigned: &Arc<AtomicUsize>,
+) -> anyhow::Result<Arc<Member>> {
+    kafka.check_passthrough()?;
+    let consumer: Member = super::kafka::create_client_with_context(
+        &super::kafka::consumer_config(kafka),
+        MemberContext {
+            partitions: Arc::clone(partitions),
+            assigned: Arc::clone(assigned),
+        },
+    )
+    .context("creating the Kafka consumer")?;
+    consumer
+        .subscribe(&[kafka.commands_topic.as_str()])
+        .context("subscribing to the commands topic")?;
+    let consumer = Arc::new(consumer);
+    partitions.attach(&consumer);
+    Ok(consumer)
+}
+
+/// The commit thread, unless offsets leave with the transaction.
+fn start_committer(
+    partitions: &Partitions,
+    consumer: &Arc<Member>,
+) -> anyhow::Result<Option<Committer>> {
+    // In exactly-once mode offsets leave with the transaction, committed by the
+    // poll loop; the consumer itself commits nothing.
+    let committer = match partitions.transactions {
+        Some(_) => None,
+        None => Some(
+            Committer::start(&partitions.commits, Arc::clone(consumer))
+                .context("spawning the commit thread")?,
+        ),
+    };
+    Ok(committer)
+}
+
+/// The poll thread: the poll loop, then how it ended reported (`report`), and the
+/// consumer closed here.
+fn poll_thread(
+    consumer: Arc<Member>,
+    partitions: Arc<Partitions>,
+    committer: Option<Committer>,
+    flag: &AtomicBool,
+    report: watch::Sender<Option<WorkerFailure>>,
+) {
+    let (member, tasks) = (Arc::clone(&consumer), Arc::clone(&partitions));
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        poll_loop(consumer, partitions, committer, flag)
+    }));
+    let failure = match polled {
+        Ok(Ok(())) if flag.load(Ordering::SeqCst) => None,
+        Ok(Ok(())) => Some(WorkerFailure::PollLoopEnded),
+        Ok(Err(failure)) => Some(failure),
+        Err(panic) => Some(WorkerFailure::PollLoopPanicked(panic_message(
+            panic.as_ref(),
+        ))),
+    };
+    if let Some(failure) = failure {
+        tracing::error!(%failure, "the worker cannot go on");
+        // Partition tasks hold the consumer too, and whoever lets go of it
+        // last closes it, serving its revoke: that must be this thread, not
+        // a task on the runtime (a revoke blocks on the runtime).
+        tasks.abandon_all();
+        let _ = report.send(Some(failure));
+    }
+    drop(tasks);
+    match Arc::try_unwrap(member) {
+        Ok(consumer) => drop(consumer),
+        Err(shared) => tracing::warn!(
+            holders = Arc::strong_count(&shared),
+            "consumer still shared at shutdown"
+        ),
+    }
 }
 
 /// How long one poll waits for a record: short, so the loop turns often enough to
@@ -179,39 +209,12 @@ fn poll_loop(
     let mut last_turn = std::time::Instant::now();
     while !stopping.load(Ordering::SeqCst) {
         partitions.relieve(&consumer);
-        let wait = match &partitions.transactions {
-            Some(transactions) => transactions.until_due().min(POLL_WAIT),
-            None => POLL_WAIT,
-        };
-        let polled = consumer.poll(wait);
-        partitions.liveness.polled();
-        // A loop that stood still longer than a session (the process was stopped,
-        // or starved) must assume the group gave its partitions away meanwhile: its
-        // open transaction is not committed but rolled back, whatever the broker
-        // would say (a broker with KIP-447 refuses that commit anyway).
-        let stood_still = last_turn.elapsed() > partitions.session_timeout;
-        last_turn = std::time::Instant::now();
-        match polled {
-            Some(Ok(message)) => {
-                // Detach at once: a borrowed message pins librdkafka buffers and can
-                // hang the consumer's close.
-                let message = message.detach();
-                partitions.dispatch(&consumer, message);
-                if stall_after_first_record {
-                    crate::fault::Faults::stall_poll_thread();
-                }
-            }
-            Some(Err(error)) if is_fatal_broker_error(&error) => {
-                return Err(WorkerFailure::FatalBroker(error.to_string()));
-            }
-            Some(Err(error)) => {
-                if let Some((code, reason)) = consumer.client().fatal_error() {
-                    return Err(WorkerFailure::FatalBroker(format!("{code:?}: {reason}")));
-                }
-                tracing::warn!(%error, "consumer error");
-            }
-            None => {}
-        }
+        let stood_still = poll_once(
+            &consumer,
+            &partitions,
+            &mut last_turn,
+            stall_after_first_record,
+        )?;
         if let Some((topic, partition)) = partitions.dead() {
             return Err(WorkerFailure::PartitionTaskEnded { topic, partition });
         }
@@ -227,12 +230,7 @@ fn poll_loop(
                 partitions.commit_transaction(&consumer);
             }
         }
-        if let Some(failure) = partitions
-            .failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(failure) = take_failure(&partitions) {
             return Err(failure);
         }
     }
@@ -240,6 +238,65 @@ fn poll_loop(
     if let Some(committer) = committer.as_mut() {
         committer.stop();
     }
+    leave(&consumer, &partitions)
+}
+
+/// One poll, its record dispatched or its error judged; returns whether the loop
+/// stood still longer than a session since the last turn (`last_turn`, moved on).
+fn poll_once(
+    consumer: &Arc<Member>,
+    partitions: &Partitions,
+    last_turn: &mut std::time::Instant,
+    stall_after_first_record: bool,
+) -> Result<bool, WorkerFailure> {
+    let wait = match &partitions.transactions {
+        Some(transactions) => transactions.until_due().min(POLL_WAIT),
+        None => POLL_WAIT,
+    };
+    let polled = consumer.poll(wait);
+    partitions.liveness.polled();
+    // A loop that stood still longer than a session (the process was stopped,
+    // or starved) must assume the group gave its partitions away meanwhile: its
+    // open transaction is not committed but rolled back, whatever the broker
+    // would say (a broker with KIP-447 refuses that commit anyway).
+    let stood_still = last_turn.elapsed() > partitions.session_timeout;
+    *last_turn = std::time::Instant::now();
+    match polled {
+        Some(Ok(message)) => {
+            // Detach at once: a borrowed message pins librdkafka buffers and can
+            // hang the consumer's close.
+            let message = message.detach();
+            partitions.dispatch(consumer, message);
+            if stall_after_first_record {
+                crate::fault::Faults::stall_poll_thread();
+            }
+        }
+        Some(Err(error)) if is_fatal_broker_error(&error) => {
+            return Err(WorkerFailure::FatalBroker(error.to_string()));
+        }
+        Some(Err(error)) => {
+            if let Some((code, reason)) = consumer.client().fatal_error() {
+                return Err(WorkerFailure::FatalBroker(format!("{code:?}: {reason}")));
+            }
+            tracing::warn!(%error, "consumer error");
+        }
+        None => {}
+    }
+    Ok(stood_still)
+}
+
+/// A failure a part of the worker reported, taken.
+fn take_failure(partitions: &Partitions) -> Option<WorkerFailure> {
+    partitions
+        .failure
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+}
+
+/// Drains everything, commits synchronously, then leaves the group; returns the
+/// failure met on the way out, if any.
+fn leave(consumer: &Member, partitions: &Partitions) -> Result<(), WorkerFailure> {
     let reached = partitions.drain(&partitions.ids());
     tracing::info!(
         partitions = reached.len(),
@@ -248,11 +305,11 @@ fn poll_loop(
     );
     partitions.commits.leaving(&reached);
     if partitions.transactions.is_some() {
-        partitions.commit_transaction(&consumer);
+        partitions.commit_transaction(consumer);
     } else {
         partitions
             .commits
-            .commit_before_leaving(&consumer, partitions.session_timeout);
+            .commit_before_leaving(consumer, partitions.session_timeout);
     }
     if partitions.static_member {
         // Unsubscribing would send a LeaveGroup and rebalance the group; a static
@@ -262,16 +319,11 @@ fn poll_loop(
     } else {
         // Half the session timeout at most: with the commit before it, a stop still
         // fits the grace period the deployments give it.
-        super::rebalance::leave_group(&consumer, partitions.session_timeout / 2);
+        super::rebalance::leave_group(consumer, partitions.session_timeout / 2);
     }
     // A fatal error met on the way out (exactly-once: the final commit, or one in
     // the last revoke, found the producer fenced) is the exit status too, not 0.
-    match partitions
-        .failure
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    match take_failure(partitions) {
         Some(failure) => Err(failure),
         None => Ok(()),
     }

@@ -42,6 +42,32 @@ struct NotYet {
     reason: String,
 }
 
+/// What a delivery's attempts so far leave to the next one.
+#[derive(Debug)]
+struct Attempts {
+    /// Attempts made.
+    made: u32,
+    /// Whether an earlier attempt may have charged with no look-up resolving it.
+    charge_unknown: bool,
+    /// The owner this delivery last reserved the token as: a reservation after our
+    /// own restore inherits nothing, one after anyone else's inherits their charge.
+    previous_claim: Option<String>,
+    /// The owner the last attempt asked to reserve as without an answer.
+    lost_reservation: Option<String>,
+}
+
+impl Attempts {
+    /// None made yet; a record `flagged` so starts with the charge unknown.
+    fn new(flagged: ChargeEvidence) -> Self {
+        Self {
+            made: 0,
+            charge_unknown: flagged == ChargeEvidence::MayHaveCharged,
+            previous_claim: None,
+            lost_reservation: None,
+        }
+    }
+}
+
 /// What one attempt's result means to the retry loop: the answer and whether it is
 /// unbooked, or another try; and whether a charge may now exist that no row records,
 /// given what earlier attempts left (`earlier`).
@@ -287,100 +313,157 @@ impl Handler {
     ) -> Option<(Outcome, u32, bool)> {
         let started = Instant::now();
         let mut delays = self.retry.backoff().build();
-        let mut attempts = 0u32;
-        // Whether an earlier attempt may have charged with no look-up resolving it.
-        let mut charge_unknown = flagged == ChargeEvidence::MayHaveCharged;
-        // The owner this delivery last reserved the token as: a reservation after our
-        // own restore inherits nothing, one after anyone else's inherits their charge.
-        let mut previous_claim: Option<String> = None;
-        // The owner the last attempt asked to reserve as without an answer.
-        let mut lost_reservation: Option<String> = None;
+        let mut attempts = Attempts::new(flagged);
         let last = loop {
-            attempts += 1;
-            let context = CommandContext {
-                source: Some(source),
-                trace_id: None,
-                earlier: ChargeEvidence::from_unknown(charge_unknown),
-                previous_claim: previous_claim.as_deref(),
-                lost_reservation: lost_reservation.as_deref(),
-            };
-            let Watched {
-                attempt,
-                watch,
-                claimed_as,
-                lost_reservation: lost,
-            } = self.processor.process_watching(command, &context).await;
-            lost_reservation = lost;
-            if claimed_as.is_some() {
-                previous_claim = claimed_as;
-            }
-            let (answer, may_have_charged) = judge(attempt, charge_unknown);
-            charge_unknown = may_have_charged;
+            let (answer, watch) = self.attempt(command, source, &mut attempts).await;
             let not_yet = match answer {
                 Ok((outcome, unbooked)) => {
-                    if unbooked {
-                        let reason = match &outcome {
-                            Outcome::Rejected { reason, .. } => reason.as_str(),
-                            _ => "the gateway charged and no payment row records it",
-                        };
-                        self.remember_unresolved(
-                            &ChargeAtStake::of(command),
-                            source,
-                            reason,
-                            attempts,
-                        )
-                        .await;
-                    }
-                    return Some((outcome, attempts, unbooked));
+                    return Some(
+                        self.final_answer(command, source, outcome, unbooked, attempts.made)
+                            .await,
+                    );
                 }
                 Err(not_yet) => not_yet,
             };
-            // A drain lets the attempt running when it began finish, then no other.
-            if draining.is_cancelled() || started.elapsed() >= self.retry.budget {
+            let Some(delay) = self.next_delay(&mut delays, &not_yet, started, draining) else {
                 break not_yet;
-            }
-            let Some(delay) = delays.next() else {
-                break not_yet;
-            };
-            // Another worker's lease tells us when to look again; do not sleep past it.
-            let delay = if not_yet.after.is_zero() {
-                delay
-            } else {
-                delay.min(not_yet.after + Duration::from_millis(5))
             };
             crate::telemetry::metrics().retries.add(1, &[]);
             tracing::debug!(reason = %not_yet.reason, after = ?delay, "retrying command");
             back_off(delay, watch, draining).await;
         };
         if draining.is_cancelled() {
-            // Not exhausted, interrupted: the partition's next owner takes it over.
-            // It starts knowing nothing of a charge this member could not settle (in
-            // issued mode it may find no token and no charge yet, and answer
-            // token_missing), so the key is kept where `audit` lists it until a row
-            // books it.
-            if charge_unknown {
-                let reason = "handed over by a drain with the charge unknown";
-                self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts)
-                    .await;
-            }
+            self.hand_over(command, source, &attempts).await;
             return None;
         }
-        let reason = format!(
-            "retries_exhausted after {attempts} attempts: {}",
-            last.reason
-        );
-        if charge_unknown {
-            self.remember_unresolved(&ChargeAtStake::of(command), source, &reason, attempts)
+        Some(
+            self.retries_exhausted(command, source, last, &attempts)
+                .await,
+        )
+    }
+
+    /// One attempt, given what the earlier ones left (`attempts`, updated with what
+    /// this one learned): its judged answer, and the settle of another owner's live
+    /// lease to wait for before the next.
+    async fn attempt(
+        &self,
+        command: &PaymentCommand,
+        source: &SourcePosition,
+        attempts: &mut Attempts,
+    ) -> (Result<(Outcome, bool), NotYet>, Option<SettleWatch>) {
+        attempts.made += 1;
+        let context = CommandContext {
+            source: Some(source),
+            trace_id: None,
+            earlier: ChargeEvidence::from_unknown(attempts.charge_unknown),
+            previous_claim: attempts.previous_claim.as_deref(),
+            lost_reservation: attempts.lost_reservation.as_deref(),
+        };
+        let Watched {
+            attempt,
+            watch,
+            claimed_as,
+            lost_reservation: lost,
+        } = self.processor.process_watching(command, &context).await;
+        attempts.lost_reservation = lost;
+        if claimed_as.is_some() {
+            attempts.previous_claim = claimed_as;
+        }
+        let (answer, may_have_charged) = judge(attempt, attempts.charge_unknown);
+        attempts.charge_unknown = may_have_charged;
+        (answer, watch)
+    }
+
+    /// A final answer after `attempts` attempts; an unbooked one first keeps the key
+    /// where `audit` lists it.
+    async fn final_answer(
+        &self,
+        command: &PaymentCommand,
+        source: &SourcePosition,
+        outcome: Outcome,
+        unbooked: bool,
+        attempts: u32,
+    ) -> (Outcome, u32, bool) {
+        if unbooked {
+            let reason = match &outcome {
+                Outcome::Rejected { reason, .. } => reason.as_str(),
+                _ => "the gateway charged and no payment row records it",
+            };
+            self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts)
                 .await;
         }
-        Some((
+        (outcome, attempts, unbooked)
+    }
+
+    /// The wait before another attempt, or `None` when there is none: a drain began,
+    /// or the budget is spent.
+    fn next_delay(
+        &self,
+        delays: &mut impl Iterator<Item = Duration>,
+        not_yet: &NotYet,
+        started: Instant,
+        draining: &CancellationToken,
+    ) -> Option<Duration> {
+        // A drain lets the attempt running when it began finish, then no other.
+        if draining.is_cancelled() || started.elapsed() >= self.retry.budget {
+            return None;
+        }
+        let delay = delays.next()?;
+        // Another worker's lease tells us when to look again; do not sleep past it.
+        let delay = if not_yet.after.is_zero() {
+            delay
+        } else {
+            delay.min(not_yet.after + Duration::from_millis(5))
+        };
+        Some(delay)
+    }
+
+    /// A drain interrupted the retries.
+    async fn hand_over(
+        &self,
+        command: &PaymentCommand,
+        source: &SourcePosition,
+        attempts: &Attempts,
+    ) {
+        // Not exhausted, interrupted: the partition's next owner takes it over.
+        // It starts knowing nothing of a charge this member could not settle (in
+        // issued mode it may find no token and no charge yet, and answer
+        // token_missing), so the key is kept where `audit` lists it until a row
+        // books it.
+        if attempts.charge_unknown {
+            let reason = "handed over by a drain with the charge unknown";
+            self.remember_unresolved(&ChargeAtStake::of(command), source, reason, attempts.made)
+                .await;
+        }
+    }
+
+    /// The retry budget ran out with no final attempt (`last` said why): the answer
+    /// is a `retries_exhausted` dead letter.
+    async fn retries_exhausted(
+        &self,
+        command: &PaymentCommand,
+        source: &SourcePosition,
+        last: NotYet,
+        attempts: &Attempts,
+    ) -> (Outcome, u32, bool) {
+        let Attempts {
+            made,
+            charge_unknown,
+            ..
+        } = *attempts;
+        let reason = format!("retries_exhausted after {made} attempts: {}", last.reason);
+        if charge_unknown {
+            self.remember_unresolved(&ChargeAtStake::of(command), source, &reason, made)
+                .await;
+        }
+        (
             Outcome::Rejected {
                 kind: RejectionKind::RetriesExhausted,
                 reason,
             },
-            attempts,
+            made,
             charge_unknown,
-        ))
+        )
     }
 
     /// A charge may exist unbooked (retries ran out, or a drain interrupted them,

@@ -112,6 +112,40 @@ struct Finished {
     span: tracing::Span,
 }
 
+/// The partition task's commands: admitted, queued behind their key, running.
+struct Commands {
+    offsets: OffsetTracker,
+    waiting: HashMap<Lane, VecDeque<OwnedMessage>>,
+    running: JoinSet<Finished>,
+    /// Cancelled once the inbox closed: retries stop.
+    draining: CancellationToken,
+    admitted: usize,
+    /// Exactly-once: the answers enter the open transaction in offset order.
+    order: Option<Arc<AnswerOrder>>,
+}
+
+impl Commands {
+    fn new(exactly_once: bool) -> Self {
+        Self {
+            offsets: OffsetTracker::default(),
+            waiting: HashMap::new(),
+            running: JoinSet::new(),
+            draining: CancellationToken::new(),
+            admitted: 0,
+            order: exactly_once.then(|| Arc::new(AnswerOrder::default())),
+        }
+    }
+}
+
+/// Abandoned commands keep their offsets pending: the next owner of the partition
+/// processes them again, and their tokens' leases expire.
+fn abandon_running(running: &mut JoinSet<Finished>) {
+    // Aborted tasks are never joined: take them off the gauge here.
+    let aborted = i64::try_from(running.len()).unwrap_or(i64::MAX);
+    crate::telemetry::metrics().in_flight.add(-aborted, &[]);
+    running.abort_all();
+}
+
 pub struct PartitionTask<C: ConsumerContext + 'static> {
     pub topic: String,
     pub partition: i32,
@@ -133,17 +167,8 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
 impl<C: ConsumerContext + 'static> PartitionTask<C> {
     /// Returns the last offset stored (where the next owner should start).
     pub async fn run(mut self) -> Option<i64> {
-        let mut offsets = OffsetTracker::default();
-        let mut waiting: HashMap<Lane, VecDeque<OwnedMessage>> = HashMap::new();
-        let mut running: JoinSet<Finished> = JoinSet::new();
-        let draining = CancellationToken::new();
-        let mut admitted = 0usize;
+        let mut commands = Commands::new(self.transactions.is_some());
         let mut inbox_open = true;
-        // Exactly-once: the answers enter the open transaction in offset order.
-        let order = self
-            .transactions
-            .as_ref()
-            .map(|_| Arc::new(AnswerOrder::default()));
         // A revoke drops the inbox's sender, but `recv` still hands out what was
         // buffered (up to the inbox's capacity): the closure itself is the signal to
         // start nothing new, checked on every wake-up and at least every 50 ms.
@@ -158,90 +183,130 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 // answered ones would make the next owner answer those again. Retries
                 // stop (`draining`); the drain deadline bounds the rest.
                 inbox_open = false;
-                draining.cancel();
-                if running.is_empty() {
+                commands.draining.cancel();
+                if commands.running.is_empty() {
                     break;
                 }
             }
             tokio::select! {
                 biased;
                 _ = self.abandon.cancelled() => {
-                    // Abandoned commands keep their offsets pending: the next owner of
-                    // the partition processes them again, and their tokens' leases expire.
-                    // Aborted tasks are never joined: take them off the gauge here.
-                    let aborted = i64::try_from(running.len()).unwrap_or(i64::MAX);
-                    crate::telemetry::metrics().in_flight.add(-aborted, &[]);
-                    running.abort_all();
+                    abandon_running(&mut commands.running);
                     break;
                 }
-                Some(joined) = running.join_next(), if !running.is_empty() => {
+                Some(joined) = commands.running.join_next(), if !commands.running.is_empty() => {
                     crate::telemetry::metrics().in_flight.add(-1, &[]);
                     // Every task catches its own panics; an error here is an abort.
-                    let Ok(Finished { offset, lane, ending, transaction, span }) = joined else { continue };
-                    let settled = matches!(ending, Ending::Settled);
-                    match ending {
-                        Ending::Settled => {
-                            self.panics.settled(&self.topic, self.partition, offset);
-                            offsets.complete(offset);
-                            span.in_scope(|| self.store(&mut offsets));
-                            // Only now may a commit run: its offsets include this one.
-                            if let Some(transaction) = transaction {
-                                transaction.settled();
-                            }
-                        }
-                        Ending::Interrupted => stop_answers(&order, offset),
-                        Ending::Panicked(message, count) => {
-                            if inbox_open && !self.inbox.is_closed() {
-                                // Same lane, same place: the records behind it wait.
-                                self.spawn(&mut running, message, lane, &draining, count, &order);
-                                continue;
-                            }
-                            stop_answers(&order, offset);
-                        }
-                    }
-                    admitted -= 1;
-                    if settled {
-                        match waiting.get_mut(&lane).and_then(VecDeque::pop_front) {
-                            Some(message) => self.start(&mut running, message, lane, &draining, &order),
-                            None => { waiting.remove(&lane); }
-                        }
-                    } else {
-                        // Not answered: the key's later commands wait for the next
-                        // owner too, which answers them in order after this one.
-                        for queued in waiting.remove(&lane).into_iter().flatten() {
-                            admitted -= 1;
-                            stop_answers(&order, queued.offset());
-                        }
-                    }
+                    let Ok(finished) = joined else { continue };
+                    self.finished(&mut commands, finished, inbox_open);
                 }
-                received = self.inbox.recv(), if inbox_open && admitted < self.max_in_flight => {
+                received = self.inbox.recv(), if inbox_open && commands.admitted < self.max_in_flight => {
                     // Closed: the check at the top of the loop stops admitting; this
                     // record stays pending like the rest of the queue.
                     let Some(message) = received.filter(|_| !self.inbox.is_closed()) else {
                         continue;
                     };
-                    admitted += 1;
-                    offsets.admit(message.offset());
-                    if let Some(order) = &order {
-                        order.admit(message.offset());
-                    }
-                    let lane = lane_of(&message);
-                    if let Some(queue) = waiting.get_mut(&lane) {
-                        queue.push_back(message);
-                    } else {
-                        waiting.insert(lane.clone(), VecDeque::new());
-                        self.start(&mut running, message, lane, &draining, &order);
-                    }
+                    self.admit(&mut commands, message);
                 }
                 _ = closure_check.tick(), if inbox_open => {}
             }
-            if !inbox_open && running.is_empty() {
+            if !inbox_open && commands.running.is_empty() {
                 break;
             }
         }
-        self.store(&mut offsets);
+        self.store(&mut commands.offsets);
         tracing::debug!(topic = %self.topic, partition = self.partition, "partition drained");
-        offsets.stored()
+        commands.offsets.stored()
+    }
+
+    /// A command task ended: settled, its offset may move and the next command of its
+    /// key starts; otherwise the key's queued commands are left to the next owner.
+    /// A panicked record is handled again in its place while the inbox is open.
+    fn finished(&self, commands: &mut Commands, finished: Finished, inbox_open: bool) {
+        let Finished {
+            offset,
+            lane,
+            ending,
+            transaction,
+            span,
+        } = finished;
+        let settled = matches!(ending, Ending::Settled);
+        match ending {
+            Ending::Settled => {
+                self.panics.settled(&self.topic, self.partition, offset);
+                commands.offsets.complete(offset);
+                span.in_scope(|| self.store(&mut commands.offsets));
+                // Only now may a commit run: its offsets include this one.
+                if let Some(transaction) = transaction {
+                    transaction.settled();
+                }
+            }
+            Ending::Interrupted => stop_answers(&commands.order, offset),
+            Ending::Panicked(message, count) => {
+                if inbox_open && !self.inbox.is_closed() {
+                    // Same lane, same place: the records behind it wait.
+                    self.spawn(
+                        &mut commands.running,
+                        message,
+                        lane,
+                        &commands.draining,
+                        count,
+                        &commands.order,
+                    );
+                    return;
+                }
+                stop_answers(&commands.order, offset);
+            }
+        }
+        commands.admitted -= 1;
+        if settled {
+            match commands
+                .waiting
+                .get_mut(&lane)
+                .and_then(VecDeque::pop_front)
+            {
+                Some(message) => self.start(
+                    &mut commands.running,
+                    message,
+                    lane,
+                    &commands.draining,
+                    &commands.order,
+                ),
+                None => {
+                    commands.waiting.remove(&lane);
+                }
+            }
+        } else {
+            // Not answered: the key's later commands wait for the next
+            // owner too, which answers them in order after this one.
+            for queued in commands.waiting.remove(&lane).into_iter().flatten() {
+                commands.admitted -= 1;
+                stop_answers(&commands.order, queued.offset());
+            }
+        }
+    }
+
+    /// A record received: admitted, and started unless a command of its key runs
+    /// (then it waits behind it).
+    fn admit(&self, commands: &mut Commands, message: OwnedMessage) {
+        commands.admitted += 1;
+        commands.offsets.admit(message.offset());
+        if let Some(order) = &commands.order {
+            order.admit(message.offset());
+        }
+        let lane = lane_of(&message);
+        if let Some(queue) = commands.waiting.get_mut(&lane) {
+            queue.push_back(message);
+        } else {
+            commands.waiting.insert(lane.clone(), VecDeque::new());
+            self.start(
+                &mut commands.running,
+                message,
+                lane,
+                &commands.draining,
+                &commands.order,
+            );
+        }
     }
 
     fn start(
