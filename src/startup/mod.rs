@@ -1,11 +1,13 @@
 //! The I/O at start: the payments database created, connected and migrated; the
 //! stores opened; processor and handler wired; signals awaited. The settings come
 //! from `configuration` as plain data and everything that connects is here.
+mod application;
 mod database;
 mod signal;
 mod stores;
 mod wiring;
 
+pub use application::{Application, RunSettings, Shutdown};
 pub use database::{
     connect, connect_and_migrate, connect_with_size, ensure_database, migrate,
     open_all_connections, open_database,
