@@ -3,6 +3,7 @@
 //! books it must balance, test certificates, a scripted gateway, a mock Kafka that
 //! carries out transactions.
 
+pub(crate) mod answers;
 pub(crate) mod books;
 pub(crate) mod cards;
 pub(crate) mod deployment;
