@@ -193,11 +193,7 @@ async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_
         .holdings(&db.pool)
         .await
         .check(&records, &results, &tokens);
-    let audit = deployment.audit().await;
-    assert!(
-        audit.iter().any(|l| l.starts_with("result: CLEAN")),
-        "{audit:#?}"
-    );
+    deployment.audit().await.assert_clean();
     let repeated = by_position(&results)
         .values()
         .filter(|l| l.len() > 1)
@@ -287,13 +283,7 @@ async fn three_workers_on_a_redis_paused_twice_leave_no_token_stuck() {
         .holdings(&db.pool)
         .await
         .check(&records, &results, &tokens);
-    let audit = deployment.audit().await;
-    assert!(
-        audit
-            .iter()
-            .any(|l| l.starts_with("result: CLEAN") && !l.contains("warning")),
-        "audit clean, without warnings: {audit:#?}"
-    );
+    deployment.audit().await.assert_clean_without_warnings();
     let retried = logs
         .0
         .iter()

@@ -142,11 +142,7 @@ impl FaultRig {
             .holdings(&self.db.pool)
             .await
             .check(records, &results, &tokens);
-        let audit = self.deployment.audit().await;
-        assert!(
-            audit.iter().any(|l| l.starts_with("result: CLEAN")),
-            "{audit:#?}"
-        );
+        self.deployment.audit().await.assert_clean();
         results
     }
 

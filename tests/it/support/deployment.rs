@@ -19,6 +19,7 @@ use payment_worker::worker::{self, ResultRecord};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 
+use crate::support::audit::{run_audit, AuditVerdict};
 use crate::support::books::{expectations, payment_rows, Holdings};
 use crate::support::helpers::{unique, REDIS_URL};
 use crate::support::procs::{self, current_membership, Membership, Proc};
@@ -510,9 +511,9 @@ impl Deployment {
 
     /// What the run left behind: the commands topic read into expectations, the dead
     /// letters, the gateway ledger and the payment rows in `pool`.
-    /// `payment-worker audit` over the deployment's stores and gateway; its whole
-    /// output (it must exit 0).
-    pub(crate) async fn audit(&self) -> Vec<String> {
+    /// `payment-worker audit` over the deployment's stores and gateway; its verdict
+    /// (it must exit 0).
+    pub(crate) async fn audit(&self) -> AuditVerdict {
         let mut env = self.worker_env.clone();
         env.retain(|k, _| {
             [
@@ -525,14 +526,9 @@ impl Deployment {
             ]
             .contains(&k.as_str())
         });
-        let (status, output) = procs::run_to_end(
-            "audit",
-            procs::binary(&["audit"], &env),
-            Duration::from_secs(120),
-        )
-        .await;
-        assert!(status.success(), "audit failed:\n{}", output.join("\n"));
-        output
+        let verdict = run_audit::<&str>(&[], &env).await;
+        verdict.assert_success();
+        verdict
     }
 
     pub(crate) async fn holdings(&self, pool: &sqlx::PgPool) -> Holdings {

@@ -4,6 +4,7 @@
 //! carries out transactions.
 
 pub(crate) mod answers;
+pub(crate) mod audit;
 pub(crate) mod books;
 pub(crate) mod cards;
 pub(crate) mod deployment;

@@ -313,11 +313,9 @@ pub(crate) async fn audit_stuck_tokens(redis_url: &str, prefix: &str) -> u64 {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    let mut audit = crate::support::procs::binary(&["audit", "--json"], &env);
-    audit.stderr(std::process::Stdio::null());
-    let output = audit.output().unwrap();
-    assert_eq!(output.status.code(), Some(3), "{output:?}");
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let output = crate::support::audit::run_audit(&["--json"], &env).await;
+    assert_eq!(output.status.code(), Some(3), "{output}");
+    let report = output.json();
     report["stuck_tokens"]["count"]
         .as_u64()
         .unwrap_or_else(|| panic!("{report}"))

@@ -166,24 +166,7 @@ impl Run {
             .await
             .check(&self.records, &results, &tokens);
 
-        let mut audit_env = self.deployment.worker_env.clone();
-        audit_env.retain(|k, _| {
-            [
-                "DATABASE_URL",
-                "REDIS_URL",
-                "REDIS_KEY_PREFIX",
-                "GATEWAY_URL",
-                "LEASE",
-            ]
-            .contains(&k.as_str())
-        });
-        let (status, output) = procs::run_to_end(
-            "audit",
-            procs::binary(&["audit"], &audit_env),
-            Duration::from_secs(120),
-        )
-        .await;
-        assert!(status.success(), "audit failed:\n{}", output.join("\n"));
+        self.deployment.audit().await;
         flush_prefix(&mut self.redis.conn, &self.redis.prefix).await;
         measured
     }
