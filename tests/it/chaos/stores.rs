@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use payment_worker::operator;
 use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
 use payment_worker::worker::ResultRecord;
-use sqlx::PgPool;
 
 use crate::support::helpers::{unique, TestDb};
 use crate::support::procs::Proc;
+use crate::support::tokens::pg_token_statuses;
 
 use crate::support::books::*;
 use crate::support::deployment::*;
@@ -124,15 +124,6 @@ async fn run_with_strikes(
     (results, Logs(logs))
 }
 
-async fn postgres_token_statuses(pool: &PgPool) -> HashMap<String, String> {
-    sqlx::query_as::<_, (String, String)>("SELECT key, status FROM idempotency_tokens")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_pool_timeout() {
     let started = Instant::now();
@@ -186,7 +177,7 @@ async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_
             .await
             .unwrap();
     assert_eq!(dead, 0, "the workers purged every expired row");
-    let tokens = postgres_token_statuses(&db.pool).await;
+    let tokens = pg_token_statuses(&db.pool).await;
     let processing = tokens.values().filter(|s| *s == "processing").count();
     assert_eq!(processing, 0, "tokens left processing");
     deployment

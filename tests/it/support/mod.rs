@@ -19,4 +19,5 @@ pub(crate) mod scripted_stripe;
 pub(crate) mod stripe;
 pub(crate) mod target_seed;
 pub(crate) mod tls_front;
+pub(crate) mod tokens;
 pub(crate) mod txn_broker;
