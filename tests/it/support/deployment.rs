@@ -282,14 +282,18 @@ impl Deployment {
     }
 
     /// SIGTERM to every worker: drain, final commit, leave the group, exit 0.
-    pub(crate) async fn stop_workers(&mut self) {
+    /// Returns the workers' whole output, worker after worker.
+    pub(crate) async fn stop_workers(&mut self) -> Vec<String> {
         for worker in &mut self.workers {
             worker.signal(nix::sys::signal::Signal::SIGTERM);
         }
+        let mut lines = Vec::new();
         for worker in &mut self.workers {
             worker.stop(Duration::from_secs(60)).await;
+            lines.extend(worker.lines());
         }
         self.workers.clear();
+        lines
     }
 
     /// Waits until the live workers own every partition between them, each at
@@ -529,6 +533,35 @@ impl Deployment {
         let verdict = run_audit::<&str>(&[], &env).await;
         verdict.assert_success();
         verdict
+    }
+
+    /// The end of a settled run, its workers stopped: no token left `processing`
+    /// (`tokens`: token key → status, as the token store holds them), the books hold
+    /// (`Holdings::check` over `pool`'s rows) and `audit` is clean (warnings
+    /// allowed; its verdict is returned for a stricter look).
+    pub(crate) async fn check_end_of_run(
+        &self,
+        pool: &sqlx::PgPool,
+        records: &[WorkloadRecord],
+        results: &[ResultRecord],
+        tokens: &HashMap<String, String>,
+    ) -> AuditVerdict {
+        let mut stuck: Vec<&String> = tokens
+            .iter()
+            .filter(|(_, status)| *status == "processing")
+            .map(|(key, _)| key)
+            .collect();
+        stuck.sort();
+        assert_eq!(
+            stuck.len(),
+            0,
+            "tokens left processing (stuck), the first: {:?}",
+            &stuck[..stuck.len().min(5)]
+        );
+        self.holdings(pool).await.check(records, results, tokens);
+        let audit = self.audit().await;
+        audit.assert_clean();
+        audit
     }
 
     pub(crate) async fn holdings(&self, pool: &sqlx::PgPool) -> Holdings {
