@@ -18,7 +18,8 @@ use payment_worker::token::{
 use payment_worker_devtools::SimulatorConfig;
 use uuid::Uuid;
 
-use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease, Stack, REDIS_URL};
+use crate::support::audit::{quiet_env, run_audit, stack_audit_args, AuditVerdict};
+use crate::support::helpers::{assert_duplicate_of, final_outcome, NoLease, Stack};
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
 
@@ -55,29 +56,8 @@ async fn audit_in_process(stack: &Stack, options: AuditOptions) -> AuditReport {
 
 /// Runs `payment-worker audit` against the stack; flags only, so no ambient
 /// environment variable can point it elsewhere.
-async fn audit_binary(stack: &Stack, extra: &[&str]) -> std::process::Output {
-    tokio::process::Command::new(crate::support::procs::BINARY)
-        .arg("audit")
-        .args(["--database-url", &stack.db.url])
-        .args(["--redis-url", REDIS_URL])
-        .args(["--redis-key-prefix", &stack.redis.prefix])
-        .args(["--gateway-url", &stack.simulator.url()])
-        .args(["--lease", "5s"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap()
-}
-
-fn json_of(output: &std::process::Output) -> serde_json::Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "audit --json printed no JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+async fn audit_binary(stack: &Stack, extra: &[&str]) -> AuditVerdict {
+    run_audit(&stack_audit_args(stack, "5s", extra), &quiet_env()).await
 }
 
 async fn token_state(stack: &Stack, raw: &str) -> Option<(TokenState, Option<Uuid>)> {
@@ -157,13 +137,7 @@ async fn a_clean_run_is_clean_and_repair_settles_stuck_tokens() {
     let report = audit_in_process(&stack, AuditOptions::default()).await;
     assert!(report.is_clean(), "{}", report.to_table());
     assert_eq!((report.ledger_entries, report.payment_rows), (4, 4));
-    let output = audit_binary(&stack, &[]).await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(String::from_utf8_lossy(&output.stdout).contains("result: CLEAN"));
+    audit_binary(&stack, &[]).await.assert_clean();
 
     // A worker that crashed right after COMMIT: row and charge exist, token processing.
     let crashed = Processor::new(
@@ -214,8 +188,8 @@ async fn a_clean_run_is_clean_and_repair_settles_stuck_tokens() {
     assert!(report.repairs.is_empty(), "no repair without --repair");
     let output = audit_binary(&stack, &[]).await;
     assert!(!output.status.success(), "stuck tokens must fail the audit");
-    assert!(String::from_utf8_lossy(&output.stderr).contains("invariant violation"));
-    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(output.stderr.contains("invariant violation"), "{output}");
+    let table = &output.stdout;
     assert!(
         table.contains("result: 1 invariant violation(s), 1 warning(s)")
             && table.contains("crash-1: processing past its lease, succeeded row committed"),
@@ -227,7 +201,7 @@ async fn a_clean_run_is_clean_and_repair_settles_stuck_tokens() {
     );
 
     let output = audit_binary(&stack, &["--repair", "--json"]).await;
-    let json = json_of(&output);
+    let json = output.json();
     assert!(
         output.status.success(),
         "every stuck token repaired: {json}"
@@ -400,7 +374,7 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
     // The binary sees the same and exits non-zero, as JSON and as a table.
     let output = audit_binary(&stack, &["--json"]).await;
     assert!(!output.status.success());
-    let json = json_of(&output);
+    let json = output.json();
     for (field, count) in [
         ("double_charges", 1),
         ("charges_without_row", 2),
@@ -414,7 +388,7 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
     }
     let output = audit_binary(&stack, &[]).await;
     assert!(!output.status.success());
-    let table = String::from_utf8_lossy(&output.stdout);
+    let table = &output.stdout;
     assert!(
         table.contains("keys charged more than once") && table.contains("dbl-1"),
         "{table}"
@@ -462,12 +436,9 @@ async fn each_planted_violation_is_detected_and_fails_the_audit() {
     .await;
     assert!(report.is_clean(), "{}", report.to_table());
     assert_eq!((report.ledger_entries, report.payment_rows), (1, 1));
-    let output = audit_binary(&stack, &["--key-prefix", "ok-"]).await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    audit_binary(&stack, &["--key-prefix", "ok-"])
+        .await
+        .assert_success();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::support::helpers::{unique, TestRedis};
-use crate::support::procs::{self, PrivatePostgres};
+use crate::support::procs::PrivatePostgres;
 
 use crate::support::books::*;
 use crate::support::deployment::*;
@@ -204,24 +204,7 @@ async fn chaos_kills_redis_loss_and_a_postgres_restart_never_charge_twice_nor_lo
     } = held;
 
     // The operator's audit agrees.
-    let mut audit_env = deployment.worker_env.clone();
-    audit_env.retain(|k, _| {
-        [
-            "DATABASE_URL",
-            "REDIS_URL",
-            "REDIS_KEY_PREFIX",
-            "GATEWAY_URL",
-            "LEASE",
-        ]
-        .contains(&k.as_str())
-    });
-    let (status, output) = procs::run_to_end(
-        "audit",
-        procs::binary(&["audit"], &audit_env),
-        Duration::from_secs(120),
-    )
-    .await;
-    assert!(status.success(), "audit failed:\n{}", output.join("\n"));
+    deployment.audit().await;
 
     eprintln!(
         "chaos: seed {seed}: {} kills, Redis flushed twice ({flushed:?} keys), Postgres restarted once; \

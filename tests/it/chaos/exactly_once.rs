@@ -14,6 +14,7 @@ use payment_worker::worker::ResultRecord;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::support::answers::assert_one_answer_per_command;
 use crate::support::books::*;
 use crate::support::deployment::*;
 use crate::support::helpers::{read_topic, result_records, unique, TestDb, TestRedis};
@@ -31,6 +32,8 @@ const TRANSACTION_TIMEOUT_MS: &str = "10000";
 
 /// What a run left behind, its books already checked.
 struct Run {
+    /// How many commands the run published.
+    commands: usize,
     /// What a `read_committed` reader of the results topic gets.
     visible: Vec<ResultRecord>,
     /// Every result record written, aborted transactions included.
@@ -180,6 +183,7 @@ async fn run_with_kills_and_rebalances(mode: &str) -> Run {
     );
     flush_prefix(&mut redis.conn, &redis.prefix).await;
     Run {
+        commands: records.len(),
         visible,
         written,
         visible_dead_letters,
@@ -193,15 +197,7 @@ async fn run_with_kills_and_rebalances(mode: &str) -> Run {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_once_gives_every_command_one_visible_result_through_kills_and_rebalances() {
     let run = run_with_kills_and_rebalances("exactly-once").await;
-    let repeated: Vec<(Position, usize)> = by_position(&run.visible)
-        .into_iter()
-        .filter(|(_, answers)| answers.len() != 1)
-        .map(|(position, answers)| (position, answers.len()))
-        .collect();
-    assert!(
-        repeated.is_empty(),
-        "positions without exactly one visible result: {repeated:?}"
-    );
+    assert_one_answer_per_command(&run.visible, run.commands);
     let mut lettered: HashMap<Position, usize> = HashMap::new();
     for position in &run.visible_dead_letters {
         *lettered.entry(*position).or_default() += 1;
@@ -342,13 +338,10 @@ async fn a_zombie_past_its_session_is_fenced_and_nothing_it_produced_becomes_vis
     let written = read_uncommitted(&deployment, &results_topic).await;
     let rows = payment_rows(&db.pool).await;
 
-    let answers = by_position(&visible);
-    assert_eq!(answers.len(), COUNT, "every command answered");
-    for (position, list) in &answers {
-        assert_eq!(list.len(), 1, "{position:?} answered {list:?}");
+    for (position, answer) in assert_one_answer_per_command(&visible, COUNT) {
         assert_eq!(
-            list[0].outcome, "duplicate",
-            "the zombie's first answer became visible: {list:?}"
+            answer.outcome, "duplicate",
+            "the zombie's first answer became visible: {position:?} {answer:?}"
         );
     }
     check_originals(&visible, &rows);

@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 use payment_worker::configuration::KafkaSettings;
 use payment_worker::operator::{self, WorkloadSpec};
 
+use crate::support::answers::assert_one_answer_per_command;
 use crate::support::books::*;
 use crate::support::deployment::*;
 use crate::support::helpers::{unique, TestDb, TestRedis};
@@ -122,14 +123,7 @@ async fn a_commit_answered_after_the_worker_stopped_waiting_ends_it_and_nothing_
     deployment.stop_workers().await;
 
     // One visible result per command, the books balance, one charge per key.
-    let repeated: Vec<_> = by_position(&visible)
-        .into_iter()
-        .filter(|(_, answers)| answers.len() != 1)
-        .collect();
-    assert!(
-        repeated.is_empty(),
-        "positions without exactly one visible result: {repeated:?}"
-    );
+    assert_one_answer_per_command(&visible, records.len());
     let held = deployment.holdings(&db.pool).await;
     let tokens = token_statuses(&mut redis.conn, &redis.prefix).await;
     held.check(&records, &visible, &tokens);

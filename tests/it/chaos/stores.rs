@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use payment_worker::operator;
 use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
 use payment_worker::worker::ResultRecord;
-use sqlx::PgPool;
 
 use crate::support::helpers::{unique, TestDb};
 use crate::support::procs::Proc;
+use crate::support::tokens::pg_token_statuses;
 
 use crate::support::books::*;
 use crate::support::deployment::*;
@@ -113,24 +113,8 @@ async fn run_with_strikes(
         .wait_until_settled(records.len(), HashMap::new(), Duration::from_secs(300))
         .await;
     // SIGTERM: drain, commit, leave; their whole output is kept.
-    for worker in &mut deployment.workers {
-        worker.signal(nix::sys::signal::Signal::SIGTERM);
-    }
-    for worker in &mut deployment.workers {
-        worker.stop(Duration::from_secs(60)).await;
-        logs.extend(worker.lines());
-    }
-    deployment.workers.clear();
+    logs.extend(deployment.stop_workers().await);
     (results, Logs(logs))
-}
-
-async fn postgres_token_statuses(pool: &PgPool) -> HashMap<String, String> {
-    sqlx::query_as::<_, (String, String)>("SELECT key, status FROM idempotency_tokens")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -186,18 +170,10 @@ async fn three_workers_on_the_postgres_token_store_survive_two_sigkills_with_no_
             .await
             .unwrap();
     assert_eq!(dead, 0, "the workers purged every expired row");
-    let tokens = postgres_token_statuses(&db.pool).await;
-    let processing = tokens.values().filter(|s| *s == "processing").count();
-    assert_eq!(processing, 0, "tokens left processing");
+    let tokens = pg_token_statuses(&db.pool).await;
     deployment
-        .holdings(&db.pool)
-        .await
-        .check(&records, &results, &tokens);
-    let audit = deployment.audit().await;
-    assert!(
-        audit.iter().any(|l| l.starts_with("result: CLEAN")),
-        "{audit:#?}"
-    );
+        .check_end_of_run(&db.pool, &records, &results, &tokens)
+        .await;
     let repeated = by_position(&results)
         .values()
         .filter(|l| l.len() > 1)
@@ -277,23 +253,10 @@ async fn three_workers_on_a_redis_paused_twice_leave_no_token_stuck() {
 
     let mut conn = crate::support::helpers::observer_connection(redis.url.as_str()).await;
     let tokens = token_statuses(&mut conn, &prefix).await;
-    let stuck: Vec<_> = tokens
-        .iter()
-        .filter(|(_, s)| *s == "processing")
-        .take(5)
-        .collect();
-    assert!(stuck.is_empty(), "tokens stuck processing: {stuck:?}");
     deployment
-        .holdings(&db.pool)
+        .check_end_of_run(&db.pool, &records, &results, &tokens)
         .await
-        .check(&records, &results, &tokens);
-    let audit = deployment.audit().await;
-    assert!(
-        audit
-            .iter()
-            .any(|l| l.starts_with("result: CLEAN") && !l.contains("warning")),
-        "audit clean, without warnings: {audit:#?}"
-    );
+        .assert_clean_without_warnings();
     let retried = logs
         .0
         .iter()

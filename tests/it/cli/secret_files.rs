@@ -15,6 +15,7 @@ use crate::support::helpers::{unique, Stack};
 use crate::support::pki::path_str;
 use crate::support::procs::{binary, run_to_end, Proc};
 use crate::support::redis_servers::{private_file, PasswordRedis, TempDir};
+use crate::support::tokens::redis_token_status;
 
 const DB_PASSWORD: &str = "db-file-pass-5c1e07";
 const REDIS_PASSWORD: &str = "redis-file-pass-93ab1f";
@@ -103,12 +104,7 @@ async fn secrets_given_as_files_are_used_and_shown_nowhere() {
     .get_multiplexed_async_connection()
     .await
     .unwrap();
-    let status: Option<String> = redis::cmd("HGET")
-        .arg(format!("{}:token:{{{key}}}", stack.redis.prefix))
-        .arg("status")
-        .query_async(&mut private)
-        .await
-        .unwrap();
+    let status = redis_token_status(&mut private, &stack.redis.prefix, &key).await;
     assert_eq!(status.as_deref(), Some("completed"));
     let log = worker.lines().join("\n");
     assert!(log.contains("starting worker"), "{log}");

@@ -193,32 +193,16 @@ async fn a_postgres_failover_mid_run_loses_nothing_and_charges_nothing_twice() {
         "failover: every command answered and committed {:?} after the primary stopped",
         began.elapsed()
     );
-    let mut lines = Vec::new();
-    for worker in &mut deployment.workers {
-        worker.signal(nix::sys::signal::Signal::SIGTERM);
-    }
-    for worker in &mut deployment.workers {
-        worker.stop(Duration::from_secs(60)).await;
-        lines.extend(worker.lines());
-    }
-    deployment.workers.clear();
+    let lines = deployment.stop_workers().await;
 
     let books_pool = sqlx::PgPool::connect(&standby.url(&database))
         .await
         .unwrap();
     let mut direct = observer_connection(REDIS_URL).await;
     let tokens = books::token_statuses(&mut direct, &prefix).await;
-    let processing = tokens.values().filter(|s| *s == "processing").count();
-    assert_eq!(processing, 0, "tokens left processing");
     deployment
-        .holdings(&books_pool)
-        .await
-        .check(&records, &results, &tokens);
-    let audit = deployment.audit().await;
-    assert!(
-        audit.iter().any(|l| l.starts_with("result: CLEAN")),
-        "{audit:#?}"
-    );
+        .check_end_of_run(&books_pool, &records, &results, &tokens)
+        .await;
     let read_only = lines
         .iter()
         .filter(|l| l.contains("retrying command") && l.contains("read-only transaction"))

@@ -25,6 +25,7 @@ use super::unknown_outcomes::{
 };
 use crate::support::helpers::{quick_worker_settings, stop_all, NoLease, Stack};
 use crate::support::scripted_gateway::PostAnswer;
+use crate::support::tokens::redis_token_key;
 
 /// Waits until `done` holds (polling), failing after `within` with `what`.
 async fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
@@ -103,7 +104,7 @@ async fn a_successor_that_cannot_look_up_a_killed_holders_charge_flags_it_and_a_
     // Later the token is gone (its life ended, or Redis lost it): a redrive starts
     // at fence 1 again, and still looks the charge up instead of charging.
     let _: () = redis::cmd("DEL")
-        .arg(format!("{}:token:{{{key}}}", stack.redis.prefix))
+        .arg(redis_token_key(&stack.redis.prefix, key))
         .query_async(&mut stack.redis.conn.clone())
         .await
         .unwrap();

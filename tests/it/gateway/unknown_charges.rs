@@ -18,7 +18,8 @@ use payment_worker::worker;
 use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 
-use crate::support::helpers::{quick_worker_settings, stop_all, Stack, REDIS_URL};
+use crate::support::audit::{quiet_env, run_audit, stack_audit_args};
+use crate::support::helpers::{quick_worker_settings, stop_all, Stack};
 use crate::support::scripted_gateway::{PostAnswer, ScriptedGateway};
 
 use super::answers::ikey;
@@ -140,19 +141,13 @@ async fn retries_exhausted_with_the_charge_unknown_is_dead_lettered_so_and_liste
         .contains("dead-lettered with the charge unknown"));
     // The same from the command line: listed in the JSON, and the charge without its
     // row fails the audit.
-    let output = tokio::process::Command::new(crate::support::procs::BINARY)
-        .arg("audit")
-        .args(["--database-url", &stack.db.url])
-        .args(["--redis-url", REDIS_URL])
-        .args(["--redis-key-prefix", &stack.redis.prefix])
-        .args(["--gateway-url", &stack.simulator.url()])
-        .args(["--lease", "500ms", "--json"])
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    assert!(!output.status.success(), "{output:?}");
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let output = run_audit(
+        &stack_audit_args(&stack, "500ms", &["--json"]),
+        &quiet_env(),
+    )
+    .await;
+    assert!(!output.status.success(), "{output}");
+    let json = output.json();
     assert_eq!(
         json["unresolved_charges"]["examples"][0]["idempotency_key"], unknown,
         "{json}"

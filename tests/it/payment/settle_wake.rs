@@ -11,6 +11,7 @@ use payment_worker::token::{
 use payment_worker_devtools::{SimulatorConfig, SlowKey};
 
 use crate::support::helpers::{assert_duplicate_of, REDIS_URL};
+use crate::support::tokens::pg_token_row;
 
 use super::rig::*;
 
@@ -140,11 +141,9 @@ struct PgRig<'a> {
 
 impl PgRig<'_> {
     async fn state(&self, key: &str) -> Option<String> {
-        sqlx::query_scalar("SELECT status FROM idempotency_tokens WHERE key = $1")
-            .bind(key)
-            .fetch_optional(&self.rig.db.pool)
+        pg_token_row(&self.rig.db.pool, key)
             .await
-            .unwrap()
+            .map(|row| row.status)
     }
 
     async fn run(&self, key: &str, a_tokens: Arc<dyn TokenStore>, b_tokens: Arc<dyn TokenStore>) {

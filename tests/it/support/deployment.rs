@@ -19,6 +19,7 @@ use payment_worker::worker::{self, ResultRecord};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 
+use crate::support::audit::{run_audit, AuditVerdict};
 use crate::support::books::{expectations, payment_rows, Holdings};
 use crate::support::helpers::{unique, REDIS_URL};
 use crate::support::procs::{self, current_membership, Membership, Proc};
@@ -281,14 +282,18 @@ impl Deployment {
     }
 
     /// SIGTERM to every worker: drain, final commit, leave the group, exit 0.
-    pub(crate) async fn stop_workers(&mut self) {
+    /// Returns the workers' whole output, worker after worker.
+    pub(crate) async fn stop_workers(&mut self) -> Vec<String> {
         for worker in &mut self.workers {
             worker.signal(nix::sys::signal::Signal::SIGTERM);
         }
+        let mut lines = Vec::new();
         for worker in &mut self.workers {
             worker.stop(Duration::from_secs(60)).await;
+            lines.extend(worker.lines());
         }
         self.workers.clear();
+        lines
     }
 
     /// Waits until the live workers own every partition between them, each at
@@ -510,9 +515,9 @@ impl Deployment {
 
     /// What the run left behind: the commands topic read into expectations, the dead
     /// letters, the gateway ledger and the payment rows in `pool`.
-    /// `payment-worker audit` over the deployment's stores and gateway; its whole
-    /// output (it must exit 0).
-    pub(crate) async fn audit(&self) -> Vec<String> {
+    /// `payment-worker audit` over the deployment's stores and gateway; its verdict
+    /// (it must exit 0).
+    pub(crate) async fn audit(&self) -> AuditVerdict {
         let mut env = self.worker_env.clone();
         env.retain(|k, _| {
             [
@@ -525,14 +530,38 @@ impl Deployment {
             ]
             .contains(&k.as_str())
         });
-        let (status, output) = procs::run_to_end(
-            "audit",
-            procs::binary(&["audit"], &env),
-            Duration::from_secs(120),
-        )
-        .await;
-        assert!(status.success(), "audit failed:\n{}", output.join("\n"));
-        output
+        let verdict = run_audit::<&str>(&[], &env).await;
+        verdict.assert_success();
+        verdict
+    }
+
+    /// The end of a settled run, its workers stopped: no token left `processing`
+    /// (`tokens`: token key → status, as the token store holds them), the books hold
+    /// (`Holdings::check` over `pool`'s rows) and `audit` is clean (warnings
+    /// allowed; its verdict is returned for a stricter look).
+    pub(crate) async fn check_end_of_run(
+        &self,
+        pool: &sqlx::PgPool,
+        records: &[WorkloadRecord],
+        results: &[ResultRecord],
+        tokens: &HashMap<String, String>,
+    ) -> AuditVerdict {
+        let mut stuck: Vec<&String> = tokens
+            .iter()
+            .filter(|(_, status)| *status == "processing")
+            .map(|(key, _)| key)
+            .collect();
+        stuck.sort();
+        assert_eq!(
+            stuck.len(),
+            0,
+            "tokens left processing (stuck), the first: {:?}",
+            &stuck[..stuck.len().min(5)]
+        );
+        self.holdings(pool).await.check(records, results, tokens);
+        let audit = self.audit().await;
+        audit.assert_clean();
+        audit
     }
 
     pub(crate) async fn holdings(&self, pool: &sqlx::PgPool) -> Holdings {

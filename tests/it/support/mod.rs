@@ -3,6 +3,8 @@
 //! books it must balance, test certificates, a scripted gateway, a mock Kafka that
 //! carries out transactions.
 
+pub(crate) mod answers;
+pub(crate) mod audit;
 pub(crate) mod books;
 pub(crate) mod cards;
 pub(crate) mod deployment;
@@ -17,4 +19,5 @@ pub(crate) mod scripted_stripe;
 pub(crate) mod stripe;
 pub(crate) mod target_seed;
 pub(crate) mod tls_front;
+pub(crate) mod tokens;
 pub(crate) mod txn_broker;

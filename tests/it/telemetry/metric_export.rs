@@ -28,6 +28,7 @@ use redis::AsyncCommands;
 use tokio::sync::{mpsc, Notify};
 
 use crate::support::helpers::{unique, Stack, REDIS_URL};
+use crate::support::tokens::redis_token_key;
 use crate::telemetry::metric_names::{
     collector_namespace, kind_of, metrics_queried_by_the_operator_kit, prometheus_name,
     series_names,
@@ -277,7 +278,7 @@ async fn a_worker_exports_every_metric_the_dashboard_and_the_alerts_query() {
     records.push((panic_key.clone(), command(&panic_key)));
     // A token key of the wrong type: every reserve of that key fails as corrupt.
     let mut redis = stack.redis.conn.clone();
-    let corrupt_token = format!("{}:token:{{{corrupt_key}}}", stack.redis.prefix);
+    let corrupt_token = redis_token_key(&stack.redis.prefix, &corrupt_key);
     let _: () = redis.set(&corrupt_token, "not a token hash").await.unwrap();
     produce(&stack, &records).await;
 
@@ -307,7 +308,7 @@ async fn a_worker_exports_every_metric_the_dashboard_and_the_alerts_query() {
         .expect("the held command reaches the gateway")
         .expect("gateway channel open");
     assert_eq!(arrived, held_key);
-    let held_token = format!("{}:token:{{{held_key}}}", stack.redis.prefix);
+    let held_token = redis_token_key(&stack.redis.prefix, &held_key);
     let _: () = redis
         .hset(&held_token, "owner", "another-worker:takeover")
         .await

@@ -21,6 +21,7 @@ use payment_worker_devtools::{GatewaySimulator, SimulatorConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support::helpers::{quick_worker_settings, stop_all, unique, Stack, TestDb, REDIS_URL};
+use crate::support::tokens::pg_token_row;
 
 const BIN: &str = crate::support::procs::BINARY;
 
@@ -46,18 +47,6 @@ fn process_command(db: &TestDb, gateway_url: &str, json: &str) -> tokio::process
         .env("RUST_LOG", "warn")
         .kill_on_drop(true);
     command
-}
-
-/// (status, owner, fence, payment_id) of the token row, if any.
-async fn token_row(
-    db: &TestDb,
-    key: &str,
-) -> Option<(String, Option<String>, i64, Option<uuid::Uuid>)> {
-    sqlx::query_as("SELECT status, owner, fence, payment_id FROM idempotency_tokens WHERE key = $1")
-        .bind(key)
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap()
 }
 
 async fn payment_id(db: &TestDb, key: &str) -> Option<uuid::Uuid> {
@@ -105,9 +94,9 @@ async fn a_worker_killed_right_after_commit_has_already_completed_the_postgres_t
     let paid = payment_id(&db, key)
         .await
         .expect("the payment row is committed");
-    let (status, _, fence, token_payment) = token_row(&db, key).await.expect("token row");
-    assert_eq!(status, "completed", "the commit completed the token");
-    assert_eq!((fence, token_payment), (1, Some(paid)));
+    let row = pg_token_row(&db.pool, key).await.expect("token row");
+    assert_eq!(row.status, "completed", "the commit completed the token");
+    assert_eq!((row.fence, row.payment_id), (1, Some(paid)));
 
     let pid = Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
     kill(pid, Signal::SIGKILL).unwrap();
@@ -132,7 +121,10 @@ async fn a_worker_killed_right_after_commit_has_already_completed_the_postgres_t
         .filter(|e| e.idempotency_key == key)
         .count();
     assert_eq!(charges, 1);
-    assert_eq!(token_row(&db, key).await.unwrap().0, "completed");
+    assert_eq!(
+        pg_token_row(&db.pool, key).await.unwrap().status,
+        "completed"
+    );
 }
 
 /// A claim that lost its token before COMMIT rolls the payment back: the fence check
@@ -168,9 +160,9 @@ async fn a_claim_taken_over_before_commit_rolls_the_payment_back() {
         .unwrap();
     assert_eq!(verdict, payment_worker::token::Transition::Refused);
     tx.rollback().await.unwrap();
-    let (status, owner, fence, _) = token_row(&db, "pg-fenced-1").await.unwrap();
+    let row = pg_token_row(&db.pool, "pg-fenced-1").await.unwrap();
     assert_eq!(
-        (status.as_str(), owner.as_deref(), fence),
+        (row.status.as_str(), row.owner.as_deref(), row.fence),
         ("processing", Some("new:2"), 2)
     );
 
@@ -187,7 +179,10 @@ async fn a_claim_taken_over_before_commit_rolls_the_payment_back() {
         .unwrap();
     assert_eq!(verdict, payment_worker::token::Transition::Applied);
     tx.rollback().await.unwrap();
-    assert_eq!(token_row(&db, "pg-fenced-1").await.unwrap().0, "processing");
+    assert_eq!(
+        pg_token_row(&db.pool, "pg-fenced-1").await.unwrap().status,
+        "processing"
+    );
 }
 
 /// The start-up check: pools the server cannot serve are refused with the figures.

@@ -13,6 +13,7 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 
 use crate::support::helpers::{patient_connection, silent_server, TestRedis, REDIS_URL};
+use crate::support::tokens::{redis_token_hash, redis_token_key};
 use crate::token::contract::{self as contract, key, policy, Backend, RawToken, RACE_ROUNDS};
 
 struct RedisBackend {
@@ -31,9 +32,8 @@ impl RedisBackend {
         }
     }
 
-    /// The documented layout, spelled out here independently of the store.
     fn token_key(&self, key: &IdempotencyKey) -> String {
-        format!("{}:token:{{{}}}", self.prefix, key.as_str())
+        redis_token_key(&self.prefix, key.as_str())
     }
 
     fn lock_key(&self, key: &IdempotencyKey) -> String {
@@ -41,11 +41,7 @@ impl RedisBackend {
     }
 
     async fn hash(&self, key: &IdempotencyKey) -> HashMap<String, String> {
-        self.conn
-            .clone()
-            .hgetall(self.token_key(key))
-            .await
-            .unwrap()
+        redis_token_hash(&mut self.conn.clone(), &self.prefix, key.as_str()).await
     }
 }
 
@@ -74,21 +70,7 @@ impl Backend for RedisBackend {
                 .query_async(&mut self.conn.clone())
                 .await
                 .unwrap();
-        if fields.is_empty() {
-            return None;
-        }
-        let now = secs * 1000 + micros / 1000;
-        let number = |name: &str| fields.get(name).map(|v| v.parse::<i64>().unwrap());
-        Some(RawToken {
-            status: fields["status"].clone(),
-            owner: fields.get("owner").cloned(),
-            fence: fields["fence"].parse().unwrap(),
-            payment_id: fields.get("payment_id").cloned(),
-            fingerprint: fields.get("fingerprint").cloned(),
-            ttl_ms: pttl,
-            expires_in_ms: number("expires_at_ms").unwrap() - now,
-            lease_left_ms: number("lease_until_ms").map(|until| until - now),
-        })
+        RawToken::from_redis_hash(&fields, pttl, secs * 1000 + micros / 1000)
     }
 
     async fn raw_lock(&self, key: &IdempotencyKey) -> Option<String> {

@@ -22,6 +22,7 @@ use crate::support::pki::{path_str, TestPki};
 use crate::support::procs::free_port;
 use crate::support::procs::{run_to_end, Proc};
 use crate::support::redis_servers::{base_args, redis_server, TempDir, TlsRedis};
+use crate::support::tokens::redis_token_key;
 use crate::token::contract::{self as contract, key, policy, Backend, RawToken};
 
 /// Race rounds here: the single-node suite runs the full count; these servers only
@@ -71,28 +72,14 @@ impl Backend for TopologyBackend {
     }
 
     async fn raw_token(&self, key: &IdempotencyKey) -> Option<RawToken> {
-        let redis_key = format!("{}:token:{{{}}}", self.prefix, key.as_str());
+        let redis_key = redis_token_key(&self.prefix, key.as_str());
         // Three reads (a cluster pipeline is not atomic either); TIME of any node: the
         // nodes share this machine's clock.
         let fields: HashMap<String, String> =
             self.query(redis::cmd("HGETALL").arg(&redis_key)).await;
         let pttl: i64 = self.query(redis::cmd("PTTL").arg(&redis_key)).await;
         let (secs, micros): (i64, i64) = self.query(&redis::cmd("TIME")).await;
-        if fields.is_empty() {
-            return None;
-        }
-        let now = secs * 1000 + micros / 1000;
-        let number = |name: &str| fields.get(name).map(|v| v.parse::<i64>().unwrap());
-        Some(RawToken {
-            status: fields["status"].clone(),
-            owner: fields.get("owner").cloned(),
-            fence: fields["fence"].parse().unwrap(),
-            payment_id: fields.get("payment_id").cloned(),
-            fingerprint: fields.get("fingerprint").cloned(),
-            ttl_ms: pttl,
-            expires_in_ms: number("expires_at_ms").unwrap() - now,
-            lease_left_ms: number("lease_until_ms").map(|until| until - now),
-        })
+        RawToken::from_redis_hash(&fields, pttl, secs * 1000 + micros / 1000)
     }
 
     async fn raw_lock(&self, key: &IdempotencyKey) -> Option<String> {
@@ -313,11 +300,9 @@ pub(crate) async fn audit_stuck_tokens(redis_url: &str, prefix: &str) -> u64 {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    let mut audit = crate::support::procs::binary(&["audit", "--json"], &env);
-    audit.stderr(std::process::Stdio::null());
-    let output = audit.output().unwrap();
-    assert_eq!(output.status.code(), Some(3), "{output:?}");
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let output = crate::support::audit::run_audit(&["--json"], &env).await;
+    assert_eq!(output.status.code(), Some(3), "{output}");
+    let report = output.json();
     report["stuck_tokens"]["count"]
         .as_u64()
         .unwrap_or_else(|| panic!("{report}"))

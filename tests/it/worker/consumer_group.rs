@@ -11,6 +11,7 @@ use payment_worker::worker;
 use payment_worker_devtools::{SimulatorConfig, SlowKey};
 use rdkafka::message::{Headers, Message};
 
+use crate::support::answers::{assert_one_answer_per_command, assert_one_answer_per_offset};
 use crate::support::helpers::{quick_worker_settings, stop_all, wait_for_stable_group, Stack};
 
 fn header(message: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {
@@ -70,12 +71,7 @@ async fn a_group_of_three_charges_every_key_once_and_replays_without_charging() 
     stack.wait_for_commits(Duration::from_secs(30)).await;
 
     // One result per command, for exactly the commands' positions.
-    assert_eq!(results.len(), records.len(), "one result per command");
-    let positions: HashSet<(i32, i64)> = results
-        .iter()
-        .map(|r| (r.source.partition, r.source.offset))
-        .collect();
-    assert_eq!(positions.len(), records.len(), "no command answered twice");
+    assert_one_answer_per_command(&results, records.len());
 
     // Every valid key charged exactly once.
     let ledger = stack.ledger();
@@ -451,13 +447,8 @@ async fn a_drain_finishes_what_it_admitted_and_commits_past_every_answer() {
     stop_all(vec![worker]).await;
 
     let results = stack.results().await;
-    let mut positions: Vec<i64> = results.iter().map(|r| r.source.offset).collect();
-    positions.sort_unstable();
-    let every: Vec<i64> = (0..records.len() as i64).collect();
-    assert_eq!(
-        positions, every,
-        "every command answered once, the queued one too"
-    );
+    // Every command answered once, the queued one too.
+    assert_one_answer_per_offset(&results, records.len());
     assert_eq!(
         stack.committed().await.get(&0),
         Some(&(records.len() as i64)),

@@ -26,6 +26,7 @@ use payment_worker_devtools::{LocalKafka, SimulatorConfig};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
+use crate::support::answers::{assert_one_answer_per_command, assert_one_answer_per_offset};
 use crate::support::helpers::{quick_worker_settings, read_topic, result_records, unique, Stack};
 
 use super::poison::{producer, send_command, start_run};
@@ -128,9 +129,8 @@ async fn exactly_once_answers_every_command_once() {
     worker.stop().await.unwrap();
 
     let results = read_committed(&stack.settings).await;
-    let answers = check_answers(&results, records.len(), &rows(&stack).await);
-    let repeated: Vec<_> = answers.iter().filter(|(_, a)| a.len() > 1).collect();
-    assert!(repeated.is_empty(), "answered more than once: {repeated:?}");
+    check_answers(&results, records.len(), &rows(&stack).await);
+    assert_one_answer_per_command(&results, records.len());
     assert!(
         results.iter().any(|r| r.outcome == "duplicate"),
         "the workload's duplicates are answered as such"
@@ -264,10 +264,7 @@ async fn answers_of_a_partition_enter_the_transaction_in_offset_order_around_a_h
     let results = read_committed(&stack.settings).await;
     // Entering in order is not producing in order: the records of answers that
     // entered one after the other may reach the topic in either order.
-    let mut offsets: Vec<i64> = results.iter().map(|r| r.source.offset).collect();
-    offsets.sort_unstable();
-    let expected: Vec<i64> = (0..COMMANDS as i64).collect();
-    assert_eq!(offsets, expected, "one answer per command");
+    assert_one_answer_per_offset(&results, COMMANDS);
     assert_eq!(stack.ledger().len(), COMMANDS, "one charge per key");
     stack.assert_books_balance().await;
 }

@@ -11,6 +11,7 @@ use payment_worker::operator::{RecordKind, WorkloadRecord};
 use payment_worker_devtools::SimulatorConfig;
 use rdkafka::message::{Headers, Message, OwnedMessage};
 
+use crate::support::answers::assert_one_answer_per_offset;
 use crate::support::helpers::{read_topic, Stack};
 use crate::support::txn_broker;
 
@@ -71,17 +72,14 @@ async fn a_dead_letter_the_broker_refuses_as_too_large_goes_out_without_its_valu
 
     // What a `read_committed` reader gets: one answer per command.
     let results = read_committed(&stack.settings).await;
-    let mut answered: Vec<(i64, &str)> = results
-        .iter()
-        .map(|r| (r.source.offset, r.outcome.as_str()))
-        .collect();
-    answered.sort();
-    assert_eq!(answered.len(), 3, "{answered:?}");
-    assert_eq!(answered[1], (1, "rejected"), "{answered:?}");
-    for (offset, outcome) in [answered[0], answered[2]] {
+    let answered = assert_one_answer_per_offset(&results, records.len());
+    assert_eq!(answered[1].outcome, "rejected", "{answered:?}");
+    for answer in [answered[0], answered[2]] {
         assert!(
-            outcome == "succeeded" || outcome == "duplicate",
-            "offset {offset}: {outcome}"
+            answer.outcome == "succeeded" || answer.outcome == "duplicate",
+            "offset {}: {}",
+            answer.source.offset,
+            answer.outcome
         );
     }
     let letters = read_topic(&stack.settings, &stack.settings.dlq_topic, "read_committed").await;

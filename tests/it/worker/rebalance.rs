@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use payment_worker::operator;
 use payment_worker::operator::{WorkloadRecord, WorkloadSpec};
 
+use crate::support::answers::assert_one_answer_per_command;
 use crate::support::books::{answered, by_position, flush_prefix, token_statuses};
 use crate::support::deployment::{Deployment, PARTITIONS};
 use crate::support::helpers::{unique, TestDb, TestRedis};
@@ -165,24 +166,7 @@ impl Run {
             .await
             .check(&self.records, &results, &tokens);
 
-        let mut audit_env = self.deployment.worker_env.clone();
-        audit_env.retain(|k, _| {
-            [
-                "DATABASE_URL",
-                "REDIS_URL",
-                "REDIS_KEY_PREFIX",
-                "GATEWAY_URL",
-                "LEASE",
-            ]
-            .contains(&k.as_str())
-        });
-        let (status, output) = procs::run_to_end(
-            "audit",
-            procs::binary(&["audit"], &audit_env),
-            Duration::from_secs(120),
-        )
-        .await;
-        assert!(status.success(), "audit failed:\n{}", output.join("\n"));
+        self.deployment.audit().await;
         flush_prefix(&mut self.redis.conn, &self.redis.prefix).await;
         measured
     }
@@ -392,10 +376,7 @@ async fn an_incremental_revoke_keeps_the_rest_of_the_assignment_and_the_membersh
     stack.wait_for_commits(Duration::from_secs(15)).await;
     stop_all(workers).await;
     let results = stack.results().await;
-    let repeated = by_position(&results)
-        .values()
-        .filter(|l| l.len() > 1)
-        .count();
-    assert_eq!(repeated, 0, "positions answered twice across the rebalance");
+    // No position answered twice across the rebalance.
+    assert_one_answer_per_command(&results, records.len());
     stack.assert_books_balance().await;
 }

@@ -13,6 +13,7 @@ use payment_worker::token::{IdempotencyKey, RedisTokenStore, TokenPolicy, TokenS
 use payment_worker_devtools::{LocalStripe, LOCALSTRIPE_KEY};
 use serde_json::Value;
 
+use crate::support::audit::{run_audit, AuditVerdict};
 use crate::support::helpers::{http, unique, TestDb, TestRedis, REDIS_URL};
 use crate::support::procs::{binary, run_to_end, Proc};
 use crate::support::stripe::{intents_for, localstripe_intents};
@@ -94,12 +95,10 @@ impl Setup {
         }
     }
 
-    async fn audit(&self, flags: &[&str], prefix: &str) -> (i32, String) {
-        let mut args = vec!["audit", "--key-prefix", prefix, "--orphan-margin", "0s"];
+    async fn audit(&self, flags: &[&str], prefix: &str) -> AuditVerdict {
+        let mut args = vec!["--key-prefix", prefix, "--orphan-margin", "0s"];
         args.extend_from_slice(flags);
-        let (status, lines) =
-            run_to_end("audit", binary(&args, &self.env()), Duration::from_secs(60)).await;
-        (status.code().unwrap_or(-1), lines.join("\n"))
+        run_audit(&args, &self.env()).await
     }
 
     async fn row(&self, key: &str) -> (String, Option<String>) {
@@ -193,9 +192,7 @@ async fn kills_between_the_phases_leave_one_succeeded_payment_intent_and_clean_b
         ("succeeded".to_owned(), Some(charged[0].0.clone()))
     );
 
-    let (code, report) = setup.audit(&[], &prefix).await;
-    assert_eq!(code, 0, "{report}");
-    assert!(report.contains("result: CLEAN"), "{report}");
+    setup.audit(&[], &prefix).await.assert_clean();
 
     // An orphan of a finished payment is listed, and --repair cancels it.
     let orphan = setup.orphan(&between).await;
@@ -218,15 +215,22 @@ async fn kills_between_the_phases_leave_one_succeeded_payment_intent_and_clean_b
         .unwrap();
     let held_orphan = setup.orphan(&held).await;
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let (code, report) = setup.audit(&[], &prefix).await;
-    assert_eq!(code, 0, "orphans are warnings, not violations: {report}");
+    let report = setup.audit(&[], &prefix).await;
+    assert_eq!(
+        report.code(),
+        0,
+        "orphans are warnings, not violations: {report}"
+    );
     assert!(
-        report.contains("orphaned unconfirmed charges") && report.contains(&orphan),
+        report.text().contains("orphaned unconfirmed charges") && report.text().contains(&orphan),
         "{report}"
     );
-    let (code, report) = setup.audit(&["--repair"], &prefix).await;
-    assert_eq!(code, 0, "{report}");
-    assert!(report.contains("orphaned charges cancelled: 1"), "{report}");
+    let report = setup.audit(&["--repair"], &prefix).await;
+    report.assert_success();
+    assert!(
+        report.text().contains("orphaned charges cancelled: 1"),
+        "{report}"
+    );
     let statuses: HashMap<String, String> = localstripe_intents(&url)
         .await
         .into_iter()

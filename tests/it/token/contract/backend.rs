@@ -27,6 +27,31 @@ pub struct RawToken {
     pub lease_left_ms: Option<i64>,
 }
 
+impl RawToken {
+    /// The token a Redis hash (`HGETALL`) holds, its key's `PTTL` and the server's
+    /// clock (`TIME`, in ms) read with it; `None` for an empty hash (no token).
+    pub fn from_redis_hash(
+        fields: &std::collections::HashMap<String, String>,
+        pttl: i64,
+        now_ms: i64,
+    ) -> Option<Self> {
+        if fields.is_empty() {
+            return None;
+        }
+        let number = |name: &str| fields.get(name).map(|v| v.parse::<i64>().unwrap());
+        Some(RawToken {
+            status: fields["status"].clone(),
+            owner: fields.get("owner").cloned(),
+            fence: fields["fence"].parse().unwrap(),
+            payment_id: fields.get("payment_id").cloned(),
+            fingerprint: fields.get("fingerprint").cloned(),
+            ttl_ms: pttl,
+            expires_in_ms: number("expires_at_ms").unwrap() - now_ms,
+            lease_left_ms: number("lease_until_ms").map(|until| until - now_ms),
+        })
+    }
+}
+
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// A store with `policy` on the backend's shared namespace. Every call may open its
