@@ -1,8 +1,8 @@
-//! The Postgres store's rows read and its errors classed: a `token` row becomes the
-//! store's types (a status or fence no code writes is `Corrupt`), durations become the
-//! milliseconds the statements take, and `sqlx` errors are sorted retryable or not.
-//! Apart from `postgres.rs` so these conversions and their unit tests stand without a
-//! database.
+//! The Postgres store's rows read and its errors classed: an `idempotency_tokens` row
+//! becomes the store's types (a status or fence no code writes is `Corrupt`), durations
+//! become the milliseconds the statements take, and `sqlx` errors are sorted retryable
+//! or not. Apart from `postgres.rs` so these conversions and their unit tests stand
+//! without a database.
 
 use std::time::Duration;
 
