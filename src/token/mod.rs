@@ -1,6 +1,8 @@
 mod key;
 mod postgres;
 mod postgres_purge;
+mod postgres_reserve;
+mod postgres_rows;
 mod postgres_settle;
 mod postgres_statements;
 mod redis;

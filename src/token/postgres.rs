@@ -16,51 +16,31 @@ use uuid::Uuid;
 use std::sync::Arc;
 
 use super::postgres_purge;
+use super::postgres_rows::{classify, millis, transition, view_of, TokenRow};
 use super::postgres_settle::PgSettle;
 use super::postgres_statements::{
     CONFIRM, CONSUME, DELETE_DEAD_PENDING, EXPIRED_LEASES, EXTEND, ISSUE, LOCK_CREATE,
-    LOCK_TAKE_OVER, READ, RELEASE, RESERVE_CREATE, RESERVE_IMPLICIT, RESERVE_ISSUED, RESTORE,
-    UNSETTLED, WATCH,
+    LOCK_TAKE_OVER, READ, RELEASE, RESTORE, WATCH,
 };
 use super::settle_wait::{SettleWatch, Woken};
 use super::{
-    Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Predecessor, Reservation,
-    SettleInTransaction, TokenError, TokenMode, TokenPolicy, TokenState, TokenStore, TokenView,
-    Transition,
+    Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Reservation,
+    SettleInTransaction, TokenError, TokenMode, TokenPolicy, TokenStore, TokenView, Transition,
 };
 
 /// Longest wait for one statement (pool acquisition included) before the store is
 /// reported `Unavailable`; the pool's own acquire timeout may be longer.
 const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often `reserve` re-decides when the follow-up read saw the token change between
-/// the deciding statement and the read. Each retry needs another writer to have won a
-/// race in between, so a handful is plenty.
-const RESERVE_ATTEMPTS: usize = 8;
-
-const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
-
-#[derive(sqlx::FromRow)]
-struct TokenRow {
-    status: String,
-    owner: Option<String>,
-    fence: i64,
-    payment_id: Option<Uuid>,
-    fingerprint: Option<String>,
-    live: Option<bool>,
-    lease_left_ms: Option<i64>,
-    ttl_ms: Option<i64>,
-}
-
 /// Tokens in the `idempotency_tokens` table: single statements on one row, time from `now()`.
 #[derive(Clone, Debug)]
 pub struct PostgresTokenStore {
-    pool: PgPool,
+    pub(super) pool: PgPool,
     /// Lease renewals and the purge: never the payment pool, whose connections are all
     /// held by payment transactions at peak (a renewal waiting behind the very
     /// transaction it protects would starve it).
     maintenance: PgPool,
-    policy: TokenPolicy,
+    pub(super) policy: TokenPolicy,
     op_timeout: Duration,
     /// The process's LISTEN connection for settle announcements, shared by clones.
     settle: Arc<PgSettle>,
@@ -102,7 +82,7 @@ impl PostgresTokenStore {
         &self.pool
     }
 
-    async fn timed<T>(
+    pub(super) async fn timed<T>(
         &self,
         what: &'static str,
         // A key goes in as itself, never `as_str()`: its Display masks a card number
@@ -122,33 +102,14 @@ impl PostgresTokenStore {
 
     /// How long a `processing` row outlives its deadline and lease (see `UNSETTLED`):
     /// issued mode only; implicit mode reserves such a row afresh.
-    fn tombstone_ms(&self) -> i64 {
+    pub(super) fn tombstone_ms(&self) -> i64 {
         match self.policy.mode {
             TokenMode::Issued => millis(self.policy.completed_ttl),
             TokenMode::Implicit => 0,
         }
     }
 
-    /// Issued mode, no live token: missing, or the tombstone of one that expired
-    /// while an attempt held it.
-    async fn missing_or_unsettled(&self, key: &IdempotencyKey) -> Result<Reservation, TokenError> {
-        let tombstone = self
-            .timed(
-                "reserve",
-                key,
-                sqlx::query_scalar::<_, i64>(UNSETTLED)
-                    .bind(key.as_str())
-                    .bind(self.tombstone_ms())
-                    .fetch_optional(&self.pool),
-            )
-            .await?;
-        Ok(match tombstone {
-            Some(_) => Reservation::Unsettled,
-            None => Reservation::Missing,
-        })
-    }
-
-    async fn read(&self, key: &IdempotencyKey) -> Result<Option<TokenRow>, TokenError> {
+    pub(super) async fn read(&self, key: &IdempotencyKey) -> Result<Option<TokenRow>, TokenError> {
         let row = self
             .timed(
                 "read",
@@ -195,165 +156,6 @@ impl PostgresTokenStore {
     fn fence_param(claim: &Claim) -> Option<i64> {
         i64::try_from(claim.fence).ok()
     }
-
-    /// The reserving statements as `owner`, taking the token from `lost` too when it
-    /// holds it.
-    async fn reserve_as(
-        &self,
-        key: &IdempotencyKey,
-        owner: &str,
-        lost: Option<&str>,
-    ) -> Result<Reservation, TokenError> {
-        let lease = millis(self.policy.lease);
-        let pending_ttl = millis(self.policy.pending_ttl);
-        // (statement, whether it takes the implicit token's TTL as $4, whether it
-        // takes the lost owner after that)
-        let statements: &[(&str, bool, bool)] = match self.policy.mode {
-            TokenMode::Implicit => &[
-                (RESERVE_CREATE, true, false),
-                (RESERVE_IMPLICIT, true, true),
-            ],
-            TokenMode::Issued => &[(RESERVE_ISSUED, false, true)],
-        };
-        for _ in 0..RESERVE_ATTEMPTS {
-            for &(statement, takes_ttl, takes_lost) in statements {
-                let query = sqlx::query_as::<_, (i64, Option<String>)>(statement)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(lease);
-                let query = if takes_ttl {
-                    query.bind(pending_ttl)
-                } else {
-                    query
-                };
-                let query = if takes_lost { query.bind(lost) } else { query };
-                let reserved = self
-                    .timed("reserve", key, query.fetch_optional(&self.pool))
-                    .await?;
-                if let Some((fence, previous_owner)) = reserved {
-                    let fence = fence_of(key, fence)?;
-                    return Ok(Reservation::Reserved {
-                        fence,
-                        predecessor: predecessor(fence, previous_owner),
-                    });
-                }
-            }
-            // The statements decided "not yours"; this read only tells the caller why.
-            // If it sees a reservable token, the token changed in between: decide again.
-            match self.read(key).await? {
-                None if self.policy.mode == TokenMode::Issued => {
-                    return self.missing_or_unsettled(key).await
-                }
-                None => continue,
-                Some(row) => match TokenState::parse(&row.status) {
-                    Some(TokenState::Completed) => {
-                        let payment_id = row.payment_id.ok_or_else(|| {
-                            TokenError::Corrupt(format!("completed token {key} has no payment id"))
-                        })?;
-                        return Ok(Reservation::Completed {
-                            payment_id,
-                            fingerprint: row.fingerprint,
-                        });
-                    }
-                    Some(TokenState::Processing) => {
-                        let left = row.lease_left_ms.unwrap_or(0);
-                        if left > 0 {
-                            return Ok(Reservation::InFlight {
-                                lease_left: Duration::from_millis(left.unsigned_abs()),
-                            });
-                        }
-                    }
-                    Some(TokenState::Pending) => {}
-                    None => {
-                        return Err(TokenError::Corrupt(format!(
-                            "token {key} has status {:?}",
-                            row.status
-                        )))
-                    }
-                },
-            }
-        }
-        Err(TokenError::Unavailable(anyhow!(
-            "reserve {key}: the token kept changing for {RESERVE_ATTEMPTS} attempts"
-        )))
-    }
-}
-
-fn millis(duration: Duration) -> i64 {
-    let ms = u64::try_from(duration.as_millis())
-        .unwrap_or(MAX_MILLIS)
-        .clamp(1, MAX_MILLIS);
-    i64::try_from(ms).unwrap_or(i64::MAX)
-}
-
-/// Who held the token before a reservation under `fence`, from the `previous_owner`
-/// the reserve statement returned: none kept means nobody for a first reservation and
-/// somebody unknown after that (a completed token's tombstone ran out, or a row
-/// restored before the column existed).
-fn predecessor(fence: u64, previous_owner: Option<String>) -> Predecessor {
-    match previous_owner {
-        Some(owner) => Predecessor::Holder(owner),
-        None if fence <= 1 => Predecessor::Nobody,
-        None => Predecessor::Unknown,
-    }
-}
-
-fn fence_of(key: &IdempotencyKey, fence: i64) -> Result<u64, TokenError> {
-    u64::try_from(fence)
-        .map_err(|_| TokenError::Corrupt(format!("token {key} has a negative fence {fence}")))
-}
-
-/// Connection trouble, timeouts and transient server states are worth retrying; values
-/// this code cannot decode, or that violate the table's constraints, are not.
-fn classify(err: sqlx::Error, what: &'static str, subject: &dyn std::fmt::Display) -> TokenError {
-    let data_problem = match &err {
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| code.starts_with("22") || code.starts_with("23")),
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => true,
-        _ => false,
-    };
-    if data_problem {
-        TokenError::Corrupt(format!("{what} {subject}: {err}"))
-    } else {
-        TokenError::Unavailable(anyhow::Error::new(err).context(format!("{what} {subject}")))
-    }
-}
-
-fn transition(applied: bool) -> Transition {
-    if applied {
-        Transition::Applied
-    } else {
-        Transition::Refused
-    }
-}
-
-fn view_of(key: &IdempotencyKey, row: TokenRow) -> Result<TokenView, TokenError> {
-    let state = TokenState::parse(&row.status)
-        .ok_or_else(|| TokenError::Corrupt(format!("token {key} has status {:?}", row.status)))?;
-    let lease_left = match state {
-        TokenState::Processing => Some(Duration::from_millis(
-            row.lease_left_ms
-                .and_then(|ms| u64::try_from(ms).ok())
-                .unwrap_or(0),
-        )),
-        _ => None,
-    };
-    Ok(TokenView {
-        state,
-        owner: row.owner,
-        fence: fence_of(key, row.fence)?,
-        lease_left,
-        ttl: row
-            .ttl_ms
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis),
-        payment_id: row.payment_id,
-    })
 }
 
 #[async_trait::async_trait]
@@ -594,103 +396,5 @@ impl SettleInTransaction for PostgresTokenStore {
         // reservation can slip in between the check and the commit.
         self.run_confirm(conn, key, claim, payment_id, fingerprint)
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::borrow::Cow;
-
-    use super::*;
-
-    /// A first reservation follows nobody; a later one without a kept holder follows
-    /// somebody unknown (a row restored before `previous_owner` existed), which the
-    /// processor treats as a takeover: look up first.
-    #[test]
-    fn a_reservation_names_its_predecessor_from_the_kept_owner_and_the_fence() {
-        assert_eq!(predecessor(1, None), Predecessor::Nobody);
-        assert_eq!(predecessor(0, None), Predecessor::Nobody);
-        assert_eq!(predecessor(2, None), Predecessor::Unknown);
-        assert_eq!(predecessor(7, None), Predecessor::Unknown);
-        assert_eq!(
-            predecessor(2, Some("w-1".to_owned())),
-            Predecessor::Holder("w-1".to_owned())
-        );
-        assert_eq!(
-            predecessor(1, Some("w-1".to_owned())),
-            Predecessor::Holder("w-1".to_owned())
-        );
-    }
-
-    /// A server error with only an SQLSTATE, as Postgres would send it.
-    #[derive(Debug)]
-    struct ServerError(&'static str);
-
-    impl std::fmt::Display for ServerError {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "SQLSTATE {}", self.0)
-        }
-    }
-
-    impl std::error::Error for ServerError {}
-
-    impl sqlx::error::DatabaseError for ServerError {
-        fn message(&self) -> &str {
-            "server error"
-        }
-        fn code(&self) -> Option<Cow<'_, str>> {
-            Some(Cow::Borrowed(self.0))
-        }
-        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-            self
-        }
-        fn kind(&self) -> sqlx::error::ErrorKind {
-            sqlx::error::ErrorKind::Other
-        }
-    }
-
-    #[test]
-    fn a_store_error_masks_a_card_number_in_its_key() {
-        let card = IdempotencyKey::try_from("4111111111111111").expect("a valid key");
-        for error in [
-            sqlx::Error::ColumnNotFound("status".into()),
-            sqlx::Error::PoolTimedOut,
-        ] {
-            let text = format!(
-                "{:#}",
-                anyhow::Error::new(classify(error, "confirm", &card))
-            );
-            assert!(text.contains("confirm"), "{text}");
-            assert!(!text.contains("4111111111111111"), "{text}");
-        }
-    }
-
-    fn retried(error: sqlx::Error) -> bool {
-        let key = IdempotencyKey::try_from("k").expect("a valid key");
-        classify(error, "reserve", &key).is_retryable()
-    }
-
-    /// What the processor retries: a retry cannot fix bad data (SQLSTATE classes 22
-    /// and 23, values that do not decode), while the server going away, a serialization
-    /// failure or a cancelled statement pass.
-    #[test]
-    fn only_failures_that_pass_are_retryable() {
-        let server = |code| sqlx::Error::Database(Box::new(ServerError(code)));
-        assert!(!retried(server("22003")), "numeric value out of range");
-        assert!(!retried(server("23514")), "check violation");
-        assert!(retried(server("40001")), "serialization failure");
-        assert!(retried(server("57014")), "statement cancelled");
-        assert!(!retried(sqlx::Error::ColumnNotFound("fence".into())));
-        assert!(!retried(sqlx::Error::Decode("bad".into())));
-        assert!(retried(sqlx::Error::PoolTimedOut));
-        assert!(retried(sqlx::Error::Io(std::io::Error::from(
-            std::io::ErrorKind::ConnectionReset
-        ))));
     }
 }
