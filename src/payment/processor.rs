@@ -288,6 +288,9 @@ impl Processor {
         attempt
     }
 
+    /// The attempt decided by the token: refused before anything when the gateway
+    /// cannot take the command, else the token reserved and the reservation's
+    /// answer followed (run the payment, wait for its holder, a duplicate, recover).
     async fn decide(
         &self,
         command: &PaymentCommand,
@@ -304,47 +307,20 @@ impl Processor {
             });
         }
         let fingerprint = command.fingerprint();
-        // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
-        let owner = format!("{}:{}", self.worker_id, Uuid::new_v4().simple());
-        // Taken before the request: the lease Redis grants starts later than this.
-        let asked_at = tokio::time::Instant::now();
-        let span = token_span("reserve");
-        let reserving = match context.lost_reservation {
-            Some(lost) => self.tokens.reserve_reclaiming(key, &owner, lost),
-            None => self.tokens.reserve(key, &owner),
+        let (asked, reservation) = match self.reserve_token(key, context, aside).await {
+            Ok(reserved) => reserved,
+            Err(attempt) => return attempt,
         };
-        let reservation = match reserving.instrument(span.clone()).await {
-            Ok(reservation) => reservation,
-            Err(error) => {
-                token_failure("reserve", &error);
-                // The request may have reached the store and reserved: nobody would
-                // settle that reservation, so the next attempt takes it back.
-                aside.lost_reservation = Some(owner);
-                return retry(format!("token reserve failed: {error}"));
-            }
-        };
-        let verdict = verdict_label(&reservation);
-        span.record("token.verdict", verdict);
-        tracing::Span::current().record("token.verdict", verdict);
-        tracing::debug!(idempotency_key = %key, ?reservation, "token reserve");
         match reservation {
             Reservation::Reserved { fence, predecessor } => {
-                let inherited = context.evidence_after(&predecessor);
-                if inherited != context.earlier {
-                    tracing::warn!(
-                        idempotency_key = %key,
-                        fence,
-                        "the token's previous holder may have charged: looked up first"
-                    );
-                }
-                let context = CommandContext {
-                    earlier: inherited,
-                    ..*context
+                let context = inheriting(context, key, fence, &predecessor);
+                let claim = Claim {
+                    owner: asked.owner,
+                    fence,
                 };
-                let claim = Claim { owner, fence };
                 let lease = Lease {
                     claim: &claim,
-                    surely_held_until: asked_at + self.tokens.policy().lease / 2,
+                    surely_held_until: asked.at + self.tokens.policy().lease / 2,
                 };
                 let attempt = self
                     .run_reserved(command, &fingerprint, &context, &lease)
@@ -364,19 +340,10 @@ impl Processor {
             Reservation::Completed {
                 payment_id,
                 fingerprint: stored,
-            } => match stored {
-                Some(stored) if stored == fingerprint.as_str() => {
-                    Attempt::Final(Outcome::Duplicate {
-                        payment_id,
-                        original: None,
-                    })
-                }
-                Some(_) => key_reused().into(),
-                None => {
-                    self.decide_from_postgres(key, &fingerprint, payment_id)
-                        .await
-                }
-            },
+            } => {
+                self.decide_completed(key, &fingerprint, payment_id, stored)
+                    .await
+            }
             Reservation::Missing => {
                 self.recover_missing(command, &fingerprint, context, Absence::Missing)
                     .await
@@ -386,6 +353,97 @@ impl Processor {
                     .await
             }
         }
+    }
+
+    /// The token reserved under a fresh owner (taking back the delivery's lost
+    /// reservation, if any), the store's verdict recorded on the spans. `Err` is the
+    /// retry when the store did not answer; the owner asked as is then kept aside.
+    async fn reserve_token(
+        &self,
+        key: &IdempotencyKey,
+        context: &CommandContext<'_>,
+        aside: &mut Aside,
+    ) -> Result<(Asked, Reservation), Attempt> {
+        // A fresh owner per attempt: a stale attempt of this same worker is fenced too.
+        let owner = format!("{}:{}", self.worker_id, Uuid::new_v4().simple());
+        // Taken before the request: the lease Redis grants starts later than this.
+        let asked_at = tokio::time::Instant::now();
+        let span = token_span("reserve");
+        let reserving = match context.lost_reservation {
+            Some(lost) => self.tokens.reserve_reclaiming(key, &owner, lost),
+            None => self.tokens.reserve(key, &owner),
+        };
+        let reservation = match reserving.instrument(span.clone()).await {
+            Ok(reservation) => reservation,
+            Err(error) => {
+                token_failure("reserve", &error);
+                // The request may have reached the store and reserved: nobody would
+                // settle that reservation, so the next attempt takes it back.
+                aside.lost_reservation = Some(owner);
+                return Err(retry(format!("token reserve failed: {error}")));
+            }
+        };
+        let verdict = verdict_label(&reservation);
+        span.record("token.verdict", verdict);
+        tracing::Span::current().record("token.verdict", verdict);
+        tracing::debug!(idempotency_key = %key, ?reservation, "token reserve");
+        let asked = Asked {
+            owner,
+            at: asked_at,
+        };
+        Ok((asked, reservation))
+    }
+
+    /// A token already completed: a duplicate when the stored fingerprint is this
+    /// command's, a reused key when it is another's, and the payments row decides
+    /// when the store kept none.
+    async fn decide_completed(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        payment_id: Uuid,
+        stored: Option<String>,
+    ) -> Attempt {
+        match stored {
+            Some(stored) if stored == fingerprint.as_str() => Attempt::Final(Outcome::Duplicate {
+                payment_id,
+                original: None,
+            }),
+            Some(_) => key_reused().into(),
+            None => {
+                self.decide_from_postgres(key, fingerprint, payment_id)
+                    .await
+            }
+        }
+    }
+}
+
+/// A reserve request as sent: the owner it asked as, and when (before the request,
+/// so the lease the store granted runs at least as long from then).
+struct Asked {
+    owner: String,
+    at: tokio::time::Instant,
+}
+
+/// The context of an attempt that reserved the token: what its predecessor may have
+/// charged inherited ([`CommandContext::evidence_after`]), and said when it is news.
+fn inheriting<'a>(
+    context: &CommandContext<'a>,
+    key: &IdempotencyKey,
+    fence: u64,
+    predecessor: &Predecessor,
+) -> CommandContext<'a> {
+    let inherited = context.evidence_after(predecessor);
+    if inherited != context.earlier {
+        tracing::warn!(
+            idempotency_key = %key,
+            fence,
+            "the token's previous holder may have charged: looked up first"
+        );
+    }
+    CommandContext {
+        earlier: inherited,
+        ..*context
     }
 }
 

@@ -17,24 +17,8 @@ impl Processor {
         let key = &command.idempotency_key;
         let look_first = decisions::first_step(self.lookup, history) == FirstStep::LookUp;
         if look_first {
-            // Nothing found says only that no charge shows yet: an earlier attempt's
-            // request may still be queued inside the gateway. What earlier attempts
-            // learnt about a charge stands (`retry`, `ChargeEvidence::Unchanged`),
-            // except for a key given up on with its charge unknown: a look-up that
-            // cannot answer leaves that charge as unknown as it was.
-            match self.gateway.lookup(key).await {
-                Ok(Some(found)) => {
-                    self.mark_at_stake(command, record);
-                    return charge_for(found, command);
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    let reason = format!("gateway look-up before charging failed: {error}");
-                    return Err(Settlement::Restore(retry_knowing(
-                        decisions::failed_lookup_evidence(history),
-                        reason,
-                    )));
-                }
+            if let Some(found) = self.look_up_first(command, record, history).await? {
+                return Ok(found);
             }
         }
         // The lease is checked right before every POST (the adapter asks `lease_check`
@@ -51,10 +35,48 @@ impl Processor {
         // From here until an attempt answers for good, a charge may exist: a panic
         // before then leaves it marked for the record's dead letter.
         self.mark_at_stake(command, record);
-        let error = match self.gateway.charge(key, &request, &lease_check).await {
-            Ok(charge) => return Ok(charge),
-            Err(error) => error,
-        };
+        match self.gateway.charge(key, &request, &lease_check).await {
+            Ok(charge) => Ok(charge),
+            Err(error) => self.settle_charge_error(command, error).await,
+        }
+    }
+
+    /// The look-up before any POST: the charge an earlier attempt made, `None` when
+    /// none shows yet, `Err` when the look-up failed.
+    async fn look_up_first(
+        &self,
+        command: &PaymentCommand,
+        record: Option<&SourcePosition>,
+        history: ChargeHistory,
+    ) -> Result<Option<Charge>, Settlement> {
+        // Nothing found says only that no charge shows yet: an earlier attempt's
+        // request may still be queued inside the gateway. What earlier attempts
+        // learnt about a charge stands (`retry`, `ChargeEvidence::Unchanged`),
+        // except for a key given up on with its charge unknown: a look-up that
+        // cannot answer leaves that charge as unknown as it was.
+        match self.gateway.lookup(&command.idempotency_key).await {
+            Ok(Some(found)) => {
+                self.mark_at_stake(command, record);
+                charge_for(found, command).map(Some)
+            }
+            Ok(None) => Ok(None),
+            Err(error) => {
+                let reason = format!("gateway look-up before charging failed: {error}");
+                Err(Settlement::Restore(retry_knowing(
+                    decisions::failed_lookup_evidence(history),
+                    reason,
+                )))
+            }
+        }
+    }
+
+    /// A charge that failed, settled as [`decisions::on_charge_error`] says: an
+    /// unknown outcome looked up, anything else restored or left to the lease.
+    async fn settle_charge_error(
+        &self,
+        command: &PaymentCommand,
+        error: GatewayError,
+    ) -> Result<Charge, Settlement> {
         match decisions::on_charge_error(&error) {
             OnChargeError::LeaveNothingSent => Err(Settlement::LeaveToLease(retry(
                 "lease lost before the charge; nothing was sent",

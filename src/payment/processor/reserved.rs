@@ -4,6 +4,7 @@
 use super::*;
 
 impl Processor {
+    /// The payment transaction, then the token settled as it says.
     pub(super) async fn run_reserved(
         &self,
         command: &PaymentCommand,
@@ -42,74 +43,13 @@ impl Processor {
                     tracing::warn!(idempotency_key = %key, %fault, "token left processing");
                     return outcome.into();
                 }
-                let confirmed = (|| {
-                    self.tokens
-                        .confirm(key, claim, payment_id, fingerprint.as_str())
-                        .instrument(token_span("confirm"))
-                })
-                .retry(settle_backoff())
-                .when(TokenError::is_retryable)
-                .notify(|error, after| note_settle_retry("confirm", key, error, after))
-                .await;
-                match confirmed {
-                    Ok(Transition::Applied) => {
-                        tracing::debug!(idempotency_key = %key, "token processing -> completed")
-                    }
-                    Ok(Transition::Refused) => {
-                        crate::telemetry::record_token_inconsistency("processing", "not_owned");
-                        tracing::warn!(
-                            idempotency_key = %key,
-                            "confirm refused: lease lost after commit; the next owner will find the row"
-                        )
-                    }
-                    Err(error) => {
-                        token_failure("confirm", &error);
-                        tracing::warn!(
-                            idempotency_key = %key, %error,
-                            "confirm failed; the lease will expire and the row decides"
-                        )
-                    }
-                }
+                self.confirm_token(key, claim, payment_id, &fingerprint)
+                    .await;
                 outcome.into()
             }
             Settlement::Restore(attempt) => {
                 let attempt = attempt.knowing(context.earlier);
-                let retried = std::sync::atomic::AtomicBool::new(false);
-                let restored = (|| {
-                    self.tokens
-                        .restore(key, claim)
-                        .instrument(token_span("restore"))
-                })
-                .retry(settle_backoff())
-                .when(TokenError::is_retryable)
-                .notify(|error, after| {
-                    retried.store(true, std::sync::atomic::Ordering::Relaxed);
-                    note_settle_retry("restore", key, error, after)
-                })
-                .await;
-                match restored {
-                    Ok(Transition::Applied) => {
-                        tracing::debug!(idempotency_key = %key, "token processing -> pending")
-                    }
-                    // The attempt that timed out may have reached the store and restored
-                    // the token already; nobody else is implied.
-                    Ok(Transition::Refused)
-                        if retried.load(std::sync::atomic::Ordering::Relaxed) =>
-                    {
-                        tracing::debug!(idempotency_key = %key, "restore refused after a retry")
-                    }
-                    Ok(Transition::Refused) => {
-                        crate::telemetry::record_token_inconsistency("processing", "not_owned");
-                        tracing::warn!(idempotency_key = %key, "restore refused: lease lost")
-                    }
-                    Err(error) => {
-                        token_failure("restore", &error);
-                        tracing::warn!(
-                            idempotency_key = %key, %error,
-                            "restore failed; the lease will expire instead"
-                        )
-                    }
-                }
+                self.restore_token(key, claim).await;
                 attempt
             }
             Settlement::LeaveToLease(attempt) => attempt.knowing(context.earlier),
@@ -119,6 +59,85 @@ impl Processor {
                     tracing::warn!(idempotency_key = %key, %fault, "stopped after commit; token already completed");
                 }
                 outcome.into()
+            }
+        }
+    }
+
+    /// `processing → completed` once the payment is committed, retried while the
+    /// store fails transiently; a refusal or a failure is logged, never answered:
+    /// the row decides for the next owner.
+    async fn confirm_token(
+        &self,
+        key: &IdempotencyKey,
+        claim: &Claim,
+        payment_id: Uuid,
+        fingerprint: &Fingerprint,
+    ) {
+        let confirmed = (|| {
+            self.tokens
+                .confirm(key, claim, payment_id, fingerprint.as_str())
+                .instrument(token_span("confirm"))
+        })
+        .retry(settle_backoff())
+        .when(TokenError::is_retryable)
+        .notify(|error, after| note_settle_retry("confirm", key, error, after))
+        .await;
+        match confirmed {
+            Ok(Transition::Applied) => {
+                tracing::debug!(idempotency_key = %key, "token processing -> completed")
+            }
+            Ok(Transition::Refused) => {
+                crate::telemetry::record_token_inconsistency("processing", "not_owned");
+                tracing::warn!(
+                    idempotency_key = %key,
+                    "confirm refused: lease lost after commit; the next owner will find the row"
+                )
+            }
+            Err(error) => {
+                token_failure("confirm", &error);
+                tracing::warn!(
+                    idempotency_key = %key, %error,
+                    "confirm failed; the lease will expire and the row decides"
+                )
+            }
+        }
+    }
+
+    /// `processing → pending`, retried while the store fails transiently; a refusal
+    /// or a failure is logged, and the lease expires instead.
+    async fn restore_token(&self, key: &IdempotencyKey, claim: &Claim) {
+        let retried = std::sync::atomic::AtomicBool::new(false);
+        let restored = (|| {
+            self.tokens
+                .restore(key, claim)
+                .instrument(token_span("restore"))
+        })
+        .retry(settle_backoff())
+        .when(TokenError::is_retryable)
+        .notify(|error, after| {
+            retried.store(true, std::sync::atomic::Ordering::Relaxed);
+            note_settle_retry("restore", key, error, after)
+        })
+        .await;
+        match restored {
+            Ok(Transition::Applied) => {
+                tracing::debug!(idempotency_key = %key, "token processing -> pending")
+            }
+            // The attempt that timed out may have reached the store and restored
+            // the token already; nobody else is implied.
+            Ok(Transition::Refused) if retried.load(std::sync::atomic::Ordering::Relaxed) => {
+                tracing::debug!(idempotency_key = %key, "restore refused after a retry")
+            }
+            Ok(Transition::Refused) => {
+                crate::telemetry::record_token_inconsistency("processing", "not_owned");
+                tracing::warn!(idempotency_key = %key, "restore refused: lease lost")
+            }
+            Err(error) => {
+                token_failure("restore", &error);
+                tracing::warn!(
+                    idempotency_key = %key, %error,
+                    "restore failed; the lease will expire instead"
+                )
             }
         }
     }

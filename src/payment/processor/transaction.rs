@@ -2,7 +2,7 @@
 //! pool: pre-existing check and insert, charge, record, fence check, commit.
 
 use sqlx::pool::PoolConnection;
-use sqlx::Postgres;
+use sqlx::{PgConnection, Postgres};
 
 use super::*;
 
@@ -54,6 +54,9 @@ impl Processor {
         }
     }
 
+    /// The transaction's steps on `conn`, in order: BEGIN, the row (or the payment
+    /// found under the key), the charge under the lease, its record, the fence check,
+    /// COMMIT.
     pub(super) async fn transact_on(
         &self,
         conn: &mut PoolConnection<Postgres>,
@@ -63,13 +66,7 @@ impl Processor {
         context: &CommandContext<'_>,
         lease: &Lease<'_>,
     ) -> Transacted {
-        let claim = lease.claim;
         let key = &command.idempotency_key;
-        // Nothing was charged yet: a final database refusal restores the token too,
-        // so a corrected command (or a redrive after a fix) can still go through.
-        let before_charge = |what: &str, error: sqlx::Error| {
-            Settlement::Restore(database_failure(what, &error)).into()
-        };
         let mut tx = match stall
             .bounded("BEGIN", sqlx::Acquire::begin(&mut **conn))
             .instrument(persistence::statement_span("BEGIN"))
@@ -78,87 +75,29 @@ impl Processor {
             Ok(tx) => tx,
             Err(error) => return before_charge("begin", error),
         };
-        let row = row_context(context, claim.fence);
-        // The pre-existing check and the insert, one statement (I6).
-        let (payment_id, history) = match stall
-            .bounded(
-                "insert",
-                persistence::insert_or_find(&mut tx, command, fingerprint, &row),
-            )
+        let (payment_id, history) = match self
+            .insert_row(&mut tx, stall, command, fingerprint, context, lease.claim)
             .await
         {
-            Ok(Insertion::Inserted(id, remembered)) => (
-                id,
-                decisions::charge_history(
-                    remembered == Remembered::ChargeUnknown,
-                    context.earlier,
-                    claim.fence,
-                ),
-            ),
-            Ok(Insertion::Existing(existing)) => {
-                return self.settle_existing(existing, fingerprint).into()
-            }
-            Ok(Insertion::Raced) => return Transacted::Raced,
-            Err(error) => return before_charge("insert", error),
+            Ok(inserted) => inserted,
+            Err(transacted) => return transacted,
         };
         if let Err(fault) = self.faults.hit(FaultPoint::AfterInsert, key.as_str()).await {
             return Settlement::Restore(retry(fault.to_string())).into();
         }
-
-        let (charge, lease_kept) = self
-            .with_lease(
-                key,
-                claim,
-                self.obtain_charge(command, context.source, payment_id, lease, history),
-            )
-            .await;
-        let charge = match charge {
+        let charge = match self
+            .charge_keeping_lease(command, context, payment_id, lease, history)
+            .await
+        {
             Ok(charge) => charge,
             Err(settlement) => return settlement.into(),
         };
-        if let Err(fault) = self.faults.hit(FaultPoint::AfterCharge, key.as_str()).await {
-            return Settlement::LeaveToLease(retry_unknown(fault.to_string())).into();
+        if let Err(settlement) = record_charge(&mut tx, stall, payment_id, &charge).await {
+            return settlement.into();
         }
-        if !lease_kept {
-            // Another owner may be waiting on our uncommitted row; rolling back lets it
-            // proceed, and its fence > 1 makes it look this charge up instead of charging.
-            return Settlement::LeaveToLease(retry_unknown("lease lost during the gateway call"))
-                .into();
-        }
-        if let Err(error) = stall
-            .bounded(
-                "recording the charge",
-                persistence::record_charge(&mut tx, payment_id, &charge),
-            )
-            .await
-        {
-            // Charged but not recorded: the lease hands the look-up to the next owner.
-            return Settlement::LeaveToLease(database_failure_after_charge(
-                "recording the charge",
-                &error,
-            ))
-            .into();
-        }
-        // Fencing (I5): only the current owner may commit. A store in the payments
-        // database checks the fence and completes the token inside this transaction
-        // (one atomic step with the payment); any other store renews the lease right
-        // before COMMIT, unless the lease is certainly still ours, and is confirmed
-        // after it.
-        let fence_check = match self.tokens.in_transaction() {
-            Some(settle) => {
-                settle
-                    .confirm_in(&mut tx, key, claim, payment_id, fingerprint.as_str())
-                    .instrument(token_span("confirm"))
-                    .await
-            }
-            None if lease.surely_held() => Ok(Transition::Applied),
-            None => {
-                self.tokens
-                    .extend(key, claim)
-                    .instrument(token_span("extend"))
-                    .await
-            }
-        };
+        let fence_check = self
+            .check_fence(&mut tx, key, lease, payment_id, fingerprint)
+            .await;
         match fence_check {
             Ok(Transition::Applied) => {}
             Ok(Transition::Refused) => {
@@ -180,16 +119,124 @@ impl Processor {
             return Settlement::LeaveToLease(retry_unknown(format!("commit failed: {error}")))
                 .into();
         }
-        let outcome = final_outcome(payment_id, &charge);
+        self.committed(payment_id, fingerprint, &charge).into()
+    }
+
+    /// The pre-existing check and the insert, one statement (I6): the new row's id
+    /// and what is known of an earlier charge, or how the transaction ends (the
+    /// payment found under the key, a race lost, a database failure).
+    async fn insert_row(
+        &self,
+        conn: &mut PgConnection,
+        stall: &Stall,
+        command: &PaymentCommand,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+        claim: &Claim,
+    ) -> Result<(Uuid, ChargeHistory), Transacted> {
+        let row = row_context(context, claim.fence);
+        match stall
+            .bounded(
+                "insert",
+                persistence::insert_or_find(conn, command, fingerprint, &row),
+            )
+            .await
+        {
+            Ok(Insertion::Inserted(id, remembered)) => Ok((
+                id,
+                decisions::charge_history(
+                    remembered == Remembered::ChargeUnknown,
+                    context.earlier,
+                    claim.fence,
+                ),
+            )),
+            Ok(Insertion::Existing(existing)) => {
+                Err(self.settle_existing(existing, fingerprint).into())
+            }
+            Ok(Insertion::Raced) => Err(Transacted::Raced),
+            Err(error) => Err(before_charge("insert", error)),
+        }
+    }
+
+    /// The charge (or the earlier one found), obtained while the lease is renewed;
+    /// `Err` when it settles otherwise, the lease lost meanwhile included.
+    async fn charge_keeping_lease(
+        &self,
+        command: &PaymentCommand,
+        context: &CommandContext<'_>,
+        payment_id: Uuid,
+        lease: &Lease<'_>,
+        history: ChargeHistory,
+    ) -> Result<Charge, Settlement> {
+        let key = &command.idempotency_key;
+        let (charge, lease_kept) = self
+            .with_lease(
+                key,
+                lease.claim,
+                self.obtain_charge(command, context.source, payment_id, lease, history),
+            )
+            .await;
+        let charge = charge?;
+        if let Err(fault) = self.faults.hit(FaultPoint::AfterCharge, key.as_str()).await {
+            return Err(Settlement::LeaveToLease(retry_unknown(fault.to_string())));
+        }
+        if !lease_kept {
+            // Another owner may be waiting on our uncommitted row; rolling back lets it
+            // proceed, and its fence > 1 makes it look this charge up instead of charging.
+            return Err(Settlement::LeaveToLease(retry_unknown(
+                "lease lost during the gateway call",
+            )));
+        }
+        Ok(charge)
+    }
+
+    /// Fencing (I5): only the current owner may commit. A store in the payments
+    /// database checks the fence and completes the token inside this transaction
+    /// (one atomic step with the payment); any other store renews the lease right
+    /// before COMMIT, unless the lease is certainly still ours, and is confirmed
+    /// after it.
+    async fn check_fence(
+        &self,
+        conn: &mut PgConnection,
+        key: &IdempotencyKey,
+        lease: &Lease<'_>,
+        payment_id: Uuid,
+        fingerprint: &Fingerprint,
+    ) -> Result<Transition, TokenError> {
+        match self.tokens.in_transaction() {
+            Some(settle) => {
+                settle
+                    .confirm_in(conn, key, lease.claim, payment_id, fingerprint.as_str())
+                    .instrument(token_span("confirm"))
+                    .await
+            }
+            None if lease.surely_held() => Ok(Transition::Applied),
+            None => {
+                self.tokens
+                    .extend(key, lease.claim)
+                    .instrument(token_span("extend"))
+                    .await
+            }
+        }
+    }
+
+    /// What is left for the token once the payment is committed: nothing when the
+    /// token was completed inside the transaction, else its confirm.
+    fn committed(
+        &self,
+        payment_id: Uuid,
+        fingerprint: &Fingerprint,
+        charge: &Charge,
+    ) -> Settlement {
+        let outcome = final_outcome(payment_id, charge);
         if self.tokens.in_transaction().is_some() {
-            return Settlement::Settled(outcome).into();
+            return Settlement::Settled(outcome);
         }
         Settlement::Confirm {
             payment_id,
             fingerprint: fingerprint.clone(),
             outcome,
         }
-        .into()
     }
 
     /// The payment transaction's connection, its wait measured: with no more attempts
@@ -232,4 +279,32 @@ impl Processor {
             outcome,
         }
     }
+}
+
+/// Nothing was charged yet: a final database refusal restores the token too, so a
+/// corrected command (or a redrive after a fix) can still go through.
+fn before_charge(what: &str, error: sqlx::Error) -> Transacted {
+    Settlement::Restore(database_failure(what, &error)).into()
+}
+
+/// The charge recorded on the payment row.
+async fn record_charge(
+    conn: &mut PgConnection,
+    stall: &Stall,
+    payment_id: Uuid,
+    charge: &Charge,
+) -> Result<(), Settlement> {
+    stall
+        .bounded(
+            "recording the charge",
+            persistence::record_charge(conn, payment_id, charge),
+        )
+        .await
+        .map_err(|error| {
+            // Charged but not recorded: the lease hands the look-up to the next owner.
+            Settlement::LeaveToLease(database_failure_after_charge(
+                "recording the charge",
+                &error,
+            ))
+        })
 }
