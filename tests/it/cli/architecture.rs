@@ -1,5 +1,6 @@
-//! docs/ARCHITECTURE.md stays true: no import cycle joins the top-level modules, and
-//! the document's figures are the code's. (That the product never uses the
+//! docs/ARCHITECTURE.md stays true: no import cycle joins the top-level modules, the
+//! document's figures are the code's, and no product file or function grows past
+//! what a reader can follow. (That the product never uses the
 //! development tools is the compiler's to keep: they are a crate that depends on it.)
 
 use std::path::{Path, PathBuf};
@@ -330,4 +331,137 @@ fn the_architecture_documents_figures_are_the_codes() {
             "the document's {said:?} against {file}"
         );
     }
+}
+
+/// A file a reader can hold in mind: every product file at most this many lines.
+const MAX_FILE_LINES: usize = 600;
+/// A function a reader can follow: at most this many lines from `fn` to its end.
+const MAX_FUNCTION_LINES: usize = 80;
+
+/// `line` without its string and character literals and its `//` comment: what is
+/// left holds the braces that open and close blocks.
+fn code_braces(line: &str) -> (usize, usize) {
+    let mut opens = 0;
+    let mut closes = 0;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '/' if chars.peek() == Some(&'/') => break,
+            '"' => {
+                while let Some(s) = chars.next() {
+                    match s {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            // A character literal ('{', '\''); a lifetime ('a) has no closing quote
+            // two or three characters on.
+            '\'' => {
+                let rest: String = chars.clone().take(3).collect();
+                if rest.starts_with('\\') {
+                    if let Some(end) = rest[1..].find('\'') {
+                        for _ in 0..end + 2 {
+                            chars.next();
+                        }
+                    }
+                } else if rest.chars().nth(1) == Some('\'') {
+                    chars.next();
+                    chars.next();
+                }
+            }
+            '{' => opens += 1,
+            '}' => closes += 1,
+            _ => {}
+        }
+    }
+    (opens, closes)
+}
+
+/// The name and length (lines from `fn` to its closing brace) of every function of
+/// `code` outside its `#[cfg(test)]` module.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let line = lines[at];
+        if line.starts_with("#[cfg(test)]") {
+            break;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(fn_at) = words.iter().position(|w| *w == "fn") else {
+            at += 1;
+            continue;
+        };
+        let is_item = words[..fn_at].iter().all(|w| {
+            w.starts_with("pub") || ["async", "unsafe", "const", "extern", "\"C\""].contains(w)
+        });
+        if !is_item || line.trim_start().starts_with("//") {
+            at += 1;
+            continue;
+        }
+        let name: String = words
+            .get(fn_at + 1)
+            .map(|w| {
+                w.chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (mut depth, mut opened, mut end) = (0usize, false, at);
+        for (offset, body_line) in lines[at..].iter().enumerate() {
+            let (opens, closes) = code_braces(body_line);
+            if opens > 0 {
+                opened = true;
+            }
+            depth = (depth + opens).saturating_sub(closes);
+            end = at + offset;
+            if (opened && depth == 0) || (!opened && body_line.trim_end().ends_with(';')) {
+                break;
+            }
+        }
+        if opened {
+            found.push((name, end - at + 1));
+        }
+        at = end + 1;
+    }
+    found
+}
+
+#[test]
+fn the_function_counter_counts_what_a_reader_reads() {
+    let code = "fn a() {\n    let b = '{';\n    let c = \"}\";\n}\n\npub(crate) async fn d<'e>(f: &'e str) -> usize {\n    // }\n    f.len()\n}\n";
+    assert_eq!(
+        function_lengths(code),
+        [("a".to_owned(), 4), ("d".to_owned(), 4)]
+    );
+}
+
+#[test]
+fn no_product_file_or_function_is_longer_than_a_reader_can_follow() {
+    let mut long = Vec::new();
+    for file in rust_files(&src()) {
+        let code = std::fs::read_to_string(&file).unwrap();
+        let name = file.strip_prefix(src()).unwrap().display().to_string();
+        let lines = code.lines().count();
+        if lines > MAX_FILE_LINES {
+            long.push(format!("{name}: {lines} lines (at most {MAX_FILE_LINES})"));
+        }
+        for (function, length) in function_lengths(&code) {
+            if length > MAX_FUNCTION_LINES {
+                long.push(format!(
+                    "{name}: fn {function} {length} lines (at most {MAX_FUNCTION_LINES})"
+                ));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split them into named parts:\n{}",
+        long.join("\n")
+    );
 }
