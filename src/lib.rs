@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod cli;
 pub mod configuration;
+pub mod database_errors;
 pub mod fault;
 pub mod gateway;
 pub mod kafka_headers;

@@ -388,14 +388,14 @@ fn sync_entry(from: &Path, to: &Path) {
 }
 
 /// Mutants that share one build: a Lua script runs only in the Redis token store and
-/// a statement of `postgres_statements.rs` only in the Postgres one, and the tests
+/// a statement of `postgres/statements.rs` only in the Postgres one, and the tests
 /// named for each exercise only their own store, so one of each, applied together,
 /// cannot change what the other's tests see. Paired, they take half the rebuilds.
 fn rounds<'a>(selected: &[&'a Mutant]) -> Vec<Vec<&'a Mutant>> {
     let only = |m: &Mutant, prefix: &str| m.tests.iter().all(|t| t.starts_with(prefix));
     let redis_only = |m: &Mutant| m.file.ends_with(".lua") && only(m, "token::redis::");
     let postgres_only =
-        |m: &Mutant| m.file == "src/token/postgres_statements.rs" && only(m, "token::postgres::");
+        |m: &Mutant| m.file == "src/token/postgres/statements.rs" && only(m, "token::postgres::");
     let (mut lua, mut sql, mut rest) = (Vec::new(), VecDeque::new(), Vec::new());
     for &m in selected {
         if redis_only(m) {

@@ -46,7 +46,7 @@ fn unreachable_is_temporary(error: anyhow::Error) -> anyhow::Error {
     let unreachable = error.chain().any(|cause| {
         cause
             .downcast_ref::<sqlx::Error>()
-            .is_some_and(crate::retry::is_transient_sqlx)
+            .is_some_and(crate::database_errors::is_transient_sqlx)
             || cause
                 .downcast_ref::<redis::RedisError>()
                 .is_some_and(|e| e.is_io_error() || e.is_connection_refusal() || e.is_timeout())

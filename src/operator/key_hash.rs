@@ -64,7 +64,7 @@ mod tests {
         let file = dir.join("secret");
         std::fs::write(&file, "test-secret\n").expect("written");
         let secret_file = SecretFile::read("KEY_HASH_SECRET", &file).expect("read");
-        // HMAC-SHA256("test-secret", "4111111111111111"), as `worker/echo.rs` puts it.
+        // HMAC-SHA256("test-secret", "4111111111111111"), as `worker/record_echo.rs` puts it.
         let expected = "15e0d54329ac7909503c74553f815c417d2c9f5c0d1302213953524dd01972e3\n";
         for (key, stdin) in [
             ("4111111111111111", ""),

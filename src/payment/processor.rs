@@ -18,9 +18,9 @@ use super::persistence::{
     self, Insertion, PaymentRecord, PaymentStatus, Remembered, RowContext, SourcePosition,
 };
 use super::{Fingerprint, PaymentCommand};
+use crate::database_errors::{classify_sqlx, DatabaseFailure};
 use crate::fault::{FaultPoint, Faults};
 use crate::gateway::{Charge, ChargeStatus, GatewayError, LeaseLoss, LedgerEntry, PaymentGateway};
-use crate::retry::{classify_sqlx, DatabaseFailure};
 use crate::token::{
     Claim, IdempotencyKey, Predecessor, Reservation, SettleWatch, TokenError, TokenStore,
     Transition,
@@ -28,14 +28,14 @@ use crate::token::{
 
 pub use at_stake::ChargeAtStake;
 
-use answers::*;
+use attempts::*;
 use lease_check::{FirstCheck, LeaseCheck};
 use recovery::Absence;
 use stalls::Stall;
 use token_calls::*;
 
-mod answers;
 mod at_stake;
+mod attempts;
 mod charging;
 mod lease_check;
 mod recovery;

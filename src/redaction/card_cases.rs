@@ -1,7 +1,7 @@
 //! Generated card numbers for the property tests: valid-Luhn numbers of 13–19
 //! digits, in every grouping (random group sizes, any of the five separators),
 //! inside random text, in every encoding a receiver may read bytes in. Shared by
-//! the detector's properties here and those of the output paths (`worker/echo.rs`).
+//! the detector's properties here and those of the output paths (`worker/record_echo.rs`).
 
 use proptest::prelude::*;
 

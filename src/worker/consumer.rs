@@ -11,10 +11,10 @@ use anyhow::Context;
 use rdkafka::consumer::Consumer;
 use tokio::sync::watch;
 
+use super::commits::Committer;
 use super::handler::Handler;
 use super::health::{serve_health, HealthChecks, Liveness};
 use super::member::{Member, MemberContext, Partitions};
-use super::rebalance::Committer;
 use super::supervision::{is_fatal_broker_error, panic_message, WorkerFailure};
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
@@ -87,7 +87,7 @@ pub fn start(
     worker: &WorkerSettings,
     handler: Arc<Handler>,
 ) -> anyhow::Result<RunningWorker> {
-    super::rebalance::check_drain_fits_session(kafka, worker)?;
+    super::commits::check_drain_fits_session(kafka, worker)?;
     let assigned = Arc::new(AtomicUsize::new(0));
     let liveness = Arc::new(Liveness::default());
     liveness.polled();
@@ -319,7 +319,7 @@ fn leave(consumer: &Member, partitions: &Partitions) -> Result<(), WorkerFailure
     } else {
         // Half the session timeout at most: with the commit before it, a stop still
         // fits the grace period the deployments give it.
-        super::rebalance::leave_group(consumer, partitions.session_timeout / 2);
+        super::commits::leave_group(consumer, partitions.session_timeout / 2);
     }
     // A fatal error met on the way out (exactly-once: the final commit, or one in
     // the last revoke, found the producer fenced) is the exit status too, not 0.

@@ -495,7 +495,7 @@ impl Handler {
                     .with_max_times(5)
                     .with_jitter(),
             )
-            .when(crate::retry::is_transient_sqlx)
+            .when(crate::database_errors::is_transient_sqlx)
             .await;
         if let Err(error) = recorded {
             // The dead letter's header still says so; only audit's list misses it.

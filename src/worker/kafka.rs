@@ -71,7 +71,7 @@ fn apply_passthrough(config: &mut ClientConfig, settings: &KafkaSettings) {
 /// commits only offsets the worker stored, and the worker stores an offset only when
 /// every command below it is settled and its result acknowledged.
 ///
-/// Offsets are committed by the worker itself (see `rebalance.rs`): as soon as they
+/// Offsets are committed by the worker itself (see `commits.rs`): as soon as they
 /// move, after every drain and before leaving.
 pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
     let session_ms = settings.session_timeout.as_millis().max(1000);

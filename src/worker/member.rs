@@ -6,7 +6,7 @@
 //! default) an assignment or a revocation names only the partitions that move, so
 //! the callback calls `incremental_assign` / `incremental_unassign`; under an eager
 //! assignor every revoke is of everything, and `assign` / `unassign` apply. The
-//! commits themselves are `rebalance.rs`'s; the callback's steps are in
+//! commits themselves are `commits.rs`'s; the callback's steps are in
 //! `rebalance_callback.rs`, the exactly-once settling and rewinding in
 //! `member_transactions.rs`.
 
@@ -24,10 +24,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::commits::{Commits, PartitionId};
 use super::handler::Handler;
 use super::health::Liveness;
 use super::partition::{PanicCounts, PartitionTask};
-use super::rebalance::{Commits, PartitionId};
 use super::supervision::WorkerFailure;
 use super::transactions::Transactions;
 use crate::configuration::{KafkaSettings, WorkerSettings};
@@ -320,7 +320,7 @@ impl ClientContext for MemberContext {
 impl ConsumerContext for MemberContext {
     /// Replaces rdkafka's default, which ignores the outcome of (incremental)
     /// assign/unassign and cannot drain before giving partitions up; see
-    /// `rebalance.rs`.
+    /// `commits.rs`.
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,

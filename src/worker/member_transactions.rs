@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
 
+use super::commits::PartitionId;
 use super::member::{pause, Assigned, Member, Partitions};
-use super::rebalance::PartitionId;
 use super::supervision::WorkerFailure;
 use super::transactions::TransactionFailure;
 

@@ -1,7 +1,7 @@
 //! The Kafka consumer-group worker (invariant I3: offsets move only past finished commands).
 mod answer_order;
+mod commits;
 mod consumer;
-mod echo;
 mod handler;
 mod health;
 mod inbound;
@@ -13,13 +13,14 @@ mod offsets;
 mod oversized;
 mod partition;
 mod publisher;
-mod rebalance;
 mod rebalance_callback;
+mod record_echo;
 mod spans;
 mod supervision;
 mod transactions;
 
 pub use answer_order::{AnswerOrder, AnswerTurn, Turn};
+pub use commits::{check_drain_fits_session, drain_bound};
 pub use consumer::{run_until, start, RunningWorker};
 pub use handler::Handler;
 pub use health::{serve_health, HealthChecks, HealthServer, Liveness, PostgresProbe};
@@ -36,7 +37,6 @@ pub use messages::{
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;
 pub use publisher::{dead_letter_headers, DeadLetter, Publisher};
-pub use rebalance::{check_drain_fits_session, drain_bound};
 pub use spans::command_span;
 pub use supervision::WorkerFailure;
 pub use transactions::{AnswerGuard, TransactionFailure, Transactions};

@@ -14,13 +14,13 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tracing::Instrument;
 
-use super::echo::{redact_headers, EchoedKey};
 use super::messages::{
     without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
     KEY_HMAC_SHA256, ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
     SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
 };
 use super::oversized::LetterForm;
+use super::record_echo::{redact_headers, EchoedKey};
 use super::spans::produce_span;
 use super::transactions::{AnswerGuard, Transactions};
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};

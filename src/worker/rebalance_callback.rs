@@ -11,8 +11,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::commits::PartitionId;
 use super::member::MemberContext;
-use super::rebalance::PartitionId;
 
 /// `0,3,5`: partition numbers for a log line.
 fn partition_list(ids: &[PartitionId]) -> String {

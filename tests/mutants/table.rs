@@ -14,15 +14,15 @@ pub struct Mutant {
     pub tests: &'static [&'static str],
 }
 
-const CONFIRM_LUA: &str = "src/token/scripts/confirm.lua";
-const RESTORE_LUA: &str = "src/token/scripts/restore.lua";
-const EXTEND_LUA: &str = "src/token/scripts/extend.lua";
-const RESERVE_LUA: &str = "src/token/scripts/reserve.lua";
-const CONSUME_LUA: &str = "src/token/scripts/consume.lua";
-const ISSUE_LUA: &str = "src/token/scripts/issue.lua";
-const LOCK_LUA: &str = "src/token/scripts/lock.lua";
-const RELEASE_LUA: &str = "src/token/scripts/release.lua";
-const TOKEN_SQL: &str = "src/token/postgres_statements.rs";
+const CONFIRM_LUA: &str = "src/token/redis/scripts/confirm.lua";
+const RESTORE_LUA: &str = "src/token/redis/scripts/restore.lua";
+const EXTEND_LUA: &str = "src/token/redis/scripts/extend.lua";
+const RESERVE_LUA: &str = "src/token/redis/scripts/reserve.lua";
+const CONSUME_LUA: &str = "src/token/redis/scripts/consume.lua";
+const ISSUE_LUA: &str = "src/token/redis/scripts/issue.lua";
+const LOCK_LUA: &str = "src/token/redis/scripts/lock.lua";
+const RELEASE_LUA: &str = "src/token/redis/scripts/release.lua";
+const TOKEN_SQL: &str = "src/token/postgres/statements.rs";
 const PAYMENT_SQL: &str = "src/payment/persistence.rs";
 const PAYMENTS_SCHEMA: &str = "migrations/0002_payments.sql";
 const PROCESSOR: &str = "src/payment/processor.rs";

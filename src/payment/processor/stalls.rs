@@ -107,7 +107,7 @@ mod tests {
             .await;
         let error = silent.expect_err("the deadline ends a statement that never answers");
         assert!(stall.stalled());
-        assert!(crate::retry::is_transient_sqlx(&error), "{error}");
+        assert!(crate::database_errors::is_transient_sqlx(&error), "{error}");
         assert!(error.to_string().contains("COMMIT"), "{error}");
     }
 }

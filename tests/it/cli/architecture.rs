@@ -196,7 +196,7 @@ fn no_import_cycle_between_the_files_of_a_room() {
     assert!(checked > 40, "the walk found only {checked} files in rooms");
     let worker = room_graph(&src().join("worker"));
     assert!(
-        worker["consumer"].contains("member") && worker["member"].contains("rebalance"),
+        worker["consumer"].contains("member") && worker["member"].contains("commits"),
         "the scan finds the known edges: {worker:?}"
     );
 }
@@ -295,19 +295,19 @@ fn the_architecture_documents_figures_are_the_codes() {
         ),
         (
             "a failed commit is retried after ",
-            "worker/rebalance.rs",
+            "worker/commits.rs",
             "COMMIT_RETRY_PAUSE: Duration = Duration::from_millis(",
             1.0,
         ),
         (
             " ms, and a ",
-            "worker/rebalance.rs",
+            "worker/commits.rs",
             "COMMIT_SWEEP: Duration = Duration::from_secs(",
             1.0,
         ),
         (
             "**Redis calls** time out after ",
-            "token/redis.rs",
+            "token/redis/store.rs",
             "DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(",
             1.0,
         ),

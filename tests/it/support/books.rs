@@ -103,7 +103,7 @@ pub(crate) async fn payment_rows(pool: &PgPool) -> HashMap<String, PaymentRow> {
         .collect()
 }
 
-/// Every token hash under `prefix` with its `status` field (see token/redis.rs).
+/// Every token hash under `prefix` with its `status` field (see token/redis/store.rs).
 pub(crate) async fn token_statuses(
     redis: &mut redis::aio::ConnectionManager,
     prefix: &str,

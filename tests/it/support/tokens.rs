@@ -1,5 +1,5 @@
 //! A token read straight from its store, bypassing the token store under test: the
-//! Redis hash (`{prefix}:token:{<key>}`, see token/redis.rs) and the Postgres row of
+//! Redis hash (`{prefix}:token:{<key>}`, see token/redis/store.rs) and the Postgres row of
 //! `idempotency_tokens`.
 
 use std::collections::HashMap;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::settle_wait::{SettleWatch, Waiters, Woken};
+use crate::token::settle_wait::{SettleWatch, Waiters, Woken};
 
 /// Longest wait for the subscriber's connection or one (UN)SUBSCRIBE.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(2);

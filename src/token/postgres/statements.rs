@@ -116,7 +116,7 @@ SELECT fence
 
 /// The owner-checked statements accept a lapsed lease as long as nobody reserved since
 /// (owner and fence still match) and the row is still live. A settle of a row some
-/// reservation is waiting on (`waiters`, see `postgres_settle.rs`) is announced with
+/// reservation is waiting on (`waiters`, see `settle.rs`) is announced with
 /// `pg_notify`, delivered when the transaction commits; other settles announce nothing.
 pub(super) const CONFIRM: &str = "
 WITH settled AS (

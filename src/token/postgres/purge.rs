@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::Housekeeping;
+use crate::token::Housekeeping;
 
 /// One batch: the oldest dead rows first (the `expires_at` index), at most `$1` of
 /// them, addressed by `ctid` so the `DELETE` touches exactly the rows the index scan

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 
-use super::postgres::PostgresTokenStore;
-use super::postgres_rows::{fence_of, millis, predecessor};
-use super::postgres_statements::{RESERVE_CREATE, RESERVE_IMPLICIT, RESERVE_ISSUED, UNSETTLED};
-use super::{IdempotencyKey, Reservation, TokenError, TokenMode, TokenState};
+use super::rows::{fence_of, millis, predecessor};
+use super::statements::{RESERVE_CREATE, RESERVE_IMPLICIT, RESERVE_ISSUED, UNSETTLED};
+use super::store::PostgresTokenStore;
+use crate::token::{IdempotencyKey, Reservation, TokenError, TokenMode, TokenState};
 
 /// How often `reserve` re-decides when the follow-up read saw the token change between
 /// the deciding statement and the read. Each retry needs another writer to have won a

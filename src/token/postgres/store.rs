@@ -15,15 +15,15 @@ use uuid::Uuid;
 
 use std::sync::Arc;
 
-use super::postgres_purge;
-use super::postgres_rows::{classify, millis, transition, view_of, TokenRow};
-use super::postgres_settle::PgSettle;
-use super::postgres_statements::{
+use super::purge;
+use super::rows::{classify, millis, transition, view_of, TokenRow};
+use super::settle::PgSettle;
+use super::statements::{
     CONFIRM, CONSUME, DELETE_DEAD_PENDING, EXPIRED_LEASES, EXTEND, ISSUE, LOCK_CREATE,
     LOCK_TAKE_OVER, READ, RELEASE, RESTORE, WATCH,
 };
-use super::settle_wait::{SettleWatch, Woken};
-use super::{
+use crate::token::settle_wait::{SettleWatch, Woken};
+use crate::token::{
     Claim, Housekeeping, IdempotencyKey, IssueOutcome, LockOutcome, Reservation,
     SettleInTransaction, TokenError, TokenMode, TokenPolicy, TokenStore, TokenView, Transition,
 };
@@ -346,7 +346,7 @@ impl TokenStore for PostgresTokenStore {
         self.timed(
             "purge",
             "expired tokens",
-            postgres_purge::purge_batch(&self.maintenance, batch, self.tombstone_ms()),
+            purge::purge_batch(&self.maintenance, batch, self.tombstone_ms()),
         )
         .await
     }
@@ -355,7 +355,7 @@ impl TokenStore for PostgresTokenStore {
         self.timed(
             "housekeeping",
             "token table",
-            postgres_purge::housekeeping(&self.pool),
+            purge::housekeeping(&self.pool),
         )
         .await
         .map(Some)

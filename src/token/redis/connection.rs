@@ -1,7 +1,7 @@
 //! Where the Redis token store sends its commands: one node (`redis://`, `rediss://`),
 //! a Redis Cluster (`redis+cluster://h1:p1,h2:p2`, or a comma-separated list of
 //! nodes with `REDIS_CLUSTER=true`), or the master a group of Sentinels names
-//! (`redis+sentinel://h1:p1,h2:p2,h3:p3/<master>`, `redis_sentinel.rs`). The cluster
+//! (`redis+sentinel://h1:p1,h2:p2,h3:p3/<master>`, `sentinel.rs`). The cluster
 //! client routes each script by its key's slot and follows `MOVED`/`ASK`; scans go
 //! to every master in turn. Over TLS the servers are verified against the system
 //! roots or `REDIS_CA_CERT`, and a client certificate is presented when given.
@@ -18,8 +18,8 @@ use redis::{
     TlsCertificates, Value,
 };
 
-use super::redis_node::{tcp_settings, NodeConnection};
-use super::redis_sentinel::{SentinelConnection, SentinelService};
+use super::node::{tcp_settings, NodeConnection};
+use super::sentinel::{SentinelConnection, SentinelService};
 use crate::redaction::{redact_url, Secret};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -226,7 +226,7 @@ impl RedisTarget {
         self
     }
 
-    /// The client of the settle subscriber (`redis_settle.rs`): the node itself, or
+    /// The client of the settle subscriber (`settle.rs`): the node itself, or
     /// a cluster's first seed node (a PUBLISH reaches every node of a cluster).
     /// `None` behind Sentinel, whose master moves: waiters there only back off.
     pub fn settle_client(&self) -> anyhow::Result<Option<redis::Client>> {

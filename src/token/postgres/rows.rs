@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{IdempotencyKey, Predecessor, TokenError, TokenState, TokenView, Transition};
+use crate::token::{IdempotencyKey, Predecessor, TokenError, TokenState, TokenView, Transition};
 
 const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
 

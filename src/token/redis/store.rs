@@ -8,19 +8,19 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::redis_connection::{RedisConnection, RedisTarget};
-use super::redis_node::NodeConnection;
-use super::redis_replies::{classify, corrupt, parse_reservation, parse_view, transition};
-use super::redis_settle::RedisSettleListener;
-use super::settle_wait::{SettleWatch, Woken};
+use super::connection::{RedisConnection, RedisTarget};
+use super::node::NodeConnection;
+use super::replies::{classify, corrupt, parse_reservation, parse_view, transition};
+use super::settle::RedisSettleListener;
+use crate::token::settle_wait::{SettleWatch, Woken};
 use redis::{Script, Value};
 use uuid::Uuid;
 
-use super::{
+use crate::redaction::redact_url;
+use crate::token::{
     Claim, IdempotencyKey, IssueOutcome, LockOutcome, Reservation, TokenError, TokenMode,
     TokenPolicy, TokenState, TokenStore, TokenView, Transition,
 };
-use crate::redaction::redact_url;
 
 /// Longest wait for one script's answer, on top of the connection's own timeouts: a
 /// caller-supplied `ConnectionManager` may have none, and a hung call must surface as
@@ -106,7 +106,7 @@ impl RedisTokenStore {
     }
 
     /// Wakes the reservations that met a live lease as soon as its holder settles,
-    /// through one pub/sub connection of `client` (see `redis_settle.rs`). Call inside
+    /// through one pub/sub connection of `client` (see `settle.rs`). Call inside
     /// the tokio runtime: the subscriber is a task of its own.
     pub fn with_settle_notifications(mut self, client: redis::Client) -> Self {
         self.settle = Some(Arc::new(RedisSettleListener::start(client)));
@@ -122,7 +122,7 @@ impl RedisTokenStore {
     /// A connection tuned to fail fast: the worker has its own retry policy, so the
     /// manager only retries a reconnect a couple of times before reporting.
     pub fn connection_config() -> ConnectionManagerConfig {
-        super::redis_connection::single_node_config()
+        super::connection::single_node_config()
     }
 
     /// One node (`redis://`, `rediss://`) or a cluster (`redis+cluster://h1:p1,h2:p2`).

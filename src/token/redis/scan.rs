@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 
-use super::redis::RedisTokenStore;
-use super::redis_connection::ScanTarget;
-use super::{IdempotencyKey, TokenError, TokenState, TokenStore};
+use super::connection::ScanTarget;
+use super::store::RedisTokenStore;
+use crate::token::{IdempotencyKey, TokenError, TokenState, TokenStore};
 
 const SCAN_BATCH: usize = 500;
 

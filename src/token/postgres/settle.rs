@@ -17,7 +17,7 @@ use sqlx::PgPool;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use super::settle_wait::{SettleWatch, Waiters, Woken};
+use crate::token::settle_wait::{SettleWatch, Waiters, Woken};
 
 /// The channel every settle of a marked row is announced on; the payload is the key.
 pub(super) const SETTLE_CHANNEL: &str = "payment_worker_token_settled";

@@ -233,8 +233,8 @@ fn sentinel_client(
     )
     .context("sentinel settings")?
     .set_client_to_redis_db(service.db)
-    .set_client_to_redis_tcp_settings(super::redis_node::tcp_settings())
-    .set_client_to_sentinel_tcp_settings(super::redis_node::tcp_settings());
+    .set_client_to_redis_tcp_settings(super::node::tcp_settings())
+    .set_client_to_sentinel_tcp_settings(super::node::tcp_settings());
     if let Some(username) = &service.username {
         builder = builder.set_client_to_redis_username(username);
         if service.sentinel_auth {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use uuid::Uuid;
 
-use super::{
+use crate::token::{
     IdempotencyKey, Predecessor, Reservation, TokenError, TokenState, TokenView, Transition,
 };
 
