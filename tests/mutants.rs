@@ -49,9 +49,10 @@ const COPIED: &[&str] = &[
     "src",
     "tests",
     "migrations",
-    // A workspace member: cargo reads its manifest to build any package of the
+    // Workspace members: cargo reads their manifests to build any package of the
     // workspace.
     "model",
+    "xtask",
 ];
 const BUILD_LIMIT: Duration = Duration::from_secs(30 * 60);
 const TEST_LIMIT: Duration = Duration::from_secs(5 * 60);
