@@ -58,12 +58,9 @@ fn commit() -> Option<String> {
     git(&["rev-parse", "--short=12", "HEAD"])
 }
 
-/// Each mock function the development tools replace (`devtools/build.rs` keeps the
-/// same list, with the files that replace them).
-const MOCK_FUNCTIONS_REPLACED: [&str; 2] = [
-    "rd_kafka_mock_msgset_find",
-    "rd_kafka_mock_cgrp_classic_check_state",
-];
+/// Each mock function the development tools replace, with the file that replaces it:
+/// `devtools/build.rs` compiles those files from the same list.
+const MOCK_FUNCTIONS_REPLACED: [(&str, &str); 2] = include!("devtools/native/replaced.rs");
 
 /// `--wrap` for the integration tests, under the condition `devtools/build.rs`
 /// compiles the replacements: GNU ld (or lld) on Linux, librdkafka's build directory
@@ -74,7 +71,8 @@ fn mock_changes_for_tests() {
     {
         return;
     }
-    for function in MOCK_FUNCTIONS_REPLACED {
+    println!("cargo:rerun-if-changed=devtools/native/replaced.rs");
+    for (function, _) in MOCK_FUNCTIONS_REPLACED {
         println!("cargo:rustc-link-arg-tests=-Wl,--wrap={function}");
     }
 }

@@ -5,22 +5,19 @@
 //! call neither, and the product's build links neither.
 //!
 //! The product's build script gives its integration tests (which run this crate's
-//! local Kafka in process) the same `--wrap` flags: keep its list equal to this one.
+//! local Kafka in process) the same `--wrap` flags, from the same list
+//! (`native/replaced.rs`).
 
 use std::env;
 use std::path::PathBuf;
 
-/// Each mock function replaced, and the file that replaces it.
-const WRAPPED: [(&str, &str); 2] = [
-    ("rd_kafka_mock_msgset_find", "native/mock_msgset_find.c"),
-    (
-        "rd_kafka_mock_cgrp_classic_check_state",
-        "native/mock_offset_commit.c",
-    ),
-];
+/// Each mock function replaced, and the file that replaces it (one list, which the
+/// root `build.rs` reads too).
+const WRAPPED: [(&str, &str); 2] = include!("native/replaced.rs");
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=native/replaced.rs");
     for (_, source) in WRAPPED {
         println!("cargo:rerun-if-changed={source}");
     }

@@ -19,7 +19,7 @@ mod manual;
 mod process;
 mod tokens;
 
-pub use exit::{exit_code, exit_status, exit_status_help, CommandFailure};
+pub use exit::{exit_code, exit_status, exit_status_help, finish, CommandFailure};
 
 /// `--version`: the release, the commit it was built from, and Kafka OIDC when this
 /// build carries it (feature `kafka-oidc`).

@@ -16,11 +16,5 @@ async fn main() -> std::process::ExitCode {
     let telemetry = payment_worker::telemetry::init("info");
     let result = payment_worker::cli::run(cli).await;
     telemetry.shutdown();
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            std::process::ExitCode::from(payment_worker::cli::exit_code(&error))
-        }
-    }
+    payment_worker::cli::finish(result)
 }

@@ -15,11 +15,5 @@ async fn main() -> std::process::ExitCode {
     let telemetry = payment_worker::telemetry::init(cli.command.log_filter());
     let result = payment_worker_devtools::cli::run(cli).await;
     telemetry.shutdown();
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            std::process::ExitCode::from(payment_worker::cli::exit_code(&error))
-        }
-    }
+    payment_worker::cli::finish(result)
 }

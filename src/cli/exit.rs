@@ -118,6 +118,19 @@ impl CommandFailure {
     }
 }
 
+/// How a binary ends once its command returned: nothing printed on success; an error
+/// printed whole on standard error and mapped to its exit status ([`exit_code`]).
+/// Both binaries (the product's and the development tools') end through it.
+pub fn finish(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::from(exit_code(&error))
+        }
+    }
+}
+
 /// The process exit code for a command that failed, from the error's type (the
 /// table is [`exit_status`]): 3 when `audit` found violations, 4 for a fatal broker
 /// error, 65/75/1 for a [`CommandFailure`], 2 for a secret file or Kafka setting
