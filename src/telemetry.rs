@@ -23,6 +23,7 @@ pub const SERVICE_NAME: &str = "payment-worker";
 /// The span of one command, end to end: the one span that log lines carry.
 pub const COMMAND_SPAN: &str = "process";
 
+pub mod events;
 mod log_fields;
 mod metrics;
 mod otlp_target;
@@ -33,11 +34,8 @@ mod round_trips;
 mod setup;
 mod trace_context;
 mod w3c;
+pub use events::{emit, InternalEvent};
 pub use log_fields::LogFields;
-pub use metrics::{
-    metrics, record_atomic_failure, record_pool_acquire, record_settle_wait,
-    record_token_inconsistency, Metrics,
-};
 pub use providers::{install_crypto_provider, metrics_exported};
 pub use round_trips::{RoundTripCounter, RoundTrips};
 pub use setup::{init, warn_at_start, Telemetry};

@@ -69,13 +69,11 @@ fn repair(key: &IdempotencyKey, action: RepairAction, detail: impl Into<String>)
 
 /// Counts one corrected token: the log line is what operators alert on.
 fn record_inconsistency(key: &IdempotencyKey, expected: &'static str, actual: &'static str) {
-    crate::telemetry::record_token_inconsistency(expected, actual);
-    tracing::warn!(
-        idempotency_key = %key,
+    crate::telemetry::emit(crate::telemetry::events::TokenInconsistencyRepaired {
+        key,
         expected,
         actual,
-        "token inconsistency repaired"
-    );
+    });
 }
 
 /// Settles one token that was `processing` past its lease. `charged_without_row`:

@@ -28,6 +28,7 @@ use super::interface::{
 };
 use super::transport::{checked_base_url, GatewayTransport};
 use crate::redaction::masked_text;
+use crate::telemetry::events::GatewayCallFailed;
 use crate::token::IdempotencyKey;
 
 /// A rejection reason is shown to operators; a gateway could send a whole page.
@@ -246,38 +247,13 @@ pub(super) fn note_failure(
         // Nothing was sent: no gateway call failed (never passed here).
         GatewayError::LeaseNotHeld(_) => "lease_not_held",
     };
-    let code = status.map(|s| s.as_u16());
-    count_failure(operation, class, code);
-    match code {
-        Some(code @ (401 | 403 | 404 | 405)) => tracing::error!(
-            idempotency_key = %key, operation, status = code, class,
-            "the gateway refuses our access (credentials, URL or method): nothing was charged, retrying"
-        ),
-        Some(code) => tracing::warn!(
-            idempotency_key = %key, operation, status = code, class,
-            "gateway call failed"
-        ),
-        // A transport failure: its description names the host and the cause only.
-        None => tracing::warn!(
-            idempotency_key = %key, operation, class, %error,
-            "gateway call failed"
-        ),
-    }
-}
-
-/// Counts one failed gateway call (`payment_worker.gateway.failures`).
-pub(super) fn count_failure(operation: &'static str, class: &'static str, code: Option<u16>) {
-    crate::telemetry::metrics().gateway_failures.add(
-        1,
-        &[
-            opentelemetry::KeyValue::new("operation", operation),
-            opentelemetry::KeyValue::new("class", class),
-            opentelemetry::KeyValue::new(
-                "http.response.status_code",
-                code.map_or_else(|| "none".to_owned(), |c| c.to_string()),
-            ),
-        ],
-    );
+    crate::telemetry::emit(GatewayCallFailed {
+        key,
+        operation,
+        class,
+        status: status.map(|s| s.as_u16()),
+        error,
+    });
 }
 
 /// The whole error chain: reqwest's Display stops at the top level and hides the

@@ -180,7 +180,7 @@ pub async fn purge_round(tokens: &dyn TokenStore, batch: usize) -> u64 {
             Ok(0) => break,
             Ok(rows) => {
                 purged += rows;
-                crate::telemetry::metrics().tokens_purged.add(rows, &[]);
+                crate::telemetry::emit(crate::telemetry::events::TokensPurged { count: rows });
                 if rows < batch as u64 {
                     break;
                 }

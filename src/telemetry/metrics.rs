@@ -1,45 +1,45 @@
 //! The worker's metric instruments (created once, no-ops until a meter provider is
-//! installed) and the helpers that record on them.
+//! installed). Private to `telemetry`: the product records on them only through the
+//! typed events of `events/`, each of which names its instruments and attributes.
 
 use std::sync::OnceLock;
 
 use opentelemetry::metrics::{Counter, Histogram, Meter, UpDownCounter};
-use opentelemetry::KeyValue;
 
 use super::SERVICE_NAME;
 
 /// The instruments. Attributes are low-cardinality by construction: operation
 /// names, outcome labels, error kinds, partition numbers; never a key, token,
 /// account or payment method.
-pub struct Metrics {
+pub(super) struct Metrics {
     /// `payment_worker.atomic_operation.failures`: a token script or statement that failed, by operation and reason.
-    pub atomic_operation_failures: Counter<u64>,
+    pub(super) atomic_operation_failures: Counter<u64>,
     /// `payment_worker.token.inconsistencies`: a token found in another state than the operation expected.
-    pub token_inconsistencies: Counter<u64>,
+    pub(super) token_inconsistencies: Counter<u64>,
     /// `payment_worker.commands`: commands finished, by outcome.
-    pub commands: Counter<u64>,
+    pub(super) commands: Counter<u64>,
     /// `payment_worker.command.duration`: seconds from first attempt to final outcome.
-    pub processing_duration: Histogram<f64>,
+    pub(super) processing_duration: Histogram<f64>,
     /// `payment_worker.commands.in_flight`: commands admitted and not finished.
-    pub in_flight: UpDownCounter<i64>,
+    pub(super) in_flight: UpDownCounter<i64>,
     /// `payment_worker.command.retries`: attempts that ended in a retry.
-    pub retries: Counter<u64>,
+    pub(super) retries: Counter<u64>,
     /// `payment_worker.dead_letters`: records dead-lettered, by kind.
-    pub dead_letters: Counter<u64>,
+    pub(super) dead_letters: Counter<u64>,
     /// `payment_worker.panics`: panics caught while handling a record.
-    pub panics: Counter<u64>,
+    pub(super) panics: Counter<u64>,
     /// `payment_worker.gateway.failures`: gateway calls that failed, by operation and kind.
-    pub gateway_failures: Counter<u64>,
+    pub(super) gateway_failures: Counter<u64>,
     /// `payment_worker.consumer.lag`: records behind the high watermark, by partition.
-    pub consumer_lag: opentelemetry::metrics::Gauge<i64>,
+    pub(super) consumer_lag: opentelemetry::metrics::Gauge<i64>,
     /// `payment_worker.tokens.purged`: expired token rows deleted.
-    pub tokens_purged: Counter<u64>,
+    pub(super) tokens_purged: Counter<u64>,
     /// `payment_worker.token.settle_waits`: waits of a reservation that met another
     /// owner's lease, by what ended them (`woken_by`).
-    pub settle_waits: Counter<u64>,
+    pub(super) settle_waits: Counter<u64>,
     /// `payment_worker.db.pool.acquire`: seconds a payment transaction waited for its
     /// connection from the payment pool (by `result`: `ok`, `timeout`, `error`).
-    pub pool_acquire: Histogram<f64>,
+    pub(super) pool_acquire: Histogram<f64>,
 }
 
 fn build_metrics(meter: &Meter) -> Metrics {
@@ -118,43 +118,7 @@ fn build_metrics(meter: &Meter) -> Metrics {
 }
 
 /// The process-wide instruments (no-ops until a meter provider is installed).
-pub fn metrics() -> &'static Metrics {
+pub(super) fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| build_metrics(&opentelemetry::global::meter(SERVICE_NAME)))
-}
-
-/// Counts one wait behind another owner's lease by what ended it.
-pub fn record_settle_wait(woken_by: &'static str) {
-    metrics()
-        .settle_waits
-        .add(1, &[KeyValue::new("woken_by", woken_by)]);
-}
-
-/// Records how long a payment waited for its payment-pool connection.
-pub fn record_pool_acquire(waited: std::time::Duration, result: &'static str) {
-    metrics()
-        .pool_acquire
-        .record(waited.as_secs_f64(), &[KeyValue::new("result", result)]);
-}
-
-/// Counts a failed token operation (low-cardinality operation and reason).
-pub fn record_atomic_failure(operation: &'static str, reason: &'static str) {
-    metrics().atomic_operation_failures.add(
-        1,
-        &[
-            KeyValue::new("operation", operation),
-            KeyValue::new("reason", reason),
-        ],
-    );
-}
-
-/// Counts a token found in another state than the operation expected (by expected and actual state).
-pub fn record_token_inconsistency(expected: &'static str, actual: &'static str) {
-    metrics().token_inconsistencies.add(
-        1,
-        &[
-            KeyValue::new("expected", expected),
-            KeyValue::new("actual", actual),
-        ],
-    );
 }

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, Retryable};
-use opentelemetry::KeyValue;
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 
@@ -124,7 +123,7 @@ async fn back_off(delay: Duration, watch: Option<SettleWatch>, draining: &Cancel
         _ = tokio::time::sleep(delay) => "backoff",
         _ = draining.cancelled() => "drain",
     };
-    crate::telemetry::record_settle_wait(woken_by);
+    crate::telemetry::emit(crate::telemetry::events::SettleWaitEnded { woken_by });
     tracing::Span::current().record("token.woken_by", woken_by);
 }
 
@@ -267,29 +266,23 @@ impl Handler {
         };
         let span = tracing::Span::current();
         span.record("payment.outcome", verdict.outcome.label());
-        let rejection = match &verdict.outcome {
-            Outcome::Rejected { kind, reason } => {
-                span.record("payment.rejection", kind.as_str());
-                tracing::info!(kind = kind.as_str(), %reason, partition = source.partition, offset = source.offset, "dead-lettering");
-                Some(*kind)
-            }
-            _ => None,
-        };
+        if let Outcome::Rejected { kind, reason } = &verdict.outcome {
+            span.record("payment.rejection", kind.as_str());
+            crate::telemetry::emit(crate::telemetry::events::RecordDeadLettered {
+                kind: kind.as_str(),
+                reason,
+                partition: source.partition,
+                offset: source.offset,
+            });
+        }
         let outcome = verdict.outcome.clone();
         self.publisher
             .publish_answer(message, source, verdict)
             .await;
-        if let Some(kind) = rejection {
-            crate::telemetry::metrics()
-                .dead_letters
-                .add(1, &[KeyValue::new("kind", kind.as_str())]);
-        }
-        let labels = [KeyValue::new("outcome", outcome.label())];
-        let metrics = crate::telemetry::metrics();
-        metrics.commands.add(1, &labels);
-        metrics
-            .processing_duration
-            .record(started.elapsed().as_secs_f64(), &labels);
+        crate::telemetry::emit(crate::telemetry::events::CommandFinished {
+            outcome: outcome.label(),
+            duration: started.elapsed(),
+        });
         Some(Answer {
             outcome,
             transaction,
@@ -328,8 +321,10 @@ impl Handler {
             let Some(delay) = self.next_delay(&mut delays, &not_yet, started, draining) else {
                 break not_yet;
             };
-            crate::telemetry::metrics().retries.add(1, &[]);
-            tracing::debug!(reason = %not_yet.reason, after = ?delay, "retrying command");
+            crate::telemetry::emit(crate::telemetry::events::CommandRetried {
+                reason: &not_yet.reason,
+                after: delay,
+            });
             back_off(delay, watch, draining).await;
         };
         if draining.is_cancelled() {

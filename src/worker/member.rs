@@ -297,20 +297,16 @@ impl ClientContext for MemberContext {
     /// the gauge would otherwise keep the last value it had here, and dashboards fold
     /// the members' reports with `max by (partition)`.
     fn stats(&self, statistics: rdkafka::Statistics) {
-        let lag = &crate::telemetry::metrics().consumer_lag;
         for topic in statistics.topics.values() {
             for (partition, stats) in &topic.partitions {
                 let fetching =
                     !matches!(stats.fetch_state.as_str(), "none" | "stopping" | "stopped");
                 let value = if fetching { stats.consumer_lag } else { 0 };
                 if *partition >= 0 && value >= 0 {
-                    lag.record(
-                        value,
-                        &[opentelemetry::KeyValue::new(
-                            "partition",
-                            i64::from(*partition),
-                        )],
-                    );
+                    crate::telemetry::emit(crate::telemetry::events::ConsumerLagMeasured {
+                        partition: *partition,
+                        lag: value,
+                    });
                 }
             }
         }

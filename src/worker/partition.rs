@@ -141,8 +141,9 @@ impl Commands {
 /// processes them again, and their tokens' leases expire.
 fn abandon_running(running: &mut JoinSet<Finished>) {
     // Aborted tasks are never joined: take them off the gauge here.
-    let aborted = i64::try_from(running.len()).unwrap_or(i64::MAX);
-    crate::telemetry::metrics().in_flight.add(-aborted, &[]);
+    crate::telemetry::emit(crate::telemetry::events::CommandsAbandoned {
+        count: running.len(),
+    });
     running.abort_all();
 }
 
@@ -195,7 +196,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     break;
                 }
                 Some(joined) = commands.running.join_next(), if !commands.running.is_empty() => {
-                    crate::telemetry::metrics().in_flight.add(-1, &[]);
+                    crate::telemetry::emit(crate::telemetry::events::CommandEnded);
                     // Every task catches its own panics; an error here is an abort.
                     let Ok(finished) = joined else { continue };
                     self.finished(&mut commands, finished, inbox_open);
@@ -340,7 +341,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let draining = draining.clone();
         let span = command_span(&message, &self.group_id);
         let counts = Arc::clone(&self.panics);
-        crate::telemetry::metrics().in_flight.add(1, &[]);
+        crate::telemetry::emit(crate::telemetry::events::CommandStarted);
         let (partition, offset) = (self.partition, message.offset());
         running.spawn(async move {
             if panics > 0 {
@@ -371,19 +372,17 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 }
                 Ok(None) => Ending::Interrupted,
                 Err(panic) => {
-                    crate::telemetry::metrics().panics.add(1, &[]);
                     // Counted here, where it was caught: an exactly-once abort may
                     // abandon this partition task before it joins this one, and a
                     // panic counted only there would be forgotten and handled again.
                     let count = counts.record(message.topic(), partition, offset);
                     span.in_scope(|| {
-                        tracing::error!(
+                        crate::telemetry::emit(crate::telemetry::events::HandlerPanicked {
                             partition,
                             offset,
-                            panics = count,
-                            panic = %panic_message(panic.as_ref()),
-                            "handling a record panicked; its token is left to its lease"
-                        )
+                            panics: count,
+                            panic: &panic_message(panic.as_ref()),
+                        })
                     });
                     Ending::Panicked(message, count)
                 }

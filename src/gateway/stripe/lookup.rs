@@ -5,8 +5,9 @@ use super::adapter::{records_unavailable, status_of, StripeGateway, LIST_WINDOW_
 use super::api::{is_intent_id, Failure, IntentStatus, PaymentIntent};
 use super::intent_state::{approved, declined, manual_capture, state, IntentState, Standing};
 use super::records::IntentRecord;
-use crate::gateway::client::{count_failure, note_failure};
+use crate::gateway::client::note_failure;
 use crate::gateway::interface::{Charge, GatewayError};
+use crate::telemetry::events::GatewayListingIncomplete;
 use crate::token::IdempotencyKey;
 
 /// A listing for a lost create that failed: counted and logged. One that stopped
@@ -14,13 +15,7 @@ use crate::token::IdempotencyKey;
 fn listing_failed(key: &IdempotencyKey, failure: &Failure) -> GatewayError {
     match failure {
         Failure::Incomplete(why) => {
-            count_failure("lookup", "incomplete_listing", None);
-            tracing::error!(
-                idempotency_key = %key,
-                %why,
-                "a listing to find a create whose answer was lost stopped before covering its \
-                 window: the look-up failed"
-            );
+            crate::telemetry::emit(GatewayListingIncomplete { key, why });
             GatewayError::Unavailable(format!(
                 "listing PaymentIntents to find a create whose answer was lost {why}; whether \
                  it made a PaymentIntent is unknown"

@@ -2,6 +2,7 @@
 //! confirmed, restored or left to its lease as the transaction's `Settlement` says.
 
 use super::*;
+use crate::telemetry::events::{SettleRefused, SettleTransition};
 
 impl Processor {
     /// The payment transaction, then the token settled as it says.
@@ -86,13 +87,10 @@ impl Processor {
             Ok(Transition::Applied) => {
                 tracing::debug!(idempotency_key = %key, "token processing -> completed")
             }
-            Ok(Transition::Refused) => {
-                crate::telemetry::record_token_inconsistency("processing", "not_owned");
-                tracing::warn!(
-                    idempotency_key = %key,
-                    "confirm refused: lease lost after commit; the next owner will find the row"
-                )
-            }
+            Ok(Transition::Refused) => crate::telemetry::emit(SettleRefused {
+                key,
+                transition: SettleTransition::Confirm,
+            }),
             Err(error) => {
                 token_failure("confirm", &error);
                 tracing::warn!(
@@ -128,10 +126,10 @@ impl Processor {
             Ok(Transition::Refused) if retried.load(std::sync::atomic::Ordering::Relaxed) => {
                 tracing::debug!(idempotency_key = %key, "restore refused after a retry")
             }
-            Ok(Transition::Refused) => {
-                crate::telemetry::record_token_inconsistency("processing", "not_owned");
-                tracing::warn!(idempotency_key = %key, "restore refused: lease lost")
-            }
+            Ok(Transition::Refused) => crate::telemetry::emit(SettleRefused {
+                key,
+                transition: SettleTransition::Restore,
+            }),
             Err(error) => {
                 token_failure("restore", &error);
                 tracing::warn!(

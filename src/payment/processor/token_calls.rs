@@ -50,5 +50,5 @@ pub(super) fn token_failure(operation: &'static str, error: &crate::token::Token
     } else {
         "corrupt"
     };
-    crate::telemetry::record_atomic_failure(operation, reason);
+    crate::telemetry::emit(crate::telemetry::events::TokenOperationFailed { operation, reason });
 }

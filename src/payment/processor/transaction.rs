@@ -247,19 +247,10 @@ impl Processor {
         let asked = std::time::Instant::now();
         let acquired = self.pool.acquire().await;
         let waited = asked.elapsed();
-        let result = match &acquired {
-            Ok(_) => "ok",
-            Err(sqlx::Error::PoolTimedOut) => "timeout",
-            Err(_) => "error",
-        };
-        crate::telemetry::record_pool_acquire(waited, result);
-        if let Err(error) = &acquired {
-            tracing::warn!(
-                pool_acquire_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
-                %error,
-                "no payment-pool connection for the payment transaction"
-            );
-        }
+        crate::telemetry::emit(crate::telemetry::events::PoolAcquireEnded {
+            waited,
+            error: acquired.as_ref().err(),
+        });
         acquired
     }
 

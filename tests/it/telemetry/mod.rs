@@ -2,6 +2,7 @@
 //! (secrets, card numbers: `secrets.rs`, `card_numbers.rs`).
 
 mod card_numbers;
+mod events;
 mod metric_export;
 pub(crate) mod metric_names;
 mod otlp_tls;
