@@ -11,6 +11,7 @@ use anyhow::Context;
 use rdkafka::consumer::Consumer;
 use tokio::sync::watch;
 
+use super::answer_sink::AnswerSink;
 use super::commits::Committer;
 use super::handler::Handler;
 use super::health::{serve_health, HealthChecks, Liveness};
@@ -146,9 +147,9 @@ fn start_committer(
 ) -> anyhow::Result<Option<Committer>> {
     // In exactly-once mode offsets leave with the transaction, committed by the
     // poll loop; the consumer itself commits nothing.
-    let committer = match partitions.transactions {
-        Some(_) => None,
-        None => Some(
+    let committer = match partitions.sink {
+        AnswerSink::Transactional(_) => None,
+        AnswerSink::AtLeastOnce => Some(
             Committer::start(&partitions.commits, Arc::clone(consumer))
                 .context("spawning the commit thread")?,
         ),
@@ -222,7 +223,7 @@ fn poll_loop(
             // Healthy-looking but stuck otherwise: every answer would wait forever.
             return Err(WorkerFailure::FatalBroker(reason));
         }
-        if let Some(transactions) = &partitions.transactions {
+        if let AnswerSink::Transactional(transactions) = &partitions.sink {
             if stood_still {
                 tracing::warn!("the poll loop stood still longer than the session timeout");
                 partitions.abort_transaction(&consumer, "the member may have been evicted");
@@ -249,10 +250,7 @@ fn poll_once(
     last_turn: &mut std::time::Instant,
     stall_after_first_record: bool,
 ) -> Result<bool, WorkerFailure> {
-    let wait = match &partitions.transactions {
-        Some(transactions) => transactions.until_due().min(POLL_WAIT),
-        None => POLL_WAIT,
-    };
+    let wait = partitions.sink.poll_wait(POLL_WAIT);
     let polled = consumer.poll(wait);
     partitions.liveness.polled();
     // A loop that stood still longer than a session (the process was stopped,
@@ -304,7 +302,7 @@ fn leave(consumer: &Member, partitions: &Partitions) -> Result<(), WorkerFailure
         "drained for shutdown"
     );
     partitions.commits.leaving(&reached);
-    if partitions.transactions.is_some() {
+    if partitions.sink.is_transactional() {
         partitions.commit_transaction(consumer);
     } else {
         partitions

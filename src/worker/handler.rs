@@ -8,7 +8,7 @@ use backon::{BackoffBuilder, Retryable};
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 
-use super::answer_order::{AnswerTurn, Turn};
+use super::answer_sink::{AnswerHold, AnswerPlace, AnswerSink};
 use super::inbound::{charge_flag, record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
 use crate::fault::FaultPoint;
@@ -27,11 +27,11 @@ pub struct Handler {
     retry: RetryPolicy,
 }
 
-/// A command answered: its outcome, and in exactly-once mode its place in the open
-/// transaction, held until the partition recorded the command as settled.
+/// A command answered: its outcome, and what it holds until the partition recorded
+/// the command as settled (exactly-once: its place in the open transaction).
 pub struct Answer {
     pub outcome: Outcome,
-    pub transaction: Option<super::transactions::AnswerGuard>,
+    pub hold: AnswerHold,
 }
 
 /// A not-yet-final attempt: why, and how long another owner's lease still runs.
@@ -149,9 +149,9 @@ impl Handler {
         self.publisher.fatal_error()
     }
 
-    /// The open-transaction bookkeeping, in exactly-once mode.
-    pub(super) fn transactions(&self) -> Option<&Arc<super::transactions::Transactions>> {
-        self.publisher.transactions()
+    /// Where answers go, chosen when the publisher was made.
+    pub(super) fn sink(&self) -> &AnswerSink {
+        self.publisher.sink()
     }
 
     /// Returns once the outcome is final and every record about it is acknowledged,
@@ -162,7 +162,7 @@ impl Handler {
         &self,
         message: &OwnedMessage,
         draining: &CancellationToken,
-        turn: Option<AnswerTurn>,
+        place: AnswerPlace,
     ) -> Option<Answer> {
         let started = Instant::now();
         let Inbound {
@@ -194,7 +194,7 @@ impl Handler {
                 charge_unknown: flagged == ChargeEvidence::MayHaveCharged,
             },
         };
-        let answer = self.answer(message, source, verdict, started, turn).await;
+        let answer = self.answer(message, source, verdict, started, place).await;
         let faults = self.processor.faults();
         if answer.is_some() && faults.is_armed() {
             // Freeze or panic only: after the answer there is no step left to fail.
@@ -211,7 +211,7 @@ impl Handler {
         &self,
         message: &OwnedMessage,
         panics: u32,
-        turn: Option<AnswerTurn>,
+        place: AnswerPlace,
     ) -> Option<Answer> {
         let key = record_key(message);
         let source = source_of(message);
@@ -238,32 +238,22 @@ impl Handler {
                 || charge_flag(message) == ChargeEvidence::MayHaveCharged,
         };
         // Not decoded again: whatever made it panic may be in the value.
-        self.answer(message, source, verdict, Instant::now(), turn)
+        self.answer(message, source, verdict, Instant::now(), place)
             .await
     }
 
     /// Has the publisher send the dead letter (if any) and the result, and counts the
     /// outcome. In exactly-once mode both go into the same open transaction, once
-    /// every earlier command of the partition entered its answer (`turn`).
+    /// every earlier command of the partition entered its answer (`place`).
     async fn answer(
         &self,
         message: &OwnedMessage,
         source: SourcePosition,
         verdict: Verdict,
         started: Instant,
-        turn: Option<AnswerTurn>,
+        place: AnswerPlace,
     ) -> Option<Answer> {
-        let transaction = match turn {
-            Some(turn) => {
-                if turn.wait().await == Turn::Stopped {
-                    return None;
-                }
-                let transaction = self.publisher.enter(&source).await;
-                turn.entered();
-                transaction
-            }
-            None => self.publisher.enter(&source).await,
-        };
+        let hold = self.sink().enter(place, &source).await?;
         let span = tracing::Span::current();
         span.record("payment.outcome", verdict.outcome.label());
         if let Outcome::Rejected { kind, reason } = &verdict.outcome {
@@ -283,10 +273,7 @@ impl Handler {
             outcome: outcome.label(),
             duration: started.elapsed(),
         });
-        Some(Answer {
-            outcome,
-            transaction,
-        })
+        Some(Answer { outcome, hold })
     }
 
     /// Attempts until one is final, the retry budget is spent or a drain stops the

@@ -24,12 +24,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::answer_sink::AnswerSink;
 use super::commits::{Commits, PartitionId};
 use super::handler::Handler;
 use super::health::Liveness;
 use super::partition::{PanicCounts, PartitionTask};
 use super::supervision::WorkerFailure;
-use super::transactions::Transactions;
 use crate::configuration::{KafkaSettings, WorkerSettings};
 
 /// The group member's consumer.
@@ -62,8 +62,9 @@ pub(super) struct Partitions {
     /// A static member (`group.instance.id`) does not leave the group on shutdown.
     pub(super) static_member: bool,
     pub(super) session_timeout: Duration,
-    /// Exactly-once mode: the open transaction that results and offsets go into.
-    pub(super) transactions: Option<Arc<Transactions>>,
+    /// Where answers and offsets go, the handler's (exactly-once: the open
+    /// transaction).
+    pub(super) sink: AnswerSink,
     /// How often each record panicked, across the partition tasks that handled it.
     panics: Arc<PanicCounts>,
     /// A failure found inside a rebalance callback, reported by the poll loop.
@@ -82,7 +83,7 @@ impl Partitions {
             assigned: Mutex::new(HashMap::new()),
             owned: Mutex::new(HashSet::new()),
             commits: Arc::new(Commits::default()),
-            transactions: handler.transactions().cloned(),
+            sink: handler.sink().clone(),
             handler,
             runtime: Handle::current(),
             max_in_flight: worker.max_in_flight,
@@ -110,9 +111,7 @@ impl Partitions {
 
     pub(super) fn dispatch(&self, consumer: &Arc<Member>, message: OwnedMessage) {
         let id = (message.topic().to_owned(), message.partition());
-        if let Some(transactions) = &self.transactions {
-            transactions.first_record(&id.0, id.1, message.offset());
-        }
+        self.sink.first_record(&id.0, id.1, message.offset());
         let mut assigned = self.lock();
         let entry = assigned.entry(id.clone()).or_insert_with(|| {
             // Where this member's ownership of the partition begins: with the
@@ -141,7 +140,7 @@ impl Partitions {
                 group_id: Arc::clone(&self.group_id),
                 max_in_flight: self.max_in_flight.max(1),
                 progress: self.commits.progress_flag(),
-                transactions: self.transactions.clone(),
+                sink: self.sink.clone(),
                 panics: Arc::clone(&self.panics),
             };
             let task = self.runtime.spawn(task.run());

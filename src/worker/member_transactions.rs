@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
 
+use super::answer_sink::AnswerSink;
 use super::commits::PartitionId;
 use super::member::{pause, Assigned, Member, Partitions};
 use super::supervision::WorkerFailure;
@@ -17,7 +18,7 @@ impl Partitions {
     /// every partition to its last committed offset before the next transaction
     /// takes answers. Runs on the poll thread.
     pub(super) fn commit_transaction(&self, consumer: &Member) {
-        let Some(transactions) = &self.transactions else {
+        let AnswerSink::Transactional(transactions) = &self.sink else {
             return;
         };
         match transactions.commit(consumer.group_metadata()) {
@@ -37,7 +38,7 @@ impl Partitions {
     /// Exactly-once: rolls the open transaction back (this member may no longer
     /// own what it holds) and rewinds what it still owns.
     pub(super) fn abort_transaction(&self, consumer: &Member, reason: &str) {
-        let Some(transactions) = &self.transactions else {
+        let AnswerSink::Transactional(transactions) = &self.sink else {
             return;
         };
         match transactions.abort(reason) {
@@ -79,7 +80,7 @@ impl Partitions {
     /// that cannot be rewound stops the worker: going on would commit past
     /// commands whose answers were rolled back.
     fn rewind(&self, consumer: &Member) {
-        let Some(transactions) = &self.transactions else {
+        let AnswerSink::Transactional(transactions) = &self.sink else {
             return;
         };
         self.abandon_all();

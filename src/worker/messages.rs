@@ -1,6 +1,7 @@
 //! The wire formats of the answers (docs/CONTRACT.md, "Messages"): the result
-//! record and the dead-letter headers. Pure formats: the publisher builds the
-//! records, `inbound.rs` reads commands.
+//! record and the dead-letter header names. Pure formats: the publisher builds the
+//! records, `dead_letter.rs` assembles a dead letter's headers, `inbound.rs` reads
+//! commands.
 
 use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
 use uuid::Uuid;

@@ -1,7 +1,9 @@
 //! The Kafka consumer-group worker (invariant I3: offsets move only past finished commands).
 mod answer_order;
+mod answer_sink;
 mod commits;
 mod consumer;
+mod dead_letter;
 mod handler;
 mod health;
 mod inbound;
@@ -20,8 +22,10 @@ mod supervision;
 mod transactions;
 
 pub use answer_order::{AnswerOrder, AnswerTurn, Turn};
+pub use answer_sink::{AnswerHold, AnswerPlace, AnswerSink};
 pub use commits::{check_drain_fits_session, drain_bound};
 pub use consumer::{run_until, start, RunningWorker};
+pub use dead_letter::{dead_letter_headers, DeadLetter};
 pub use handler::Handler;
 pub use health::{serve_health, HealthChecks, HealthServer, Liveness, PostgresProbe};
 pub use inbound::{record_key, source_of, Inbound, Undecodable};
@@ -36,7 +40,7 @@ pub use messages::{
 };
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;
-pub use publisher::{dead_letter_headers, DeadLetter, Publisher};
+pub use publisher::Publisher;
 pub use spans::command_span;
 pub use supervision::WorkerFailure;
 pub use transactions::{AnswerGuard, TransactionFailure, Transactions};

@@ -18,20 +18,18 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::answer_order::AnswerOrder;
+use super::answer_sink::{AnswerHold, AnswerSink, PartitionAnswers};
 use super::handler::Handler;
 use super::offsets::OffsetTracker;
 use super::spans::command_span;
 use super::supervision::panic_message;
-use super::transactions::{AnswerGuard, Transactions};
 
 /// Records of one key wait behind the one running; keyless records share one lane.
 type Lane = Option<Vec<u8>>;
@@ -92,8 +90,10 @@ impl PanicCounts {
 
 /// How a command task ended.
 enum Ending {
-    /// The outcome is final and acknowledged: the offset may move past it.
-    Settled,
+    /// The outcome is final and acknowledged (exactly-once: in the open transaction,
+    /// whose gate it holds until the tracker recorded the command as settled, see
+    /// `transactions.rs`): the offset may move past it.
+    Settled(AnswerHold),
     /// A drain stopped it first: the offset stays pending.
     Interrupted,
     /// Handling it panicked (this many times so far, counted when it was caught);
@@ -105,9 +105,6 @@ struct Finished {
     offset: i64,
     lane: Lane,
     ending: Ending,
-    /// Exactly-once: the answer's place in the open transaction, let go only once
-    /// the tracker recorded the command as settled (see `transactions.rs`).
-    transaction: Option<AnswerGuard>,
     /// Kept open so the offset commit is recorded inside the command's trace.
     span: tracing::Span,
 }
@@ -121,18 +118,18 @@ struct Commands {
     draining: CancellationToken,
     admitted: usize,
     /// Exactly-once: the answers enter the open transaction in offset order.
-    order: Option<Arc<AnswerOrder>>,
+    answers: PartitionAnswers,
 }
 
 impl Commands {
-    fn new(exactly_once: bool) -> Self {
+    fn new(sink: &AnswerSink) -> Self {
         Self {
             offsets: OffsetTracker::default(),
             waiting: HashMap::new(),
             running: JoinSet::new(),
             draining: CancellationToken::new(),
             admitted: 0,
-            order: exactly_once.then(|| Arc::new(AnswerOrder::default())),
+            answers: sink.partition_answers(),
         }
     }
 }
@@ -159,8 +156,9 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
     pub max_in_flight: usize,
     /// Raised whenever this task stored a higher offset: the member commits soon.
     pub progress: Arc<AtomicBool>,
-    /// Exactly-once: settled offsets go to the open transaction, not to the consumer.
-    pub transactions: Option<Arc<Transactions>>,
+    /// Where answers and settled offsets go (exactly-once: the open transaction,
+    /// not the consumer).
+    pub sink: AnswerSink,
     /// The member's panic counts, which outlive this task.
     pub panics: Arc<PanicCounts>,
 }
@@ -168,7 +166,7 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
 impl<C: ConsumerContext + 'static> PartitionTask<C> {
     /// Returns the last offset stored (where the next owner should start).
     pub async fn run(mut self) -> Option<i64> {
-        let mut commands = Commands::new(self.transactions.is_some());
+        let mut commands = Commands::new(&self.sink);
         let mut inbox_open = true;
         // A revoke drops the inbox's sender, but `recv` still hands out what was
         // buffered (up to the inbox's capacity): the closure itself is the signal to
@@ -228,21 +226,18 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             offset,
             lane,
             ending,
-            transaction,
             span,
         } = finished;
-        let settled = matches!(ending, Ending::Settled);
+        let settled = matches!(ending, Ending::Settled(_));
         match ending {
-            Ending::Settled => {
+            Ending::Settled(hold) => {
                 self.panics.settled(&self.topic, self.partition, offset);
                 commands.offsets.complete(offset);
                 span.in_scope(|| self.store(&mut commands.offsets));
                 // Only now may a commit run: its offsets include this one.
-                if let Some(transaction) = transaction {
-                    transaction.settled();
-                }
+                hold.settled();
             }
-            Ending::Interrupted => stop_answers(&commands.order, offset),
+            Ending::Interrupted => commands.answers.stop(offset),
             Ending::Panicked(message, count) => {
                 if inbox_open && !self.inbox.is_closed() {
                     // Same lane, same place: the records behind it wait.
@@ -252,11 +247,11 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                         lane,
                         &commands.draining,
                         count,
-                        &commands.order,
+                        &commands.answers,
                     );
                     return;
                 }
-                stop_answers(&commands.order, offset);
+                commands.answers.stop(offset);
             }
         }
         commands.admitted -= 1;
@@ -271,7 +266,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     message,
                     lane,
                     &commands.draining,
-                    &commands.order,
+                    &commands.answers,
                 ),
                 None => {
                     commands.waiting.remove(&lane);
@@ -282,7 +277,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             // owner too, which answers them in order after this one.
             for queued in commands.waiting.remove(&lane).into_iter().flatten() {
                 commands.admitted -= 1;
-                stop_answers(&commands.order, queued.offset());
+                commands.answers.stop(queued.offset());
             }
         }
     }
@@ -292,9 +287,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
     fn admit(&self, commands: &mut Commands, message: OwnedMessage) {
         commands.admitted += 1;
         commands.offsets.admit(message.offset());
-        if let Some(order) = &commands.order {
-            order.admit(message.offset());
-        }
+        commands.answers.admit(message.offset());
         let lane = lane_of(&message);
         if let Some(queue) = commands.waiting.get_mut(&lane) {
             queue.push_back(message);
@@ -305,7 +298,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 message,
                 lane,
                 &commands.draining,
-                &commands.order,
+                &commands.answers,
             );
         }
     }
@@ -316,12 +309,12 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         message: OwnedMessage,
         lane: Lane,
         draining: &CancellationToken,
-        order: &Option<Arc<AnswerOrder>>,
+        answers: &PartitionAnswers,
     ) {
         let panics = self
             .panics
             .of(&self.topic, self.partition, message.offset());
-        self.spawn(running, message, lane, draining, panics, order);
+        self.spawn(running, message, lane, draining, panics, answers);
     }
 
     /// Handles `message`, which has made its handler panic `panics` times so far:
@@ -334,10 +327,10 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         lane: Lane,
         draining: &CancellationToken,
         panics: u32,
-        order: &Option<Arc<AnswerOrder>>,
+        answers: &PartitionAnswers,
     ) {
         let handler = Arc::clone(&self.handler);
-        let turn = order.as_ref().map(|order| order.turn(message.offset()));
+        let place = answers.place(message.offset());
         let draining = draining.clone();
         let span = command_span(&message, &self.group_id);
         let counts = Arc::clone(&self.panics);
@@ -353,23 +346,19 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             }
             let work = async {
                 if panics >= PANICS_BEFORE_DEAD_LETTER {
-                    handler.give_up_after_panics(&message, panics, turn).await
+                    handler.give_up_after_panics(&message, panics, place).await
                 } else if panics > 0 && draining.is_cancelled() {
                     // Handling it again is a retry, and a drain stops retries.
                     None
                 } else {
-                    handler.handle(&message, &draining, turn).await
+                    handler.handle(&message, &draining, place).await
                 }
             };
             let caught = AssertUnwindSafe(work.instrument(span.clone()))
                 .catch_unwind()
                 .await;
-            let mut transaction = None;
             let ending = match caught {
-                Ok(Some(answer)) => {
-                    transaction = answer.transaction;
-                    Ending::Settled
-                }
+                Ok(Some(answer)) => Ending::Settled(answer.hold),
                 Ok(None) => Ending::Interrupted,
                 Err(panic) => {
                     // Counted here, where it was caught: an exactly-once abort may
@@ -391,7 +380,6 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 offset,
                 lane,
                 ending,
-                transaction,
                 span,
             }
         });
@@ -412,29 +400,14 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             messaging.kafka.offset = next,
         )
         .entered();
-        if let Some(transactions) = &self.transactions {
-            transactions.settle(&self.topic, self.partition, next);
-            return;
-        }
-        let mut list = TopicPartitionList::new();
-        if list
-            .add_partition_offset(&self.topic, self.partition, Offset::Offset(next))
-            .is_err()
+        // At-least-once the consumer stores it, which fails only once the
+        // partition is no longer ours (the new owner decides then); exactly-once it
+        // goes with the open transaction.
+        if self
+            .sink
+            .settle(&self.consumer, &self.topic, self.partition, next)
         {
-            return;
+            self.progress.store(true, Ordering::SeqCst);
         }
-        // Fails only once the partition is no longer ours; the new owner decides then.
-        match self.consumer.store_offsets(&list) {
-            Ok(()) => self.progress.store(true, Ordering::SeqCst),
-            Err(error) => tracing::debug!(%error, partition = self.partition, "offset not stored"),
-        }
-    }
-}
-
-/// Exactly-once: the record at `offset` will not be answered here, so neither will
-/// those behind it (their offsets stay pending with its own).
-fn stop_answers(order: &Option<Arc<AnswerOrder>>, offset: i64) {
-    if let Some(order) = order {
-        order.stop(offset);
     }
 }

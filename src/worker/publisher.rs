@@ -1,6 +1,7 @@
 //! Builds the records that answer a command (the result, and for a rejection the
-//! dead letter with its headers), produces them, and waits until the broker
-//! acknowledged them. The only place outbound records are made.
+//! dead letter, whose headers `dead_letter.rs` assembles), produces them, and waits
+//! until the broker acknowledged them (or, exactly-once, until they are in the open
+//! transaction: the `AnswerSink` decides). The only place outbound records are made.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -14,19 +15,15 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use tracing::Instrument;
 
-use super::messages::{
-    without_dead_letter_headers, ResultRecord, ATTEMPTS, CHARGE_UNKNOWN, ERROR_KIND, ERROR_REASON,
-    KEY_HMAC_SHA256, ORIGINAL_DROPPED, ORIGINAL_SIZE, PAYLOAD_DROPPED, PAYLOAD_REDACTED,
-    SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
-};
+use super::answer_sink::AnswerSink;
+use super::dead_letter::{DeadLetter, Letter};
+use super::messages::{ResultRecord, KEY_HMAC_SHA256};
 use super::oversized::LetterForm;
-use super::record_echo::{redact_headers, EchoedKey};
+use super::record_echo::EchoedKey;
 use super::spans::produce_span;
-use super::transactions::{AnswerGuard, Transactions};
+use super::transactions::Transactions;
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
-use crate::payment::{
-    dead_letter_redaction, Outcome, RedactedPayload, RejectionKind, SourcePosition,
-};
+use crate::payment::{dead_letter_redaction, Outcome, SourcePosition};
 use crate::redaction::KeyHasher;
 
 fn is_too_large(error: &KafkaError) -> bool {
@@ -75,93 +72,6 @@ pub(super) struct Verdict {
     pub charge_unknown: bool,
 }
 
-/// Why a record is dead-lettered, and what of it may be kept.
-#[derive(Debug, Clone)]
-pub struct DeadLetter<'a> {
-    /// The rejection's kind.
-    pub kind: RejectionKind,
-    /// The reason, in words.
-    pub reason: &'a str,
-    /// Attempts made.
-    pub attempts: u32,
-    /// An earlier attempt may have charged and no look-up resolved it.
-    pub charge_unknown: bool,
-    /// The value to send instead of the original (a card number masked).
-    pub redacted: Option<RedactedPayload>,
-    /// `x-key-hmac-sha256`, when the record key is not echoed as it came.
-    pub key_hmac: Option<&'a str>,
-}
-
-/// The original headers plus the dead-letter headers. Headers from an earlier
-/// dead-lettering are replaced, so a redriven record does not carry stale ones; a
-/// header that holds a card number is masked and named in `x-headers-redacted`.
-pub fn dead_letter_headers(message: &OwnedMessage, letter: &DeadLetter<'_>) -> OwnedHeaders {
-    with_dead_letter_headers(
-        redact_headers(&without_dead_letter_headers(message).unwrap_or_default()),
-        message,
-        letter,
-    )
-}
-
-/// `headers` plus the marks of a dead letter sent without its value of `size` bytes.
-fn value_dropped(headers: OwnedHeaders, size: &str) -> OwnedHeaders {
-    headers
-        .insert(Header {
-            key: PAYLOAD_DROPPED,
-            value: Some("message_too_large"),
-        })
-        .insert(Header {
-            key: ORIGINAL_SIZE,
-            value: Some(size),
-        })
-}
-
-/// `headers` plus the headers that say why `message` was dead-lettered and where it
-/// came from.
-fn with_dead_letter_headers(
-    mut headers: OwnedHeaders,
-    message: &OwnedMessage,
-    letter: &DeadLetter<'_>,
-) -> OwnedHeaders {
-    let DeadLetter {
-        kind,
-        reason,
-        attempts,
-        charge_unknown,
-        key_hmac,
-        ..
-    } = *letter;
-    let partition = message.partition().to_string();
-    let offset = message.offset().to_string();
-    let attempts = attempts.to_string();
-    for (key, value) in [
-        (ERROR_KIND, kind.as_str()),
-        (ERROR_REASON, reason),
-        (SOURCE_TOPIC, message.topic()),
-        (SOURCE_PARTITION, partition.as_str()),
-        (SOURCE_OFFSET, offset.as_str()),
-        (ATTEMPTS, attempts.as_str()),
-    ] {
-        headers = headers.insert(Header {
-            key,
-            value: Some(value),
-        });
-    }
-    if charge_unknown {
-        headers = headers.insert(Header {
-            key: CHARGE_UNKNOWN,
-            value: Some("true"),
-        });
-    }
-    if let Some(hmac) = key_hmac {
-        headers = headers.insert(Header {
-            key: KEY_HMAC_SHA256,
-            value: Some(hmac),
-        });
-    }
-    headers
-}
-
 /// The result record of `outcome` for the command at `source`.
 fn result_record(
     key: Option<String>,
@@ -201,8 +111,9 @@ pub struct Publisher {
     producer: FutureProducer,
     results_topic: String,
     dlq_topic: String,
-    /// Set in `exactly-once` mode: every record goes into the open transaction.
-    transactions: Option<Arc<Transactions>>,
+    /// Where answers go, chosen once at start: acknowledged one by one, or into
+    /// the open transaction.
+    sink: AnswerSink,
     /// Why the brokers refuse this producer's records for good (no write permission
     /// on a topic), once one was refused so.
     refused_for_good: Arc<OnceLock<String>>,
@@ -248,7 +159,7 @@ impl Publisher {
             producer,
             results_topic: settings.results_topic.clone(),
             dlq_topic: settings.dlq_topic.clone(),
-            transactions: None,
+            sink: AnswerSink::AtLeastOnce,
             refused_for_good: Arc::default(),
             key_hasher,
         })
@@ -267,7 +178,7 @@ impl Publisher {
                     producer: transactions.producer().clone(),
                     results_topic: settings.results_topic.clone(),
                     dlq_topic: settings.dlq_topic.clone(),
-                    transactions: Some(transactions),
+                    sink: AnswerSink::Transactional(transactions),
                     refused_for_good: Arc::default(),
                     key_hasher,
                 })
@@ -280,17 +191,9 @@ impl Publisher {
         &self.producer
     }
 
-    pub(super) fn transactions(&self) -> Option<&Arc<Transactions>> {
-        self.transactions.as_ref()
-    }
-
-    /// Admits one command's answer to the open transaction (waits while one is
-    /// being committed); `None` in at-least-once mode.
-    pub(super) async fn enter(&self, source: &SourcePosition) -> Option<AnswerGuard> {
-        match &self.transactions {
-            Some(transactions) => Some(transactions.enter(source).await),
-            None => None,
-        }
+    /// Where this publisher's answers go (and so the offsets past them).
+    pub(super) fn sink(&self) -> &AnswerSink {
+        &self.sink
     }
 
     /// Sends one record and waits for the broker's acknowledgement. librdkafka retries
@@ -322,7 +225,7 @@ impl Publisher {
                 .map(|_| ())
                 .map_err(|(error, _)| error)
         };
-        if let Some(transactions) = &self.transactions {
+        if let AnswerSink::Transactional(transactions) = &self.sink {
             // Inside a transaction a failed record leaves it abortable: retrying here
             // would only fail again. The commit aborts instead, and the command is
             // redone from the last committed offset.
@@ -415,7 +318,7 @@ impl Publisher {
             });
         }
         // Exactly-once only: results an aborted transaction learnt go unkeyed.
-        let refusals = self.transactions.as_deref().map(Transactions::oversized);
+        let refusals = self.sink.oversized();
         let key = echoed
             .key
             .as_deref()
@@ -456,13 +359,10 @@ impl Publisher {
             .await;
     }
 
-    /// The original key, value and headers, plus the dead-letter headers. A value
-    /// refused for holding a card number goes out `redacted` instead, marked with
-    /// `x-payload-redacted: card_number` (and `x-payload-dropped` when nothing of it
-    /// could be kept): a card number in a value never lands on a topic. Nor in its key
-    /// (`echoed`: masked, with `x-key-hmac-sha256`) or headers (masked, named in
-    /// `x-headers-redacted`). A dead letter too large for the brokers goes out
-    /// smaller (`LetterForm`) rather than stall its partition forever.
+    /// The dead letter (`dead_letter.rs` assembles it): the original key, value and
+    /// headers, none holding a card number, plus the dead-letter headers. A dead
+    /// letter too large for the brokers goes out smaller (`LetterForm`) rather than
+    /// stall its partition forever.
     async fn dead_letter(
         &self,
         original: &OwnedMessage,
@@ -470,49 +370,16 @@ impl Publisher {
         source: &SourcePosition,
         letter: DeadLetter<'_>,
     ) {
-        let mut headers = dead_letter_headers(original, &letter);
-        let payload = match &letter.redacted {
-            None => original.payload(),
-            Some(RedactedPayload::Masked(masked)) => Some(masked.as_slice()),
-            Some(RedactedPayload::Dropped) => None,
-        };
-        if let Some(redacted) = &letter.redacted {
-            headers = headers.insert(Header {
-                key: PAYLOAD_REDACTED,
-                value: Some("card_number"),
-            });
-            if *redacted == RedactedPayload::Dropped {
-                headers = headers.insert(Header {
-                    key: PAYLOAD_DROPPED,
-                    value: Some("card_number"),
-                });
-            }
-        }
-        let size = payload.map_or(0, <[u8]>::len).to_string();
         let span = produce_span(&self.dlq_topic);
         // Exactly-once only: what an aborted transaction learnt (see `oversized.rs`).
-        let refusals = self.transactions.as_deref().map(Transactions::oversized);
+        let refusals = self.sink.oversized();
         let mut form = refusals.map_or(LetterForm::Whole, |known| known.first_form(source));
         loop {
-            let (key, value, headers) = match form {
-                LetterForm::Whole => (echoed.key.as_deref(), payload, headers.clone()),
-                LetterForm::WithoutValue => (
-                    echoed.key.as_deref(),
-                    None,
-                    value_dropped(headers.clone(), &size),
-                ),
-                LetterForm::Bare => {
-                    let bare = value_dropped(
-                        with_dead_letter_headers(OwnedHeaders::new(), original, &letter),
-                        &size,
-                    )
-                    .insert(Header {
-                        key: ORIGINAL_DROPPED,
-                        value: Some("key,headers"),
-                    });
-                    (None, None, bare)
-                }
-            };
+            let Letter {
+                key,
+                value,
+                headers,
+            } = letter.in_form(original, echoed, form);
             let sent = self
                 .send(&self.dlq_topic, key, value, Some(headers))
                 .instrument(span.clone())

@@ -11,6 +11,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::answer_sink::AnswerSink;
 use super::commits::PartitionId;
 use super::member::MemberContext;
 
@@ -172,7 +173,7 @@ impl MemberContext {
         );
         let started = Instant::now();
         let reached = self.partitions.drain(&ids);
-        if let Some(transactions) = &self.partitions.transactions {
+        if let AnswerSink::Transactional(transactions) = &self.partitions.sink {
             // Exactly-once: the drained partitions' answers and offsets leave in one
             // transaction before they are given up. A lost assignment means another
             // member may already redo them: roll back instead.

@@ -432,7 +432,11 @@ async fn a_drain_leaves_a_retrying_command_unanswered_for_the_next_owner() {
     let draining = CancellationToken::new();
     let handling = {
         let (handler, draining) = (Arc::clone(&handler), draining.clone());
-        tokio::spawn(async move { handler.handle(&message, &draining, None).await })
+        tokio::spawn(async move {
+            handler
+                .handle(&message, &draining, worker::AnswerPlace::Free)
+                .await
+        })
     };
     // The attempt has met the other owner's lease and is waiting to retry.
     tokio::time::sleep(Duration::from_millis(300)).await;
