@@ -317,6 +317,31 @@ pub fn print_comparison(
     Ok(())
 }
 
+/// The end of a run: `report` printed against the baseline (with the file it was
+/// read from) when `--compare` gave one; under `strict`, an error naming every
+/// regressed counted figure and saying whether a performance target
+/// (`report.all_pass`) was missed too.
+pub fn verdict(
+    report: &Value,
+    baseline: Option<(&Value, &Path)>,
+    strict: bool,
+) -> anyhow::Result<()> {
+    let missed = strict && report["all_pass"] != Value::Bool(true);
+    let compared = baseline.map_or(Ok(()), |(baseline, path)| {
+        print_comparison(baseline, path, (report, "this run"), strict)
+    });
+    match compared {
+        Err(error) if missed => {
+            Err(error.context("a performance target was missed too (--strict)"))
+        }
+        Err(error) => Err(error),
+        Ok(()) => {
+            anyhow::ensure!(!missed, "a performance target was missed (--strict)");
+            Ok(())
+        }
+    }
+}
+
 /// `bench --compare BASE --against NEW`: two saved reports, nothing run.
 pub fn compare_files(baseline: &Path, now: &Path, strict: bool) -> anyhow::Result<()> {
     let (before, after) = (read_report(baseline)?, read_report(now)?);
@@ -473,6 +498,29 @@ mod tests {
             error.contains("`round_trips.redis` is not a number"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_run_names_regressions_and_missed_targets_together() {
+        let mut now = report(0.3, 5.0, 1000.0);
+        now["all_pass"] = json!(false);
+        let base = report(0.3, 4.0, 1000.0);
+        let path = Path::new("base.json");
+        let error = verdict(&now, Some((&base, path)), true).unwrap_err();
+        let error = format!("{error:#}");
+        assert!(
+            error.contains("target was missed too") && error.contains("round_trips.postgres"),
+            "{error}"
+        );
+        assert!(
+            verdict(&now, Some((&base, path)), false).is_ok(),
+            "not strict"
+        );
+        let error = verdict(&now, None, true).unwrap_err().to_string();
+        assert_eq!(error, "a performance target was missed (--strict)");
+        now["all_pass"] = json!(true);
+        now["round_trips"]["postgres"] = json!(4.0);
+        assert!(verdict(&now, Some((&base, path)), true).is_ok());
     }
 
     #[test]

@@ -398,34 +398,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         report.audit
     );
     clean_up_unless_kept(&args, &admin, &run_id, &run_prefix).await;
-    verdict(&args, &report, baseline.as_ref())
-}
-
-/// The comparison with `--compare`'s baseline, printed; under `--strict`, an error
-/// naming every missed target and regressed counted figure.
-fn verdict(
-    args: &BenchArgs,
-    report: &BenchReport,
-    baseline: Option<&serde_json::Value>,
-) -> anyhow::Result<()> {
-    let missed = args.strict && !report.all_pass;
-    let compared = match (baseline, &args.compare) {
-        (Some(baseline), Some(path)) => {
-            let now = serde_json::to_value(report)?;
-            compare::print_comparison(baseline, path, (&now, "this run"), args.strict)
-        }
-        _ => Ok(()),
-    };
-    match compared {
-        Err(error) if missed => {
-            Err(error.context("a performance target was missed too (--strict)"))
-        }
-        Err(error) => Err(error),
-        Ok(()) => {
-            anyhow::ensure!(!missed, "a performance target was missed (--strict)");
-            Ok(())
-        }
-    }
+    let baseline = baseline.as_ref().zip(args.compare.as_deref());
+    compare::verdict(&serde_json::to_value(&report)?, baseline, args.strict)
 }
 
 /// The ceiling again, between the 0 ms phase and the next, on the workers' pool.
