@@ -16,4 +16,7 @@ pub use gateway_simulator::{
     run_cli as run_simulator, GatewaySimulator, RunningSimulator, SimulatorConfig, SlowKey,
 };
 pub use local_kafka::{run_dev_kafka, DevKafkaArgs, LocalKafka};
-pub use localstripe::{LocalStripe, LOCALSTRIPE_KEY, LOCALSTRIPE_VERSION};
+pub use localstripe::{
+    has_localstripe, LocalStripe, PythonSearch, LOCALSTRIPE_ENV, LOCALSTRIPE_KEY,
+    LOCALSTRIPE_VERSION,
+};

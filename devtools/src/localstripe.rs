@@ -4,11 +4,19 @@
 //! store to one fixed file (`/tmp/localstripe.pickle`) after every write, which
 //! makes each request slower than the last and has parallel instances overwrite
 //! each other's file.
+//!
+//! The Python that has localstripe is found where it is installed (`python.rs`):
+//! the `LOCALSTRIPE` setting, else `python3`, else an active `VIRTUAL_ENV`'s.
 
+mod python;
+
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+
+pub use python::{has_localstripe, PythonSearch, LOCALSTRIPE_ENV};
 
 /// The version the adapter was checked against (`.ci/run` installs it).
 pub const LOCALSTRIPE_VERSION: &str = "1.15.10";
@@ -38,14 +46,39 @@ pub struct LocalStripe {
 }
 
 impl LocalStripe {
-    /// Starts localstripe on a free port and waits until it answers.
+    /// Starts localstripe on a free port and waits until it answers, with the
+    /// Python `LOCALSTRIPE` names or else the first that has it (see [`PythonSearch`]).
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(
+            std::env::var_os(LOCALSTRIPE_ENV)
+                .map(PathBuf::from)
+                .as_deref(),
+        )
+        .await
+    }
+
+    /// [`LocalStripe::start`] with `setting` in place of `LOCALSTRIPE`: a Python
+    /// interpreter, a `localstripe` executable, or a virtual environment.
+    pub async fn start_with(setting: Option<&Path>) -> anyhow::Result<Self> {
+        let search = PythonSearch::new(setting, std::env::var_os("VIRTUAL_ENV").as_deref());
+        // Each candidate is asked by running it: blocking, and off the runtime.
+        let python =
+            tokio::task::spawn_blocking(move || search.choose(python::has_localstripe)).await??;
+        Self::start_python(&python).await.with_context(|| {
+            format!(
+                "localstripe did not start with {} (install it: pip install localstripe=={LOCALSTRIPE_VERSION})",
+                python.display()
+            )
+        })
+    }
+
+    async fn start_python(python: &Path) -> anyhow::Result<Self> {
         let mut last_error = None;
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")?
                 .local_addr()?
                 .port();
-            let mut command = tokio::process::Command::new("python3");
+            let mut command = tokio::process::Command::new(python);
             command
                 .arg("-c")
                 .arg(LAUNCH)
@@ -63,19 +96,14 @@ impl LocalStripe {
             }
             let child = command
                 .spawn()
-                .context("starting localstripe (python3 with the localstripe package)")?;
+                .with_context(|| format!("starting {}", python.display()))?;
             let mut running = Self { child, port };
             match running.wait_ready().await {
                 Ok(()) => return Ok(running),
                 Err(error) => last_error = Some(error),
             }
         }
-        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("localstripe did not start")))
-            .with_context(|| {
-                format!(
-                    "localstripe did not start (install it: pip install localstripe=={LOCALSTRIPE_VERSION})"
-                )
-            })
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no attempt was made")))
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {

@@ -90,6 +90,8 @@ pub struct Bed {
     pub samples_dir: Option<PathBuf>,
     /// `RUST_LOG` of the worker process.
     pub worker_log_filter: String,
+    /// `--localstripe` / `LOCALSTRIPE`: where the `stripe` phase finds localstripe.
+    pub localstripe: Option<PathBuf>,
 }
 
 /// The key prefix of one phase of a run: `bench-<run id>-<phase>`; its keys are

@@ -4,6 +4,7 @@
 mod audit;
 mod backlog;
 mod ceiling;
+mod compare;
 mod cpu;
 mod e2e;
 mod load;

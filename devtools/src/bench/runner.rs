@@ -9,6 +9,7 @@ use rdkafka::producer::FutureProducer;
 
 use super::audit::AuditReport;
 use super::ceiling;
+use super::compare::{self, BASELINE_PATH};
 use super::e2e::{Bed, Load, WorkerKind};
 use super::phase::{bar, phase};
 use super::report::{BenchReport, LoopReport, PhaseReport, Settings};
@@ -85,9 +86,24 @@ pub struct BenchArgs {
     /// Write every phase's per-command timings to DIR/<phase>.csv (profiling).
     #[arg(long, value_name = "DIR")]
     pub samples_dir: Option<PathBuf>,
-    /// Exit non-zero when a performance target is missed too (the audit always does).
+    /// Exit non-zero when a performance target is missed too (the audit always does),
+    /// and with --compare when a counted figure is more than 10 % worse than its baseline.
     #[arg(long)]
     pub strict: bool,
+    /// After the run, print each figure against this earlier --json report: baseline,
+    /// now, change, and whether it is counted (CPU and round trips per payment, which
+    /// --strict gates) or timed (shown only). Without FILE: docs/bench-baseline.json,
+    /// the last release's.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = BASELINE_PATH)]
+    pub compare: Option<PathBuf>,
+    /// Run nothing: compare this saved --json report with --compare's (for CI).
+    #[arg(long, value_name = "FILE", requires = "compare", conflicts_with_all = ["json", "plot", "quick", "samples_dir", "keep_data"])]
+    pub against: Option<PathBuf>,
+    /// The Python that has localstripe (a virtual environment's bin/python), its
+    /// `localstripe` executable, or the virtual environment; default: python3, then
+    /// $VIRTUAL_ENV/bin/python.
+    #[arg(long, env = "LOCALSTRIPE", value_name = "PATH")]
+    pub localstripe: Option<PathBuf>,
     /// Keep this run's payment rows and Redis tokens instead of deleting them.
     #[arg(long)]
     pub keep_data: bool,
@@ -183,6 +199,14 @@ async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> any
 
 /// Runs every phase, prints the report (and writes JSON and a picture when asked); fails when the books do not balance.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let (Some(baseline), Some(now)) = (&args.compare, &args.against) {
+        return compare::compare_files(baseline, now, args.strict);
+    }
+    let baseline = args
+        .compare
+        .as_deref()
+        .map(compare::read_report)
+        .transpose()?;
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let run_prefix = format!("bench-{run_id}");
     let pick = |given: Option<usize>, full: usize, quick: usize| {
@@ -329,6 +353,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         redis_prefix: run_prefix.clone(),
         samples_dir: args.samples_dir.clone(),
         worker_log_filter: args.worker_log_filter.clone(),
+        localstripe: args.localstripe.clone(),
     };
     let plan = Plan {
         ceiling_count,
@@ -373,11 +398,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         report.audit
     );
     clean_up_unless_kept(&args, &admin, &run_id, &run_prefix).await;
-    anyhow::ensure!(
-        !args.strict || report.all_pass,
-        "a performance target was missed (--strict)"
-    );
-    Ok(())
+    let baseline = baseline.as_ref().zip(args.compare.as_deref());
+    compare::verdict(&serde_json::to_value(&report)?, baseline, args.strict)
 }
 
 /// The ceiling again, between the 0 ms phase and the next, on the workers' pool.

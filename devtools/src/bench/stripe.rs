@@ -33,7 +33,7 @@ pub(super) async fn stripe_phase(
     commands: usize,
     audit: &mut AuditReport,
 ) -> anyhow::Result<()> {
-    let localstripe = match LocalStripe::start().await {
+    let localstripe = match LocalStripe::start_with(bed.localstripe.as_deref()).await {
         Ok(server) => server,
         Err(error) => {
             eprintln!("{:<16} skipped: {error:#}", "stripe");
