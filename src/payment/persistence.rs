@@ -350,27 +350,28 @@ pub(crate) async fn insert_or_find(
     // Under READ COMMITTED the whole statement reads one snapshot: the second branch
     // sees a row committed before it began, never one it waited for (`Raced`).
     let row = NewRow::of(command, fingerprint, context);
-    // The columns come out nullable: Postgres does not follow NOT NULL through a
-    // UNION, and this one's first branch spells the row's columns as NULLs.
+    // Every column is declared nullable (`?`): what sqlx infers through a UNION
+    // comes from the plan Postgres picks, which varied between builds; the branch
+    // taken decides which are NULL, checked below.
     let found = sqlx::query!(
-        "WITH inserted AS (
+        r#"WITH inserted AS (
              INSERT INTO payments (id, idempotency_key, fingerprint, account_id, amount_minor,
                  currency, description, status, gateway_transaction_id, source_topic,
                  source_partition, source_offset, trace_id, fence, span_id)
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'processing', NULL, $8, $9, $10, $11, $12, $13)
              ON CONFLICT (idempotency_key) DO NOTHING
              RETURNING id)
-         SELECT true AS inserted, id, NULL::text AS fingerprint, NULL::text AS status,
-                NULL::text AS gateway_transaction_id, NULL::text AS trace_id,
-                NULL::text AS span_id,
+         SELECT true AS "inserted?", id AS "id?", NULL::text AS "fingerprint?",
+                NULL::text AS "status?", NULL::text AS "gateway_transaction_id?",
+                NULL::text AS "trace_id?", NULL::text AS "span_id?",
                 EXISTS (SELECT 1 FROM unresolved_charges
-                         WHERE idempotency_key = $2) AS charge_unknown
+                         WHERE idempotency_key = $2) AS "charge_unknown?"
          FROM inserted
          UNION ALL
          SELECT false, id, fingerprint, status, gateway_transaction_id, trace_id, span_id,
                 false
          FROM payments
-         WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)",
+         WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)"#,
         row.id,
         row.key,
         row.fingerprint,
