@@ -27,6 +27,10 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
+# The checked SQL statements compile against the committed offline cache, never a
+# database (`.cargo/config.toml` says the same; that file is not copied).
+COPY .sqlx ./.sqlx
+ENV SQLX_OFFLINE=true
 # Workspace members: cargo reads their manifests even when it builds only the product;
 # the development tools' binary is built from devtools/ for the `devtools` stage.
 COPY devtools ./devtools

@@ -139,6 +139,7 @@ fn every_lua_and_sql_mutant_is_caught() {
         sync_tree(&crate_root(), &scratch);
         (scratch, own_target)
     };
+    let schema = schema_database();
     let started = Instant::now();
 
     let mut rows = Vec::new();
@@ -160,7 +161,7 @@ fn every_lua_and_sql_mutant_is_caught() {
             })
             .collect();
         let clock = Instant::now();
-        let built = build(&scratch, &own_target, &work);
+        let built = build(&scratch, &own_target, &work, &schema);
         let build_time = clock.elapsed();
         if built.is_err() && round.len() > 1 {
             // Which of the two does not build: each again on its own.
@@ -202,7 +203,7 @@ fn every_lua_and_sql_mutant_is_caught() {
         .collect();
     let all_tests: Vec<&str> = all_tests.into_iter().collect();
     let clock = Instant::now();
-    let baseline = (!in_place()).then(|| match build(&scratch, &own_target, &work) {
+    let baseline = (!in_place()).then(|| match build(&scratch, &own_target, &work, &schema) {
         Ok(()) => run_named(&scratch, &own_target, &work, &all_tests),
         Err(why) => Verdict::Unbuildable(why),
     });
@@ -418,9 +419,49 @@ fn rounds<'a>(selected: &[&'a Mutant]) -> Vec<Vec<&'a Mutant>> {
 
 /// Builds the `it` target (and so the crate) in `scratch`; the error is the build's
 /// last lines.
-fn build(scratch: &Path, target_dir: &Path, work: &Path) -> Result<(), String> {
+/// The database the mutants' checked SQL is compiled against (see [`build`]): a
+/// fresh one, migrated from `migrations/` as they are before any mutant (embedded in
+/// this test), so a schema mutant fails its tests at run time, as it always did,
+/// instead of failing every statement's check at build time. Its URL.
+fn schema_database() -> String {
+    use sqlx::{Connection, Executor};
+    let server = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let name = "pw_lua_sql_mutants_schema";
+    let mut url = url::Url::parse(&server).expect("DATABASE_URL is a URL");
+    url.set_path(name);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut admin = sqlx::PgConnection::connect(&server)
+            .await
+            .expect("the Postgres server DATABASE_URL names (default: the local one)");
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            admin.execute(statement.as_str()).await.unwrap();
+        }
+        let pool = sqlx::PgPool::connect(url.as_str()).await.unwrap();
+        sqlx::migrate!().run(&pool).await.unwrap();
+        pool.close().await;
+    });
+    url.into()
+}
+
+/// Builds the `it` target. A mutated statement is not in the offline cache `.sqlx/`
+/// (it holds today's texts only, and the scratch copy has no `.sqlx/`), so the
+/// checked SQL is compiled online, against `schema`: `SQLX_OFFLINE=false` wins over
+/// `.cargo/config.toml`, and no `SQLX_OFFLINE_DIR` lets the build write a cache file.
+fn build(scratch: &Path, target_dir: &Path, work: &Path, schema: &str) -> Result<(), String> {
     let log = work.join("last-run.log");
-    let build = cargo(scratch, target_dir, &["test", "--test", "it", "--no-run"]);
+    let mut build = cargo(scratch, target_dir, &["test", "--test", "it", "--no-run"]);
+    build
+        .env("SQLX_OFFLINE", "false")
+        .env("DATABASE_URL", schema)
+        .env_remove("SQLX_OFFLINE_DIR");
     match run_logged(build, &log, BUILD_LIMIT) {
         Some(status) if status.success() => Ok(()),
         outcome => {

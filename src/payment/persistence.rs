@@ -1,7 +1,12 @@
 //! The `payments` table. Every function takes an executor so the processor decides
 //! what runs inside its one transaction.
+//!
+//! Every statement here is checked at compile time (`sqlx::query!` and friends)
+//! against the schema `migrations/` make, through the offline cache `.sqlx/` at the
+//! workspace root (docs/ARCHITECTURE.md, "Checked SQL"): a statement whose text
+//! changes needs that cache regenerated.
 
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -70,28 +75,26 @@ pub async fn booked_payments(
     key_prefix: &str,
     lease: std::time::Duration,
 ) -> Result<Vec<BookedPayment>, sqlx::Error> {
-    let rows: Vec<(String, String, Option<String>, bool)> = sqlx::query_as(
-        "SELECT idempotency_key, status, gateway_transaction_id,
+    // `stale!`: both operands are NOT NULL columns, but Postgres cannot tell of an
+    // expression; a NULL would be a decode error, as it was before the macros.
+    let rows = sqlx::query!(
+        r#"SELECT idempotency_key, status, gateway_transaction_id,
                 status = 'processing' AND updated_at < now() - make_interval(secs => $2)
+                    AS "stale!"
            FROM payments
-          WHERE left(idempotency_key, char_length($1)) = $1",
+          WHERE left(idempotency_key, char_length($1)) = $1"#,
+        key_prefix,
+        lease.as_secs_f64(),
     )
-    .bind(key_prefix)
-    .bind(lease.as_secs_f64())
     .fetch_all(pool)
     .await?;
     rows.into_iter()
-        .map(|(idempotency_key, status, gateway_transaction_id, stale)| {
-            let status =
-                PaymentStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
-                    index: "status".into(),
-                    source: format!("unknown payment status {status:?}").into(),
-                })?;
+        .map(|row| {
             Ok(BookedPayment {
-                idempotency_key,
-                status,
-                gateway_transaction_id,
-                stale,
+                idempotency_key: row.idempotency_key,
+                status: parse_status(&row.status)?,
+                gateway_transaction_id: row.gateway_transaction_id,
+                stale: row.stale,
             })
         })
         .collect()
@@ -103,10 +106,12 @@ pub async fn delete_payments_with_prefix(
     pool: &sqlx::PgPool,
     key_prefix: &str,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query("DELETE FROM payments WHERE starts_with(idempotency_key, $1)")
-        .bind(key_prefix)
-        .execute(pool)
-        .await?;
+    let done = sqlx::query!(
+        "DELETE FROM payments WHERE starts_with(idempotency_key, $1)",
+        key_prefix
+    )
+    .execute(pool)
+    .await?;
     Ok(done.rows_affected())
 }
 
@@ -115,17 +120,19 @@ pub async fn keys_with_rows(
     pool: &sqlx::PgPool,
     keys: &[String],
 ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
-    let found: Vec<String> =
-        sqlx::query_scalar("SELECT idempotency_key FROM payments WHERE idempotency_key = ANY($1)")
-            .bind(keys)
-            .fetch_all(pool)
-            .await?;
+    let found: Vec<String> = sqlx::query_scalar!(
+        "SELECT idempotency_key FROM payments WHERE idempotency_key = ANY($1)",
+        keys
+    )
+    .fetch_all(pool)
+    .await?;
     Ok(found.into_iter().collect())
 }
 
 /// Whether the `payments` table exists (`to_regclass` needs no privilege).
 pub async fn payments_table_exists(pool: &sqlx::PgPool) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT to_regclass('payments') IS NOT NULL")
+    // `IS NOT NULL` is never NULL; Postgres does not say so of an expression.
+    sqlx::query_scalar!(r#"SELECT to_regclass('payments') IS NOT NULL AS "exists!""#)
         .fetch_one(pool)
         .await
 }
@@ -170,19 +177,21 @@ pub(crate) fn statement_span(operation: &'static str) -> tracing::Span {
     )
 }
 
-fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<PaymentRecord, sqlx::Error> {
-    let status: String = row.try_get("status")?;
-    let status = PaymentStatus::parse(&status).ok_or_else(|| sqlx::Error::ColumnDecode {
+/// The `status` column read: a value the CHECK constraint would refuse is a decode
+/// error, never a guess.
+fn parse_status(status: &str) -> Result<PaymentStatus, sqlx::Error> {
+    PaymentStatus::parse(status).ok_or_else(|| sqlx::Error::ColumnDecode {
         index: "status".into(),
         source: format!("unknown payment status {status:?}").into(),
-    })?;
-    Ok(PaymentRecord {
-        id: row.try_get("id")?,
-        fingerprint: Fingerprint::from_hex(row.try_get::<String, _>("fingerprint")?),
-        status,
-        gateway_transaction_id: row.try_get("gateway_transaction_id")?,
-        trace_id: row.try_get("trace_id")?,
-        span_id: row.try_get("span_id")?,
+    })
+}
+
+/// A column the statement's shape makes NULL-free although Postgres cannot tell
+/// (a `UNION` branch): a NULL is the decode error `try_get` gave before the macros.
+fn present<T>(value: Option<T>, column: &str) -> Result<T, sqlx::Error> {
+    value.ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: Box::new(sqlx::error::UnexpectedNullError),
     })
 }
 
@@ -191,15 +200,24 @@ pub async fn find_payment(
     conn: &mut PgConnection,
     key: &str,
 ) -> Result<Option<PaymentRecord>, sqlx::Error> {
-    sqlx::query(
+    sqlx::query!(
         "SELECT id, fingerprint, status, gateway_transaction_id, trace_id, span_id
          FROM payments WHERE idempotency_key = $1",
+        key
     )
-    .bind(key)
     .fetch_optional(conn)
     .instrument(statement_span("SELECT"))
     .await?
-    .map(|row| record_from_row(&row))
+    .map(|row| {
+        Ok(PaymentRecord {
+            id: row.id,
+            fingerprint: Fingerprint::from_hex(row.fingerprint),
+            status: parse_status(&row.status)?,
+            gateway_transaction_id: row.gateway_transaction_id,
+            trace_id: row.trace_id,
+            span_id: row.span_id,
+        })
+    })
     .transpose()
 }
 
@@ -209,6 +227,51 @@ pub(crate) struct RowContext<'a> {
     pub trace_id: Option<String>,
     pub span_id: Option<String>,
     pub fence: u64,
+}
+
+/// The values of a new row that come from the command and its context, computed
+/// once for both inserts ([`insert`] and [`insert_or_find`]), which differ only in
+/// their status, transaction id and what they return.
+struct NewRow<'a> {
+    id: Uuid,
+    key: &'a str,
+    fingerprint: &'a str,
+    account_id: &'a str,
+    amount_minor: i64,
+    currency: &'a str,
+    description: Option<&'a str>,
+    source_topic: Option<&'a str>,
+    source_partition: Option<i32>,
+    source_offset: Option<i64>,
+    trace_id: Option<&'a str>,
+    fence: i64,
+    span_id: Option<&'a str>,
+}
+
+impl<'a> NewRow<'a> {
+    fn of(
+        command: &'a PaymentCommand,
+        fingerprint: &'a Fingerprint,
+        context: &'a RowContext<'_>,
+    ) -> Self {
+        Self {
+            id: Uuid::now_v7(),
+            key: command.idempotency_key.as_str(),
+            fingerprint: fingerprint.as_str(),
+            account_id: &command.account_id,
+            amount_minor: command.amount_minor,
+            currency: &command.currency,
+            description: command.description.as_deref(),
+            source_topic: context.source.map(|s| s.topic.as_str()),
+            source_partition: context.source.map(|s| s.partition),
+            source_offset: context.source.map(|s| s.offset),
+            trace_id: context.trace_id.as_deref(),
+            // A fence past i64 cannot happen (one reservation per attempt); saturate
+            // rather than fail the row.
+            fence: i64::try_from(context.fence).unwrap_or(i64::MAX),
+            span_id: context.span_id.as_deref(),
+        }
+    }
 }
 
 /// Inserts the row. `charge` is `None` for the usual `processing` row written before
@@ -222,31 +285,32 @@ pub(crate) async fn insert(
     charge: Option<&Charge>,
 ) -> Result<Option<Uuid>, sqlx::Error> {
     let status = charge.map_or(PaymentStatus::Processing, |c| c.status.into());
+    let row = NewRow::of(command, fingerprint, context);
     // ON CONFLICT DO NOTHING waits for a concurrent uncommitted insert of the same
     // key, then yields no row if that one committed: the unique index serialises.
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "INSERT INTO payments (id, idempotency_key, fingerprint, account_id, amount_minor,
              currency, description, status, gateway_transaction_id, source_topic,
              source_partition, source_offset, trace_id, fence, span_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id",
+        row.id,
+        row.key,
+        row.fingerprint,
+        row.account_id,
+        row.amount_minor,
+        row.currency,
+        row.description,
+        status.as_str(),
+        charge.map(|c| c.transaction_id.as_str()),
+        row.source_topic,
+        row.source_partition,
+        row.source_offset,
+        row.trace_id,
+        row.fence,
+        row.span_id,
     )
-    .bind(Uuid::now_v7())
-    .bind(command.idempotency_key.as_str())
-    .bind(fingerprint.as_str())
-    .bind(&command.account_id)
-    .bind(command.amount_minor)
-    .bind(&command.currency)
-    .bind(command.description.as_deref())
-    .bind(status.as_str())
-    .bind(charge.map(|c| c.transaction_id.as_str()))
-    .bind(context.source.map(|s| s.topic.as_str()))
-    .bind(context.source.map(|s| s.partition))
-    .bind(context.source.map(|s| s.offset))
-    .bind(context.trace_id.as_deref())
-    .bind(i64::try_from(context.fence).unwrap_or(i64::MAX))
-    .bind(context.span_id.as_deref())
     .fetch_optional(conn)
     .instrument(statement_span("INSERT"))
     .await
@@ -285,54 +349,67 @@ pub(crate) async fn insert_or_find(
 ) -> Result<Insertion, sqlx::Error> {
     // Under READ COMMITTED the whole statement reads one snapshot: the second branch
     // sees a row committed before it began, never one it waited for (`Raced`).
-    let row = sqlx::query(
-        "WITH inserted AS (
+    let row = NewRow::of(command, fingerprint, context);
+    // Every column is declared nullable (`?`): what sqlx infers through a UNION
+    // comes from the plan Postgres picks, which varied between builds; the branch
+    // taken decides which are NULL, checked below.
+    let found = sqlx::query!(
+        r#"WITH inserted AS (
              INSERT INTO payments (id, idempotency_key, fingerprint, account_id, amount_minor,
                  currency, description, status, gateway_transaction_id, source_topic,
                  source_partition, source_offset, trace_id, fence, span_id)
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'processing', NULL, $8, $9, $10, $11, $12, $13)
              ON CONFLICT (idempotency_key) DO NOTHING
              RETURNING id)
-         SELECT true AS inserted, id, NULL::text AS fingerprint, NULL::text AS status,
-                NULL::text AS gateway_transaction_id, NULL::text AS trace_id,
-                NULL::text AS span_id,
+         SELECT true AS "inserted?", id AS "id?", NULL::text AS "fingerprint?",
+                NULL::text AS "status?", NULL::text AS "gateway_transaction_id?",
+                NULL::text AS "trace_id?", NULL::text AS "span_id?",
                 EXISTS (SELECT 1 FROM unresolved_charges
-                         WHERE idempotency_key = $2) AS charge_unknown
+                         WHERE idempotency_key = $2) AS "charge_unknown?"
          FROM inserted
          UNION ALL
          SELECT false, id, fingerprint, status, gateway_transaction_id, trace_id, span_id,
                 false
          FROM payments
-         WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)",
+         WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)"#,
+        row.id,
+        row.key,
+        row.fingerprint,
+        row.account_id,
+        row.amount_minor,
+        row.currency,
+        row.description,
+        row.source_topic,
+        row.source_partition,
+        row.source_offset,
+        row.trace_id,
+        row.fence,
+        row.span_id,
     )
-    .bind(Uuid::now_v7())
-    .bind(command.idempotency_key.as_str())
-    .bind(fingerprint.as_str())
-    .bind(&command.account_id)
-    .bind(command.amount_minor)
-    .bind(&command.currency)
-    .bind(command.description.as_deref())
-    .bind(context.source.map(|s| s.topic.as_str()))
-    .bind(context.source.map(|s| s.partition))
-    .bind(context.source.map(|s| s.offset))
-    .bind(context.trace_id.as_deref())
-    .bind(i64::try_from(context.fence).unwrap_or(i64::MAX))
-    .bind(context.span_id.as_deref())
     .fetch_optional(conn)
     .instrument(statement_span("INSERT"))
     .await?;
-    match row {
-        None => Ok(Insertion::Raced),
-        Some(row) if row.try_get::<bool, _>("inserted")? => {
-            let remembered = if row.try_get::<bool, _>("charge_unknown")? {
-                Remembered::ChargeUnknown
-            } else {
-                Remembered::Nothing
-            };
-            Ok(Insertion::Inserted(row.try_get("id")?, remembered))
-        }
-        Some(row) => Ok(Insertion::Existing(record_from_row(&row)?)),
+    let Some(found) = found else {
+        return Ok(Insertion::Raced);
+    };
+    let id = present(found.id, "id")?;
+    if present(found.inserted, "inserted")? {
+        let remembered = if present(found.charge_unknown, "charge_unknown")? {
+            Remembered::ChargeUnknown
+        } else {
+            Remembered::Nothing
+        };
+        return Ok(Insertion::Inserted(id, remembered));
     }
+    let status = present(found.status, "status")?;
+    Ok(Insertion::Existing(PaymentRecord {
+        id,
+        fingerprint: Fingerprint::from_hex(present(found.fingerprint, "fingerprint")?),
+        status: parse_status(&status)?,
+        gateway_transaction_id: found.gateway_transaction_id,
+        trace_id: found.trace_id,
+        span_id: found.span_id,
+    }))
 }
 
 pub(crate) async fn record_charge(
@@ -345,15 +422,15 @@ pub(crate) async fn record_charge(
         Some(code) => format!("declined by gateway: {code}"),
         None => "declined by gateway".to_owned(),
     });
-    sqlx::query(
+    sqlx::query!(
         "UPDATE payments
          SET status = $2, gateway_transaction_id = $3, failure_reason = $4, updated_at = now()
          WHERE id = $1 AND status = 'processing'",
+        payment_id,
+        status.as_str(),
+        &charge.transaction_id,
+        reason,
     )
-    .bind(payment_id)
-    .bind(status.as_str())
-    .bind(&charge.transaction_id)
-    .bind(reason)
     .execute(conn)
     .instrument(statement_span("UPDATE"))
     .await?;

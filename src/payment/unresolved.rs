@@ -42,7 +42,7 @@ pub async fn record_unresolved_stake(
     attempts: u32,
 ) -> Result<(), sqlx::Error> {
     let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO unresolved_charges
              (idempotency_key, amount_minor, currency, reason, attempts,
               source_topic, source_partition, source_offset)
@@ -56,15 +56,15 @@ pub async fn record_unresolved_stake(
                 source_partition = EXCLUDED.source_partition,
                 source_offset = EXCLUDED.source_offset,
                 dead_lettered_at = now()",
+        command.idempotency_key.as_str(),
+        command.amount_minor,
+        &command.currency,
+        reason,
+        i32::try_from(attempts).unwrap_or(i32::MAX),
+        &source.topic,
+        source.partition,
+        source.offset,
     )
-    .bind(command.idempotency_key.as_str())
-    .bind(command.amount_minor)
-    .bind(&command.currency)
-    .bind(reason)
-    .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
-    .bind(&source.topic)
-    .bind(source.partition)
-    .bind(source.offset)
     .execute(pool)
     .await?;
     Ok(())
@@ -76,13 +76,14 @@ pub async fn unresolved_charges(
     pool: &PgPool,
     key_prefix: &str,
 ) -> Result<Vec<UnresolvedCharge>, sqlx::Error> {
-    let remembered: Vec<UnresolvedCharge> = sqlx::query_as(
+    let remembered: Vec<UnresolvedCharge> = sqlx::query_as!(
+        UnresolvedCharge,
         "SELECT idempotency_key, amount_minor, currency, reason, attempts, dead_lettered_at
            FROM unresolved_charges
           WHERE left(idempotency_key, char_length($1)) = $1
           ORDER BY idempotency_key",
+        key_prefix
     )
-    .bind(key_prefix)
     .fetch_all(pool)
     .await?;
     // The payments side is asked through its owner, persistence.rs.

@@ -48,9 +48,11 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 /// checksum is left as it is, for sqlx to refuse. Idempotent, so processes migrating
 /// at the same time may all run it.
 async fn accept_reworded_migrations(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let applied: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(pool)
-        .await?;
+    // `IS NOT NULL` is never NULL; Postgres does not say so of an expression.
+    let applied: bool =
+        sqlx::query_scalar!(r#"SELECT to_regclass('_sqlx_migrations') IS NOT NULL AS "applied!""#)
+            .fetch_one(pool)
+            .await?;
     if !applied {
         return Ok(());
     }
@@ -58,6 +60,9 @@ async fn accept_reworded_migrations(pool: &PgPool) -> Result<(), sqlx::Error> {
         let Some(migration) = MIGRATOR.iter().find(|m| m.version == *version) else {
             continue;
         };
+        // Not a checked statement: `_sqlx_migrations` is sqlx's own table, which
+        // `migrations/` does not make, so the database the offline cache is prepared
+        // on (scripts/sqlx-prepare) has no such table to check it against.
         sqlx::query(
             "UPDATE _sqlx_migrations SET checksum = $1 \
              WHERE version = $2 AND checksum = decode($3, 'hex')",
@@ -97,13 +102,15 @@ pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> 
     .with_context(unreachable)?
     .map_err(name_tls_failure)
     .with_context(unreachable)?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(&name)
-            .fetch_one(&mut admin)
-            .await?;
+    let exists: bool = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1) AS "exists!""#,
+        &name
+    )
+    .fetch_one(&mut admin)
+    .await?;
     if !exists {
         let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        // The name is the URL's: built at run time, so not a checked statement.
         match sqlx::query(&format!("CREATE DATABASE {quoted}"))
             .execute(&mut admin)
             .await

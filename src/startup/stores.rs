@@ -109,12 +109,15 @@ pub async fn check_connection_budget(
     pool: &PgPool,
     gateway_connections: u32,
 ) -> anyhow::Result<()> {
-    let (max, reserved): (String, String) = sqlx::query_as(
-        "SELECT current_setting('max_connections'), current_setting('superuser_reserved_connections')",
+    // `!`: a setting every server has is never NULL; Postgres cannot tell of a call.
+    let settings_read = sqlx::query!(
+        r#"SELECT current_setting('max_connections') AS "max!",
+                  current_setting('superuser_reserved_connections') AS "reserved!""#
     )
     .fetch_one(pool)
     .await
     .context("reading the server's max_connections")?;
+    let (max, reserved) = (settings_read.max, settings_read.reserved);
     let usable = max
         .parse::<u32>()
         .unwrap_or(u32::MAX)

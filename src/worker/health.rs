@@ -108,7 +108,12 @@ impl PostgresProbe {
             Some(connection) => connection,
             None => processor.pool().connect_options().connect().await?,
         };
-        sqlx::query("SELECT 1").execute(&mut connection).await?;
+        // Named: a checked statement's columns become fields, and `?column?` cannot.
+        // Its one row is read and dropped (a checked query with columns has no
+        // `execute`): the same one round trip.
+        sqlx::query!("SELECT 1 AS alive")
+            .fetch_one(&mut connection)
+            .await?;
         // Kept only once it answered: a broken or timed-out one is opened anew.
         *slot = Some(connection);
         Ok(())

@@ -16,6 +16,7 @@ unsafe fn sqlx_test_server() {
 mod audit;
 mod chaos;
 mod cli;
+mod database;
 mod deploy;
 mod faults;
 mod gateway;

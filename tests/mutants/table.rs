@@ -447,8 +447,8 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: PAYMENT_SQL,
         breaks: "the row insert reports a key in unresolved_charges (looked up before any POST)",
-        from: "EXISTS (SELECT 1 FROM unresolved_charges\n                         WHERE idempotency_key = $2) AS charge_unknown",
-        to: "false AS charge_unknown",
+        from: "EXISTS (SELECT 1 FROM unresolved_charges\n                         WHERE idempotency_key = $2) AS \"charge_unknown?\"",
+        to: "false AS \"charge_unknown?\"",
         tests: &["gateway::unknown_outcomes::a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges_again"],
     },
     // ---- SQL of the payments table: the unique key serialises two holders (I6).

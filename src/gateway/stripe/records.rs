@@ -4,9 +4,12 @@
 //! payment's transaction (on the payment pool) stays open. A record outlives a
 //! rolled-back payment: it is how a later attempt finds the PaymentIntent an
 //! earlier one made, instead of making another.
+//!
+//! The statements are checked at compile time (`sqlx::query!`) through the offline
+//! cache `.sqlx/` at the workspace root (docs/ARCHITECTURE.md, "Checked SQL").
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// One create attempt of one payment.
@@ -25,20 +28,6 @@ pub(super) struct IntentRecord {
     pub decline_code: Option<String>,
 }
 
-fn record(row: &sqlx::postgres::PgRow) -> Result<IntentRecord, sqlx::Error> {
-    Ok(IntentRecord {
-        create_attempt: row.try_get("create_attempt")?,
-        account: row.try_get("account")?,
-        livemode: row.try_get("livemode")?,
-        requested_at: row.try_get("requested_at")?,
-        payment_intent_id: row.try_get("payment_intent_id")?,
-        decline_code: row.try_get("decline_code")?,
-    })
-}
-
-const COLUMNS: &str =
-    "create_attempt, account, livemode, requested_at, payment_intent_id, decline_code";
-
 /// The table behind the adapter's own pool.
 pub(super) struct Records {
     pool: PgPool,
@@ -51,16 +40,18 @@ impl Records {
 
     /// Every create attempt of `key`, the latest first.
     pub async fn of(&self, key: &str) -> Result<Vec<IntentRecord>, sqlx::Error> {
-        sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM stripe_payment_intents
-             WHERE idempotency_key = $1 ORDER BY create_attempt DESC"
-        ))
-        .bind(key)
+        // The columns are spelled out in each statement: a macro checks a literal
+        // only, so the shared `format!` of the columns went.
+        sqlx::query_as!(
+            IntentRecord,
+            "SELECT create_attempt, account, livemode, requested_at, payment_intent_id,
+                    decline_code
+             FROM stripe_payment_intents
+             WHERE idempotency_key = $1 ORDER BY create_attempt DESC",
+            key
+        )
         .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(record)
-        .collect()
+        .await
     }
 
     /// Records the next create attempt of `key` (its number and the time) before
@@ -72,20 +63,21 @@ impl Records {
         account: &str,
         livemode: bool,
     ) -> Result<IntentRecord, sqlx::Error> {
-        let row = sqlx::query(&format!(
+        sqlx::query_as!(
+            IntentRecord,
             "INSERT INTO stripe_payment_intents
                  (idempotency_key, create_attempt, payment_id, account, livemode)
              SELECT $1, COALESCE(MAX(create_attempt), 0) + 1, $2, $3, $4
              FROM stripe_payment_intents WHERE idempotency_key = $1
-             RETURNING {COLUMNS}"
-        ))
-        .bind(key)
-        .bind(payment_id)
-        .bind(account)
-        .bind(livemode)
+             RETURNING create_attempt, account, livemode, requested_at, payment_intent_id,
+                       decline_code",
+            key,
+            payment_id,
+            account,
+            livemode
+        )
         .fetch_one(&self.pool)
-        .await?;
-        record(&row)
+        .await
     }
 
     /// The PaymentIntent the create attempt made, durable before it is confirmed.
@@ -95,13 +87,13 @@ impl Records {
         create_attempt: i32,
         id: &str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE stripe_payment_intents SET payment_intent_id = $3, updated_at = now()
              WHERE idempotency_key = $1 AND create_attempt = $2",
+            key,
+            create_attempt,
+            id
         )
-        .bind(key)
-        .bind(create_attempt)
-        .bind(id)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -113,18 +105,21 @@ impl Records {
     /// the key, so no confirm key is ever sent twice (Stripe would replay the first
     /// answer, a 500 included).
     pub async fn begin_confirm(&self, key: &str, create_attempt: i32) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(
-            "WITH bumped AS (
+        // `confirms!`: NULL when no row of the attempt was bumped; decoding that is an
+        // error, as it was before the macros (Postgres cannot tell of an expression).
+        sqlx::query_scalar!(
+            r#"WITH bumped AS (
                  UPDATE stripe_payment_intents
                  SET confirm_attempts = confirm_attempts + 1, updated_at = now()
                  WHERE idempotency_key = $1 AND create_attempt = $2
                  RETURNING confirm_attempts)
              SELECT (SELECT confirm_attempts FROM bumped)::bigint
                  + COALESCE((SELECT SUM(confirm_attempts) FROM stripe_payment_intents
-                             WHERE idempotency_key = $1 AND create_attempt <> $2), 0)::bigint",
+                             WHERE idempotency_key = $1 AND create_attempt <> $2), 0)::bigint
+                 AS "confirms!""#,
+            key,
+            create_attempt
         )
-        .bind(key)
-        .bind(create_attempt)
         .fetch_one(&self.pool)
         .await
     }
@@ -136,13 +131,13 @@ impl Records {
         create_attempt: i32,
         code: &str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE stripe_payment_intents SET decline_code = $3, updated_at = now()
              WHERE idempotency_key = $1 AND create_attempt = $2",
+            key,
+            create_attempt,
+            code.chars().take(255).collect::<String>()
         )
-        .bind(key)
-        .bind(create_attempt)
-        .bind(code.chars().take(255).collect::<String>())
         .execute(&self.pool)
         .await?;
         Ok(())

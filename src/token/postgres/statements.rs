@@ -2,6 +2,12 @@
 //! row, with `status` and the deadlines checked in its `WHERE`, so the row lock
 //! serialises concurrent callers and each re-evaluates the condition on the row as
 //! the previous one left it. Time is the database's `now()`.
+//!
+//! Not checked at compile time (`sqlx::query!`), unlike the `payments` statements
+//! (docs/ARCHITECTURE.md, "Checked SQL"): a macro checks a string literal written in
+//! its call, and these are constants, some chosen at run time (`reserve.rs` picks
+//! the implicit or issued reservation). Checking them means moving each text into
+//! its call; left for a change of its own.
 
 /// Create `pending` when absent, or replace a row whose life is over. The fence is kept
 /// from the old row: it only ever grows while the row exists.
