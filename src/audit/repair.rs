@@ -7,6 +7,7 @@ use uuid::Uuid;
 
 use crate::gateway::{PaymentGateway, Unconfirmed};
 use crate::payment::{find_payment, PaymentRecord, PaymentStatus};
+use crate::telemetry::events::TokenInconsistencyRepaired;
 use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
 
 /// What `--repair` did with one stuck token.
@@ -69,7 +70,7 @@ fn repair(key: &IdempotencyKey, action: RepairAction, detail: impl Into<String>)
 
 /// Counts one corrected token: the log line is what operators alert on.
 fn record_inconsistency(key: &IdempotencyKey, expected: &'static str, actual: &'static str) {
-    crate::telemetry::emit(crate::telemetry::events::TokenInconsistencyRepaired {
+    crate::telemetry::emit(TokenInconsistencyRepaired {
         key,
         expected,
         actual,

@@ -12,6 +12,7 @@ use crate::configuration::{
     MigrateMode, RedisSettings, StoreSettings, TokenSettings, TokenStoreKind, TokenTableSettings,
 };
 use crate::redaction::redact_url;
+use crate::telemetry::events::TokensPurged;
 use crate::token::{PostgresTokenStore, RedisTokenStore, TokenStore};
 
 /// The Redis nodes to connect to, as `REDIS_URL` (or its file), `REDIS_CLUSTER`,
@@ -183,7 +184,7 @@ pub async fn purge_round(tokens: &dyn TokenStore, batch: usize) -> u64 {
             Ok(0) => break,
             Ok(rows) => {
                 purged += rows;
-                crate::telemetry::emit(crate::telemetry::events::TokensPurged { count: rows });
+                crate::telemetry::emit(TokensPurged { count: rows });
                 if rows < batch as u64 {
                     break;
                 }

@@ -17,6 +17,9 @@ use crate::payment::{
     PaymentCommand, Processor, RejectionKind, SourcePosition, Watched,
 };
 use crate::retry::RetryPolicy;
+use crate::telemetry::events::{
+    CommandFinished, CommandRetried, RecordDeadLettered, SettleWaitEnded,
+};
 use crate::token::SettleWatch;
 
 /// One record end to end: decode, attempts under the retry policy, result and dead
@@ -123,7 +126,7 @@ async fn back_off(delay: Duration, watch: Option<SettleWatch>, draining: &Cancel
         _ = tokio::time::sleep(delay) => "backoff",
         _ = draining.cancelled() => "drain",
     };
-    crate::telemetry::emit(crate::telemetry::events::SettleWaitEnded { woken_by });
+    crate::telemetry::emit(SettleWaitEnded { woken_by });
     tracing::Span::current().record("token.woken_by", woken_by);
 }
 
@@ -258,7 +261,7 @@ impl Handler {
         span.record("payment.outcome", verdict.outcome.label());
         if let Outcome::Rejected { kind, reason } = &verdict.outcome {
             span.record("payment.rejection", kind.as_str());
-            crate::telemetry::emit(crate::telemetry::events::RecordDeadLettered {
+            crate::telemetry::emit(RecordDeadLettered {
                 kind: kind.as_str(),
                 reason,
                 partition: source.partition,
@@ -269,7 +272,7 @@ impl Handler {
         self.publisher
             .publish_answer(message, source, verdict)
             .await;
-        crate::telemetry::emit(crate::telemetry::events::CommandFinished {
+        crate::telemetry::emit(CommandFinished {
             outcome: outcome.label(),
             duration: started.elapsed(),
         });
@@ -308,7 +311,7 @@ impl Handler {
             let Some(delay) = self.next_delay(&mut delays, &not_yet, started, draining) else {
                 break not_yet;
             };
-            crate::telemetry::emit(crate::telemetry::events::CommandRetried {
+            crate::telemetry::emit(CommandRetried {
                 reason: &not_yet.reason,
                 after: delay,
             });

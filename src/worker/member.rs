@@ -31,6 +31,7 @@ use super::health::Liveness;
 use super::partition::{PanicCounts, PartitionTask};
 use super::supervision::WorkerFailure;
 use crate::configuration::{KafkaSettings, WorkerSettings};
+use crate::telemetry::events::ConsumerLagMeasured;
 
 /// The group member's consumer.
 pub(super) type Member = BaseConsumer<MemberContext>;
@@ -302,7 +303,7 @@ impl ClientContext for MemberContext {
                     !matches!(stats.fetch_state.as_str(), "none" | "stopping" | "stopped");
                 let value = if fetching { stats.consumer_lag } else { 0 };
                 if *partition >= 0 && value >= 0 {
-                    crate::telemetry::emit(crate::telemetry::events::ConsumerLagMeasured {
+                    crate::telemetry::emit(ConsumerLagMeasured {
                         partition: *partition,
                         lag: value,
                     });

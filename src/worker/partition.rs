@@ -30,6 +30,7 @@ use super::handler::Handler;
 use super::offsets::OffsetTracker;
 use super::spans::command_span;
 use super::supervision::panic_message;
+use crate::telemetry::events::{CommandEnded, CommandStarted, CommandsAbandoned, HandlerPanicked};
 
 /// Records of one key wait behind the one running; keyless records share one lane.
 type Lane = Option<Vec<u8>>;
@@ -138,7 +139,7 @@ impl Commands {
 /// processes them again, and their tokens' leases expire.
 fn abandon_running(running: &mut JoinSet<Finished>) {
     // Aborted tasks are never joined: take them off the gauge here.
-    crate::telemetry::emit(crate::telemetry::events::CommandsAbandoned {
+    crate::telemetry::emit(CommandsAbandoned {
         count: running.len(),
     });
     running.abort_all();
@@ -194,7 +195,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     break;
                 }
                 Some(joined) = commands.running.join_next(), if !commands.running.is_empty() => {
-                    crate::telemetry::emit(crate::telemetry::events::CommandEnded);
+                    crate::telemetry::emit(CommandEnded);
                     // Every task catches its own panics; an error here is an abort.
                     let Ok(finished) = joined else { continue };
                     self.finished(&mut commands, finished, inbox_open);
@@ -334,7 +335,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
         let draining = draining.clone();
         let span = command_span(&message, &self.group_id);
         let counts = Arc::clone(&self.panics);
-        crate::telemetry::emit(crate::telemetry::events::CommandStarted);
+        crate::telemetry::emit(CommandStarted);
         let (partition, offset) = (self.partition, message.offset());
         running.spawn(async move {
             if panics > 0 {
@@ -366,7 +367,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                     // panic counted only there would be forgotten and handled again.
                     let count = counts.record(message.topic(), partition, offset);
                     span.in_scope(|| {
-                        crate::telemetry::emit(crate::telemetry::events::HandlerPanicked {
+                        crate::telemetry::emit(HandlerPanicked {
                             partition,
                             offset,
                             panics: count,

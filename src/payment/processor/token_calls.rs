@@ -2,6 +2,7 @@
 //! call records in spans and metrics.
 
 use super::*;
+use crate::telemetry::events::TokenOperationFailed;
 
 /// Confirm and restore are retried briefly on a transient error (a Redis failover, a
 /// paused server, a dropped connection) before the token is left to its lease.
@@ -50,5 +51,5 @@ pub(super) fn token_failure(operation: &'static str, error: &crate::token::Token
     } else {
         "corrupt"
     };
-    crate::telemetry::emit(crate::telemetry::events::TokenOperationFailed { operation, reason });
+    crate::telemetry::emit(TokenOperationFailed { operation, reason });
 }

@@ -5,6 +5,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
 
 use super::*;
+use crate::telemetry::events::PoolAcquireEnded;
 
 /// How the transaction on its connection ended: settled, or raced by another holder
 /// that committed this key while we waited on the unique index (read again once the
@@ -247,7 +248,7 @@ impl Processor {
         let asked = std::time::Instant::now();
         let acquired = self.pool.acquire().await;
         let waited = asked.elapsed();
-        crate::telemetry::emit(crate::telemetry::events::PoolAcquireEnded {
+        crate::telemetry::emit(PoolAcquireEnded {
             waited,
             error: acquired.as_ref().err(),
         });
