@@ -1,6 +1,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::refunds::{RefundEntry, RefundRequest};
 use crate::token::IdempotencyKey;
 
 /// The body of `POST /charges` (the gateway contract, docs/CONTRACT.md). The idempotency key travels as a header.
@@ -246,6 +247,36 @@ pub trait PaymentGateway: Send + Sync + 'static {
     /// Every charge the gateway holds for this worker (audit, tests).
     async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError>;
 
+    /// Refunds `request` under `key`, or answers what an earlier attempt under
+    /// `key` already settled (`charges`: `POST /refunds` with `Idempotency-Key`).
+    /// The same rules as [`PaymentGateway::charge`]: `lease` checked right before
+    /// every POST, an unknown outcome reported as such, never guessed.
+    /// A gateway that cannot refund (a test double) refuses every refund for good.
+    async fn refund(
+        &self,
+        _key: &IdempotencyKey,
+        _request: &RefundRequest,
+        _lease: &dyn LeaseGuard,
+    ) -> Result<Charge, GatewayError> {
+        Err(no_refunds())
+    }
+
+    /// The refund made under `key` for `request`'s charge, if any (`charges`:
+    /// `GET /refunds/{key}`; Stripe: the PaymentIntent's refunds, filtered on the
+    /// key). `None`: no refund shows (yet).
+    async fn lookup_refund(
+        &self,
+        _key: &IdempotencyKey,
+        _request: &RefundRequest,
+    ) -> Result<Option<RefundEntry>, GatewayError> {
+        Ok(None)
+    }
+
+    /// Every refund the gateway holds for this worker (audit, tests).
+    async fn refunds(&self) -> Result<Vec<RefundEntry>, GatewayError> {
+        Ok(Vec::new())
+    }
+
     /// Whether this gateway can take `request` at all, decided before anything
     /// is sent; `Err` is the refusal (`<reason code>: <explanation>`).
     fn accepts(&self, _request: &ChargeRequest) -> Result<(), String> {
@@ -263,5 +294,14 @@ pub trait PaymentGateway: Send + Sync + 'static {
         Err(GatewayError::Protocol(
             "this gateway holds no unconfirmed charges".to_owned(),
         ))
+    }
+}
+
+/// The refusal of a gateway that cannot refund (a test double without refunds):
+/// final, nothing sent.
+fn no_refunds() -> GatewayError {
+    GatewayError::Rejected {
+        status: 501,
+        reason: "this gateway does not refund".to_owned(),
     }
 }

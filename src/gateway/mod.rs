@@ -3,6 +3,7 @@
 //! (The simulator that answers `charges` in development lives in `devtools`.)
 mod client;
 mod interface;
+mod refunds;
 mod stripe;
 mod transport;
 
@@ -11,5 +12,6 @@ pub use interface::{
     Charge, ChargeRequest, ChargeStatus, GatewayError, LeaseGuard, LeaseLoss, LedgerEntry,
     PaymentGateway, Unconfirmed,
 };
+pub use refunds::{RefundEntry, RefundRequest};
 pub use stripe::{stripe_amount, StripeCompat, StripeGateway, StripeOptions};
 pub use transport::GatewayTransport;
