@@ -13,7 +13,8 @@ mod localstripe;
 pub use bench::{percentile, read_memory, run as run_bench, BenchArgs, BenchReport, Memory};
 pub use demo::{run as run_demo, DemoArgs};
 pub use gateway_simulator::{
-    run_cli as run_simulator, GatewaySimulator, RunningSimulator, SimulatorConfig, SlowKey,
+    run_cli as run_simulator, GatewaySimulator, RefundRefusal, RunningSimulator, SimulatorConfig,
+    SlowKey,
 };
 pub use local_kafka::{run_dev_kafka, DevKafkaArgs, LocalKafka};
 pub use localstripe::{

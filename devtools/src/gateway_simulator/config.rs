@@ -8,23 +8,23 @@ use payment_worker::token::IdempotencyKey;
 /// Fault injection for the simulator (`payment-worker gateway-sim …`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimulatorConfig {
-    /// Delay before every charge and look-up is handled, in milliseconds.
+    /// Delay before every charge, refund and look-up is handled, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub latency_ms: u64,
 
-    /// Share of POSTs answered 503 without charging (0 to 1).
+    /// Share of POSTs answered 503 without charging or refunding (0 to 1).
     #[arg(long, value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub error_rate: f64,
 
-    /// Share of new charges declined (0 to 1).
+    /// Share of new charges and refunds declined (0 to 1).
     #[arg(long, value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub decline_rate: f64,
 
-    /// Share of POSTs that charge, then answer only after `--late-by-ms` (0 to 1).
+    /// Share of POSTs that charge (or refund), then answer only after `--late-by-ms` (0 to 1).
     #[arg(long, value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub timeout_after_charge_rate: f64,
 
-    /// Share of POSTs that charge, then answer 502 or 504 (half each), as a proxy
+    /// Share of POSTs that charge (or refund), then answer 502 or 504 (half each), as a proxy
     /// in front of a gateway that did its work does (0 to 1).
     #[arg(long = "5xx-after-charge-rate", value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub five_xx_after_charge_rate: f64,
@@ -34,7 +34,7 @@ pub struct SimulatorConfig {
     pub late_by_ms: u64,
 
     /// Behave like a gateway without idempotency support: every POST is a new
-    /// charge with a new transaction id; a look-up by key returns the latest.
+    /// charge (or refund) with a new transaction id; a look-up by key returns the latest.
     #[arg(long)]
     pub ignore_idempotency_key: bool,
 

@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use sha2::{Digest as _, Sha256};
 
+use super::refunds::RefundBook;
 use super::SimulatorConfig;
 use payment_worker::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
 use payment_worker::token::IdempotencyKey;
@@ -22,11 +23,14 @@ struct Entry {
     body_hash: [u8; 32],
 }
 
-struct Ledger {
+/// Charges and refunds under one lock: a refund is checked against its charge and
+/// the charge's other refunds, and the fault draws come from one RNG.
+pub(super) struct Ledger {
     entries: Vec<Entry>,
     /// Key → index of its latest entry.
     latest: HashMap<String, usize>,
-    rng: StdRng,
+    pub(super) refunds: RefundBook,
+    pub(super) rng: StdRng,
 }
 
 /// What every request handler shares: the fault settings and the ledger.
@@ -44,7 +48,24 @@ pub(super) struct Shared {
 pub(super) enum Decision {
     Unavailable,
     Conflict,
-    Answer { charge: Charge, delivery: Delivery },
+    /// Refused for good, nothing stored (refunds only): `{"error": code}` with 400.
+    Refused {
+        code: &'static str,
+        message: String,
+    },
+    Answer {
+        charge: Charge,
+        delivery: Delivery,
+    },
+}
+
+/// The faults drawn for one POST.
+pub(super) struct Faults {
+    /// Answer 503 without acting (`--error-rate`).
+    pub(super) fail: bool,
+    /// Decline a new charge or refund (`--decline-rate`).
+    pub(super) decline: bool,
+    pub(super) delivery: Delivery,
 }
 
 /// How the answer to a POST that charged (or found its charge) is delivered.
@@ -61,18 +82,56 @@ pub(super) enum Delivery {
 
 /// Length-prefixed, so no two different bodies hash alike by shifting characters
 /// between fields.
-fn body_hash(request: &ChargeRequest) -> [u8; 32] {
+pub(super) fn body_hash(parts: &[&str]) -> [u8; 32] {
     let mut hasher = Sha256::new();
-    let amount = request.amount_minor.to_string();
-    for part in [
-        amount.as_str(),
-        request.currency.as_str(),
-        request.payment_method.as_str(),
-    ] {
+    for part in parts {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }
     hasher.finalize().into()
+}
+
+impl Ledger {
+    /// The same draws on every POST (charge or refund), so a seeded run replays
+    /// the same faults for the same sequence of requests.
+    pub(super) fn draw_faults(&mut self, config: &SimulatorConfig) -> Faults {
+        let fail = self.rng.random::<f64>() < config.error_rate;
+        let decline = self.rng.random::<f64>() < config.decline_rate;
+        let late = self.rng.random::<f64>() < config.timeout_after_charge_rate;
+        // Drawn only when asked for, so the runs seeded before this fault existed
+        // still draw the same faults and transaction ids.
+        let failed_after = if config.five_xx_after_charge_rate > 0.0 {
+            let draw = self.rng.random::<f64>();
+            (draw < config.five_xx_after_charge_rate).then(|| {
+                if draw < config.five_xx_after_charge_rate / 2.0 {
+                    502
+                } else {
+                    504
+                }
+            })
+        } else {
+            None
+        };
+        let delivery = match (failed_after, late) {
+            (Some(status), _) => Delivery::FailedAfterCharge(status),
+            (None, true) => Delivery::Late,
+            (None, false) => Delivery::OnTime,
+        };
+        Faults {
+            fail,
+            decline,
+            delivery,
+        }
+    }
+
+    /// The charge whose gateway id is `transaction_id` (its latest entry when
+    /// `--ignore-idempotency-key` made several under one key).
+    pub(super) fn charge_by_transaction(&self, transaction_id: &str) -> Option<&LedgerEntry> {
+        self.entries
+            .iter()
+            .map(|entry| &entry.public)
+            .find(|entry| entry.transaction_id == transaction_id)
+    }
 }
 
 impl Shared {
@@ -88,6 +147,7 @@ impl Shared {
             ledger: Mutex::new(Ledger {
                 entries: Vec::new(),
                 latest: HashMap::new(),
+                refunds: RefundBook::default(),
                 rng: StdRng::seed_from_u64(seed),
             }),
             trace_headers: Mutex::new(HashMap::new()),
@@ -116,7 +176,7 @@ impl Shared {
         seen.get(key).cloned().unwrap_or_default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
         // Nothing panics while holding the lock; if something did, the ledger is
         // still consistent (every mutation is a single push/insert/increment).
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
@@ -125,33 +185,15 @@ impl Shared {
     /// Check and insert under one lock, so concurrent POSTs of one key charge once.
     pub(super) fn decide(&self, key: &IdempotencyKey, request: &ChargeRequest) -> Decision {
         let config = &self.config;
-        let hash = body_hash(request);
+        let amount = request.amount_minor.to_string();
+        let hash = body_hash(&[&amount, &request.currency, &request.payment_method]);
         let mut guard = self.lock();
         let ledger = &mut *guard;
-        // The same three draws on every POST, so a seeded run replays the same
-        // faults for the same sequence of requests.
-        let fail = ledger.rng.random::<f64>() < config.error_rate;
-        let decline = ledger.rng.random::<f64>() < config.decline_rate;
-        let late = ledger.rng.random::<f64>() < config.timeout_after_charge_rate;
-        // Drawn only when asked for, so the runs seeded before this fault existed
-        // still draw the same faults and transaction ids.
-        let failed_after = if config.five_xx_after_charge_rate > 0.0 {
-            let draw = ledger.rng.random::<f64>();
-            (draw < config.five_xx_after_charge_rate).then(|| {
-                if draw < config.five_xx_after_charge_rate / 2.0 {
-                    502
-                } else {
-                    504
-                }
-            })
-        } else {
-            None
-        };
-        let delivery = match (failed_after, late) {
-            (Some(status), _) => Delivery::FailedAfterCharge(status),
-            (None, true) => Delivery::Late,
-            (None, false) => Delivery::OnTime,
-        };
+        let Faults {
+            fail,
+            decline,
+            delivery,
+        } = ledger.draw_faults(config);
         if fail {
             return Decision::Unavailable;
         }

@@ -1,4 +1,5 @@
-//! The HTTP routes: `POST /charges`, `GET /charges/{key}` and `GET /charges`.
+//! The HTTP routes: `POST /charges`, `GET /charges/{key}`, `GET /charges`, and
+//! the same three for `/refunds`, with `GET /refund-refusals`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use super::ledger::{Decision, Delivery, Shared};
-use payment_worker::gateway::{ChargeRequest, LedgerEntry};
+use super::refunds::RefundRefusal;
+use payment_worker::gateway::{ChargeRequest, LedgerEntry, RefundEntry, RefundRequest};
 use payment_worker::token::IdempotencyKey;
 
 /// An error answer: `{"error": code, "message": …}`.
@@ -85,13 +87,56 @@ fn request_from_body(body: &[u8]) -> Result<ChargeRequest, Rejection> {
     if request.amount_minor < 1 {
         return Err(invalid("amount_minor must be at least 1".into()));
     }
-    if !(request.currency.len() == 3 && request.currency.bytes().all(|b| b.is_ascii_uppercase())) {
+    if !is_currency(&request.currency) {
         return Err(invalid("currency must be three upper-case letters".into()));
     }
     if request.payment_method.is_empty() {
         return Err(invalid("payment_method must not be empty".into()));
     }
     Ok(request)
+}
+
+/// The trace context headers of a POST, as sent.
+fn trace_headers_of(headers: &HeaderMap) -> Vec<(String, String)> {
+    ["traceparent", "tracestate", "baggage"]
+        .iter()
+        .flat_map(|name| {
+            headers.get_all(*name).iter().map(move |value| {
+                (
+                    (*name).to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// As [`request_from_body`], for `POST /refunds`.
+fn refund_from_body(body: &[u8]) -> Result<RefundRequest, Rejection> {
+    let invalid = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
+    let request: RefundRequest = serde_json::from_slice(body).map_err(|e| {
+        invalid(format!(
+            "the body must be a JSON object {{payment_transaction_id, amount_minor, currency}} \
+             ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    if request.amount_minor < 1 {
+        return Err(invalid("amount_minor must be at least 1".into()));
+    }
+    if !is_currency(&request.currency) {
+        return Err(invalid("currency must be three upper-case letters".into()));
+    }
+    if request.payment_transaction_id.is_empty() {
+        return Err(invalid("payment_transaction_id must not be empty".into()));
+    }
+    Ok(request)
+}
+
+fn is_currency(code: &str) -> bool {
+    code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase())
 }
 
 async fn post_charge(
@@ -107,26 +152,44 @@ async fn post_charge(
         Ok(request) => request,
         Err(rejection) => return rejection.into_response(),
     };
-    let trace_headers: Vec<(String, String)> = ["traceparent", "tracestate", "baggage"]
-        .iter()
-        .flat_map(|name| {
-            headers.get_all(*name).iter().map(move |value| {
-                (
-                    (*name).to_owned(),
-                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
-                )
-            })
-        })
-        .collect();
-    shared.remember_trace_headers(&key, trace_headers);
+    shared.remember_trace_headers(&key, trace_headers_of(&headers));
+    latency(&shared).await;
+    let decision = shared.decide(&key, &request);
+    answer(&shared, &key, decision).await
+}
+
+async fn post_refund(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = match key_from_headers(&headers) {
+        Ok(key) => key,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let request = match refund_from_body(&body) {
+        Ok(request) => request,
+        Err(rejection) => return rejection.into_response(),
+    };
+    latency(&shared).await;
+    let decision = shared.decide_refund(&key, &request);
+    answer(&shared, &key, decision).await
+}
+
+/// `--latency-ms`, before every request is handled.
+async fn latency(shared: &Shared) {
     if shared.config.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(shared.config.latency_ms)).await;
     }
-    match shared.decide(&key, &request) {
+}
+
+/// The answer to a POST of `key` (charge or refund), delivered as the faults say.
+async fn answer(shared: &Shared, key: &IdempotencyKey, decision: Decision) -> Response {
+    match decision {
         Decision::Unavailable => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
-            "injected fault; nothing was charged",
+            "injected fault; nothing was done",
         )
         .into_response(),
         Decision::Conflict => error(
@@ -135,9 +198,13 @@ async fn post_charge(
             "this Idempotency-Key was first used with a different request body",
         )
         .into_response(),
+        Decision::Refused { code, message } => {
+            error(StatusCode::BAD_REQUEST, code, message).into_response()
+        }
         Decision::Answer { charge, delivery } => {
-            // The charge is already booked: a client that gives up while this
-            // sleeps leaves a charge it has no answer for, as with a real gateway.
+            // The work is already booked: a client that gives up while this
+            // sleeps leaves a charge or refund it has no answer for, as with a
+            // real gateway.
             let mut hold = shared
                 .slow_keys
                 .get(key.as_str())
@@ -164,9 +231,7 @@ async fn post_charge(
 }
 
 async fn get_charge(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Response {
-    if shared.config.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(shared.config.latency_ms)).await;
-    }
+    latency(&shared).await;
     match shared.lookup(&key) {
         Some(charge) => Json(charge).into_response(),
         None => error(
@@ -190,10 +255,37 @@ async fn get_ledger(
     Json(shared.snapshot(query.idempotency_key.as_deref()))
 }
 
+async fn get_refund(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Response {
+    latency(&shared).await;
+    match shared.lookup_refund(&key) {
+        Some(refund) => Json(refund).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no refund was made under this idempotency key",
+        )
+        .into_response(),
+    }
+}
+
+async fn get_refunds(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<LedgerQuery>,
+) -> Json<Vec<RefundEntry>> {
+    Json(shared.refund_snapshot(query.idempotency_key.as_deref()))
+}
+
+async fn get_refund_refusals(State(shared): State<Arc<Shared>>) -> Json<Vec<RefundRefusal>> {
+    Json(shared.refund_refusals())
+}
+
 pub(super) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/charges", get(get_ledger).post(post_charge))
         .route("/charges/{key}", get(get_charge))
+        .route("/refunds", get(get_refunds).post(post_refund))
+        .route("/refunds/{key}", get(get_refund))
+        .route("/refund-refusals", get(get_refund_refusals))
         // For container health checks (`payment-worker healthcheck`).
         .route("/healthz", get(|| async { "ok" }))
         .with_state(shared)

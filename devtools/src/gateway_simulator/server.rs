@@ -13,9 +13,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::ledger::Shared;
+use super::refunds::RefundRefusal;
 use super::routes::router;
 use super::SimulatorConfig;
-use payment_worker::gateway::LedgerEntry;
+use payment_worker::gateway::{LedgerEntry, RefundEntry};
 
 /// How long requests in flight may finish after shutdown was asked for; a held
 /// answer (`--late-by-ms`, `--slow-key`) is cut off rather than waited for.
@@ -167,6 +168,16 @@ impl RunningSimulator {
     /// The ledger as `GET /charges` would return it, without HTTP.
     pub fn ledger(&self) -> Vec<LedgerEntry> {
         self.shared.snapshot(None)
+    }
+
+    /// The refunds as `GET /refunds` would return them, without HTTP.
+    pub fn refunds(&self) -> Vec<RefundEntry> {
+        self.shared.refund_snapshot(None)
+    }
+
+    /// The refused refund requests as `GET /refund-refusals` would return them.
+    pub fn refund_refusals(&self) -> Vec<RefundRefusal> {
+        self.shared.refund_refusals()
     }
 
     /// The `traceparent` header of the first charge request for `key`, if it had one.
