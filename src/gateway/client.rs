@@ -1,8 +1,10 @@
 //! The HTTP client for a gateway that speaks the simulator's protocol
-//! (`POST /charges` with `Idempotency-Key`, `GET /charges/{key}`, `GET /charges`).
+//! (`POST /charges` with `Idempotency-Key`, `GET /charges/{key}`, `GET /charges`;
+//! the same for `/refunds`, in `client_refunds.rs`).
 //!
 //! The error mapping is what keeps I1 (one charge) honest. Answers to
-//! `POST /charges`, as real gateways give them:
+//! `POST /charges` (and `POST /refunds`: read "refund" for "charge"), as real
+//! gateways give them:
 //!
 //! | answer | error | meaning |
 //! |---|---|---|
@@ -26,6 +28,7 @@ use reqwest::StatusCode;
 use super::interface::{
     Charge, ChargeRequest, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway,
 };
+use super::refunds::{RefundEntry, RefundRequest};
 use super::transport::{checked_base_url, GatewayTransport};
 use crate::redaction::masked_text;
 use crate::telemetry::events::GatewayCallFailed;
@@ -35,14 +38,14 @@ use crate::token::IdempotencyKey;
 const MAX_REASON_LEN: usize = 512;
 
 /// The ledger dump can be large (one entry per charge); it gets at least this long.
-const MIN_LEDGER_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const MIN_LEDGER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The gateway over HTTP: `POST /charges` with an `Idempotency-Key`, `GET /charges/{key}`, `GET /charges`.
 pub struct HttpGateway {
-    http: reqwest::Client,
+    pub(super) http: reqwest::Client,
     /// Always ends without a slash, so `{base}/charges` never doubles it.
     base: String,
-    timeout: Duration,
+    pub(super) timeout: Duration,
 }
 
 impl std::fmt::Debug for HttpGateway {
@@ -101,6 +104,10 @@ impl HttpGateway {
         format!("{}/charges", self.base)
     }
 
+    pub(super) fn refunds_url(&self) -> String {
+        format!("{}/refunds", self.base)
+    }
+
     /// The status and the gateway's reason of an error answer (never called for 2xx).
     async fn status_and_reason(response: reqwest::Response) -> (StatusCode, String) {
         let status = response.status();
@@ -112,7 +119,7 @@ impl HttpGateway {
 
     /// An error answer to a look-up or the ledger: nothing is charged by asking, so
     /// every failure is transient except a refusal of the request itself.
-    async fn read_error_from(response: reqwest::Response) -> GatewayError {
+    pub(super) async fn read_error_from(response: reqwest::Response) -> GatewayError {
         let (status, reason) = Self::status_and_reason(response).await;
         let code = status.as_u16();
         if is_transient_status(code) || code == 409 || status.is_redirection() {
@@ -127,41 +134,68 @@ impl HttpGateway {
         }
     }
 
-    /// Look-up for keys made only of dots: `.` and `..` are dot segments that every
-    /// URL parser folds away (`/charges/..` is `/`), even percent-encoded, so they
-    /// are asked for through the ledger filtered by key instead.
-    async fn lookup_via_ledger(
+    /// `POST {url}` of `body` under `key` (a charge or a refund), the answer
+    /// classified as the table at the top of this file says. The lease is checked
+    /// right before the POST: one POST, one check.
+    pub(super) async fn post_keyed<B: serde::Serialize + Sync>(
         &self,
+        url: String,
+        operation: &'static str,
         key: &IdempotencyKey,
-    ) -> Result<Option<LedgerEntry>, GatewayError> {
-        let response = self
+        body: &B,
+        lease: &dyn LeaseGuard,
+    ) -> Result<Charge, GatewayError> {
+        lease.check().await.map_err(GatewayError::LeaseNotHeld)?;
+        let response = match self
             .http
-            .get(self.charges_url())
-            .query(&[("idempotency_key", key.as_str())])
+            .post(url)
+            .header("Idempotency-Key", key.as_str())
+            .headers(trace_headers())
+            .json(body)
             .send()
             .await
-            .map_err(idempotent_request_error)?;
-        if !response.status().is_success() {
-            return Err(Self::read_error_from(response).await);
+        {
+            Ok(response) => response,
+            Err(error) => {
+                let error = charge_request_error(error);
+                note_failure(operation, key, None, &error);
+                return Err(error);
+            }
+        };
+        let status = response.status();
+        record_status(status);
+        if !status.is_success() {
+            let (status, reason) = Self::status_and_reason(response).await;
+            let error = charge_error(status, reason);
+            note_failure(operation, key, Some(status), &error);
+            return Err(error);
         }
-        let entries: Vec<LedgerEntry> = read_json(response)
-            .await
-            .map_err(idempotent_request_error_or)?;
-        Ok(entries
-            .into_iter()
-            .filter(|entry| entry.idempotency_key == key.as_str())
-            .max_by_key(|entry| entry.charged_at))
+        // A 2xx means the gateway decided; a body that breaks off or cannot be read
+        // leaves the decision unknown, which only a look-up can recover.
+        let charge: Charge = match read_json(response).await {
+            Ok(charge) => charge,
+            Err(error) => {
+                let error = GatewayError::UnreadableAnswer(match error {
+                    ReadError::Transport(e) => format!("the body broke off: {}", describe(&e)),
+                    ReadError::Decode(message) => format!("the body is not an answer: {message}"),
+                });
+                note_failure(operation, key, Some(status), &error);
+                return Err(error);
+            }
+        };
+        tracing::Span::current().record("gateway.status", charge.status.as_str());
+        Ok(charge)
     }
 }
 
 /// Body-read failures split in two: the transport broke (`Err(reqwest)`) or the
 /// bytes were not the expected JSON (`Ok(message)`).
-enum ReadError {
+pub(super) enum ReadError {
     Transport(reqwest::Error),
     Decode(String),
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(
+pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
     response: reqwest::Response,
 ) -> Result<T, ReadError> {
     let bytes = response.bytes().await.map_err(ReadError::Transport)?;
@@ -169,7 +203,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(
 }
 
 /// For the idempotent GETs: no answer means nothing changed, so try again later.
-fn idempotent_request_error(error: reqwest::Error) -> GatewayError {
+pub(super) fn idempotent_request_error(error: reqwest::Error) -> GatewayError {
     if error.is_timeout() && !error.is_connect() {
         GatewayError::Timeout
     } else {
@@ -177,7 +211,7 @@ fn idempotent_request_error(error: reqwest::Error) -> GatewayError {
     }
 }
 
-fn idempotent_request_error_or(error: ReadError) -> GatewayError {
+pub(super) fn idempotent_request_error_or(error: ReadError) -> GatewayError {
     match error {
         ReadError::Transport(e) => idempotent_request_error(e),
         ReadError::Decode(message) => GatewayError::Protocol(message),
@@ -338,47 +372,8 @@ impl PaymentGateway for HttpGateway {
         request: &ChargeRequest,
         lease: &dyn LeaseGuard,
     ) -> Result<Charge, GatewayError> {
-        // One POST, one check right before it.
-        lease.check().await.map_err(GatewayError::LeaseNotHeld)?;
-        let response = match self
-            .http
-            .post(self.charges_url())
-            .header("Idempotency-Key", key.as_str())
-            .headers(trace_headers())
-            .json(request)
-            .send()
+        self.post_keyed(self.charges_url(), "charge", key, request, lease)
             .await
-        {
-            Ok(response) => response,
-            Err(error) => {
-                let error = charge_request_error(error);
-                note_failure("charge", key, None, &error);
-                return Err(error);
-            }
-        };
-        let status = response.status();
-        record_status(status);
-        if !status.is_success() {
-            let (status, reason) = Self::status_and_reason(response).await;
-            let error = charge_error(status, reason);
-            note_failure("charge", key, Some(status), &error);
-            return Err(error);
-        }
-        // A 2xx means the gateway decided; a body that breaks off or cannot be read
-        // leaves the decision unknown, which only a look-up can recover.
-        let charge: Charge = match read_json(response).await {
-            Ok(charge) => charge,
-            Err(error) => {
-                let error = GatewayError::UnreadableAnswer(match error {
-                    ReadError::Transport(e) => format!("the body broke off: {}", describe(&e)),
-                    ReadError::Decode(message) => format!("the body is not a charge: {message}"),
-                });
-                note_failure("charge", key, Some(status), &error);
-                return Err(error);
-            }
-        };
-        tracing::Span::current().record("gateway.status", charge.status.as_str());
-        Ok(charge)
     }
 
     #[tracing::instrument(
@@ -393,52 +388,34 @@ impl PaymentGateway for HttpGateway {
         )
     )]
     async fn lookup(&self, key: &IdempotencyKey) -> Result<Option<LedgerEntry>, GatewayError> {
-        if key.as_str().bytes().all(|b| b == b'.') {
-            return self.lookup_via_ledger(key).await;
-        }
-        // The key alphabet [A-Za-z0-9._:-] is all URL-safe in a path segment.
-        let url = format!("{}/{}", self.charges_url(), key.as_str());
-        let response = match self.http.get(url).headers(trace_headers()).send().await {
-            Ok(response) => response,
-            Err(error) => {
-                let error = idempotent_request_error(error);
-                note_failure("lookup", key, None, &error);
-                return Err(error);
-            }
-        };
-        let status = response.status();
-        record_status(status);
-        if status == StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        let found = if status.is_success() {
-            read_json(response)
-                .await
-                .map(Some)
-                .map_err(idempotent_request_error_or)
-        } else {
-            Err(Self::read_error_from(response).await)
-        };
-        if let Err(error) = &found {
-            note_failure("lookup", key, Some(status), error);
-        }
-        found
+        self.lookup_at(self.charges_url(), "lookup", key).await
     }
 
     async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError> {
-        let response = self
-            .http
-            .get(self.charges_url())
-            .timeout(self.timeout.max(MIN_LEDGER_TIMEOUT))
-            .send()
-            .await
-            .map_err(idempotent_request_error)?;
-        if !response.status().is_success() {
-            return Err(Self::read_error_from(response).await);
-        }
-        read_json(response)
-            .await
-            .map_err(idempotent_request_error_or)
+        self.list_at(self.charges_url()).await
+    }
+
+    async fn refund(
+        &self,
+        key: &IdempotencyKey,
+        request: &RefundRequest,
+        lease: &dyn LeaseGuard,
+    ) -> Result<Charge, GatewayError> {
+        self.post_refund(key, request, lease).await
+    }
+
+    async fn lookup_refund(
+        &self,
+        key: &IdempotencyKey,
+        _request: &RefundRequest,
+    ) -> Result<Option<RefundEntry>, GatewayError> {
+        // The key alone finds it; the caller compares the request with
+        // `RefundEntry::matches`, as it does a charge's.
+        self.get_refund(key).await
+    }
+
+    async fn refunds(&self) -> Result<Vec<RefundEntry>, GatewayError> {
+        self.list_at(self.refunds_url()).await
     }
 }
 

@@ -2,6 +2,8 @@
 //! protocol (`charges`, `stripe`) over a shared transport (credentials, TLS).
 //! (The simulator that answers `charges` in development lives in `devtools`.)
 mod client;
+mod client_reads;
+mod client_refunds;
 mod interface;
 mod refunds;
 mod stripe;

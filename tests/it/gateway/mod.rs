@@ -4,6 +4,7 @@
 mod answers;
 mod credentials;
 mod metrics;
+mod refunds;
 mod sim_binary;
 mod simulator;
 mod stripe;
