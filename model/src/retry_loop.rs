@@ -102,6 +102,8 @@ pub fn judge(config: &Config, state: &mut State, i: usize) {
             state.duplicate_answered = true;
         }
         Outcome::Rejected { .. } => {}
+        // The model's commands are charges: a refund's answer to one is wrong.
+        Outcome::Refunded { .. } | Outcome::RefundDeclined { .. } => state.wrong_duplicate = true,
     }
     publish(state, i, unknown);
 }

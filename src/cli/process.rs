@@ -80,6 +80,8 @@ fn process_result(attempt: &Attempt) -> Result<(), CommandFailure> {
         Attempt::Final(
             Outcome::Succeeded { .. }
             | Outcome::Declined { .. }
+            | Outcome::Refunded { .. }
+            | Outcome::RefundDeclined { .. }
             | Outcome::Duplicate { .. }
             | Outcome::Rejected { .. },
         ) => Ok(()),

@@ -10,13 +10,15 @@ use rdkafka::message::{Message, OwnedMessage};
 
 use super::topics::{partition_ranges, read_ranges, PartitionRange};
 use crate::configuration::{GatewayKind, KafkaSettings};
-use crate::payment::{Fingerprint, GatewayLookup, PaymentCommand};
+use crate::payment::{Command, Fingerprint, GatewayLookup, RefundStatus};
+use crate::token::IdempotencyKey;
 use crate::token::{TokenMode, TokenState, TokenStore};
 use crate::worker::Inbound;
 
 /// Every verdict, in the order the summary prints them.
-pub const VERDICTS: [&str; 7] = [
+pub const VERDICTS: [&str; 8] = [
     WOULD_CHARGE,
+    WOULD_REFUND,
     WOULD_LOOK_UP,
     "duplicate",
     "key_reused",
@@ -26,12 +28,14 @@ pub const VERDICTS: [&str; 7] = [
 ];
 const WOULD_CHARGE: &str = "would_charge";
 const WOULD_LOOK_UP: &str = "would_look_up";
+const WOULD_REFUND: &str = "would_refund";
 
 /// What each verdict means, for the human summary.
 fn meaning(verdict: &str) -> &'static str {
     match verdict {
         WOULD_CHARGE => "charged at the gateway",
-        WOULD_LOOK_UP => "gateway asked by key first; charged only if it holds none",
+        WOULD_LOOK_UP => "gateway asked by key first; charged (or refunded) only if it holds none",
+        WOULD_REFUND => "refunded at the gateway, within what is left of its payment",
         "duplicate" => "answered from the recorded payment",
         "key_reused" => "refused: the key was used for another request",
         "in_flight" => "a live worker holds the token; retried later",
@@ -256,11 +260,15 @@ impl Examiner<'_> {
         let (idempotency_key, (verdict, detail)) = match Inbound::read(record).command {
             Err(reason) => (None, ("invalid", reason.to_string())),
             Ok(command) => {
-                let verdict = match self.scope.gateway.accepts(&command.charge_request()) {
+                let accepted = match &command {
+                    Command::Charge(charge) => self.scope.gateway.accepts(&charge.charge_request()),
+                    Command::Refund(_) => Ok(()),
+                };
+                let verdict = match accepted {
                     Err(refusal) => ("invalid", refusal),
                     Ok(()) => self.command(&command, record.offset()).await?,
                 };
-                (Some(command.idempotency_key.as_str().to_owned()), verdict)
+                (Some(command.idempotency_key().as_str().to_owned()), verdict)
             }
         };
         Ok(DryRunVerdict {
@@ -276,29 +284,58 @@ impl Examiner<'_> {
     /// payment row, else from an earlier record of this replay, else from its token.
     async fn command(
         &mut self,
-        command: &PaymentCommand,
+        command: &Command,
         offset: i64,
     ) -> anyhow::Result<(&'static str, String)> {
+        let key = command.idempotency_key();
+        let fingerprint = command.fingerprint();
         let mut conn = self.pool.acquire().await?;
-        let existing =
-            crate::payment::find_payment(&mut conn, command.idempotency_key.as_str()).await?;
+        // The row's fingerprint, and the verdict for the same request.
+        let existing = match command {
+            Command::Charge(_) => crate::payment::find_payment(&mut conn, key.as_str())
+                .await?
+                .map(|row| {
+                    (
+                        row.fingerprint,
+                        ("duplicate", format!("payment {}", row.id)),
+                    )
+                }),
+            Command::Refund(_) => crate::payment::find_refund(&mut conn, key.as_str())
+                .await?
+                .map(|row| {
+                    let same = match row.status {
+                        RefundStatus::Processing => (
+                            WOULD_LOOK_UP,
+                            format!("refund {} reserved, its answer unknown", row.id),
+                        ),
+                        _ => ("duplicate", format!("refund {}", row.id)),
+                    };
+                    (row.fingerprint, same)
+                }),
+        };
         drop(conn);
-        Ok(match existing {
-            Some(row) if row.fingerprint == command.fingerprint() => {
-                ("duplicate", format!("payment {}", row.id))
-            }
-            Some(row) => ("key_reused", format!("key belongs to payment {}", row.id)),
-            None => match self.decided_earlier(command) {
+        let verdict = match existing {
+            Some((stored, same)) if stored == fingerprint => same,
+            Some((_, (_, detail))) => ("key_reused", format!("key belongs to {detail}")),
+            None => match self.decided_earlier(key, &fingerprint) {
                 Some(verdict) => verdict,
-                None => self.decide_from_token(command, offset).await?,
+                None => self.decide_from_token(key, fingerprint, offset).await?,
             },
+        };
+        Ok(match (command, verdict) {
+            (Command::Refund(_), (WOULD_CHARGE, detail)) => (WOULD_REFUND, detail),
+            (_, verdict) => verdict,
         })
     }
 
     /// The verdict when an earlier record of this replay already decided the key.
-    fn decided_earlier(&self, command: &PaymentCommand) -> Option<(&'static str, String)> {
-        match self.decided_here.get(command.idempotency_key.as_str())? {
-            (fingerprint, first) if *fingerprint == command.fingerprint() => Some((
+    fn decided_earlier(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Option<(&'static str, String)> {
+        match self.decided_here.get(key.as_str())? {
+            (earlier, first) if earlier == fingerprint => Some((
                 "duplicate",
                 format!("of offset {first}, earlier in this replay"),
             )),
@@ -313,21 +350,20 @@ impl Examiner<'_> {
     /// look up is decided here for the records after it.
     async fn decide_from_token(
         &mut self,
-        command: &PaymentCommand,
+        key: &IdempotencyKey,
+        fingerprint: Fingerprint,
         offset: i64,
     ) -> anyhow::Result<(&'static str, String)> {
-        let token = self.store.show(&command.idempotency_key).await?;
+        let token = self.store.show(key).await?;
         let verdict = token_verdict(
             token.as_ref(),
             self.mode,
             self.scope.lookup,
-            self.unknown.get(command.idempotency_key.as_str()).copied(),
+            self.unknown.get(key.as_str()).copied(),
         );
         if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
-            self.decided_here.insert(
-                command.idempotency_key.as_str().to_owned(),
-                (command.fingerprint(), offset),
-            );
+            self.decided_here
+                .insert(key.as_str().to_owned(), (fingerprint, offset));
         }
         Ok(verdict)
     }

@@ -31,10 +31,8 @@ impl From<&Attempt> for OutcomeView {
 impl From<&Outcome> for OutcomeView {
     fn from(outcome: &Outcome) -> Self {
         let detail = match outcome {
-            Outcome::Succeeded { transaction_id, .. }
-            | Outcome::Declined { transaction_id, .. } => Some(transaction_id.clone()),
             Outcome::Rejected { kind, reason } => Some(format!("{}: {reason}", kind.as_str())),
-            Outcome::Duplicate { .. } => None,
+            other => other.transaction_id().map(str::to_owned),
         };
         Self {
             outcome: outcome.label(),

@@ -49,8 +49,12 @@ pub struct OriginalAnswer {
     pub outcome: String,
     /// The payment's id.
     pub payment_id: Uuid,
-    /// The gateway's transaction id, when the first answer charged.
+    /// The gateway's transaction id, when the first answer charged (or refunded).
     pub gateway_transaction_id: Option<String>,
+    /// The refund's id, when the command was a refund (`outcome` is then
+    /// `refunded` or `refund_declined`, and `payment_id` the payment refunded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund_id: Option<Uuid>,
 }
 
 /// What happened to one command, for good: the only values a result or dead letter
@@ -71,13 +75,32 @@ pub enum Outcome {
         /// The gateway's transaction id.
         transaction_id: String,
     },
+    /// Refunded; the refund's row is committed `refunded`.
+    Refunded {
+        /// The payment refunded.
+        payment_id: Uuid,
+        /// The refund's id.
+        refund_id: Uuid,
+        /// The gateway's id of the refund.
+        transaction_id: String,
+    },
+    /// The gateway refused to refund; the refund's row is committed `declined`.
+    RefundDeclined {
+        /// The payment the refund was for.
+        payment_id: Uuid,
+        /// The refund's id.
+        refund_id: Uuid,
+        /// The gateway's id of the refusal.
+        transaction_id: String,
+    },
     /// Already handled: `payment_id` is the original payment, `original` its first
     /// answer (when its row could be read), repeated like a cached response.
     Duplicate {
         /// The payment's id.
         payment_id: Uuid,
-        /// The first answer, read from the payment row.
-        original: Option<OriginalAnswer>,
+        /// The first answer, read from the payment row (boxed: a duplicate is the
+        /// rare answer, and every other one stays small).
+        original: Option<Box<OriginalAnswer>>,
     },
     /// Final refusal: dead-lettered and answered, never retried.
     Rejected {
@@ -198,6 +221,8 @@ impl Outcome {
             Self::Declined { .. } => "declined",
             Self::Duplicate { .. } => "duplicate",
             Self::Rejected { .. } => "rejected",
+            Self::Refunded { .. } => "refunded",
+            Self::RefundDeclined { .. } => "refund_declined",
         }
     }
 
@@ -206,8 +231,32 @@ impl Outcome {
         match self {
             Self::Succeeded { payment_id, .. }
             | Self::Declined { payment_id, .. }
+            | Self::Refunded { payment_id, .. }
+            | Self::RefundDeclined { payment_id, .. }
             | Self::Duplicate { payment_id, .. } => Some(*payment_id),
             Self::Rejected { .. } => None,
+        }
+    }
+
+    /// The refund's id, for a refund's answers.
+    pub fn refund_id(&self) -> Option<Uuid> {
+        match self {
+            Self::Refunded { refund_id, .. } | Self::RefundDeclined { refund_id, .. } => {
+                Some(*refund_id)
+            }
+            Self::Duplicate { original, .. } => original.as_ref().and_then(|o| o.refund_id),
+            _ => None,
+        }
+    }
+
+    /// The gateway's transaction id of an answer that has one.
+    pub fn transaction_id(&self) -> Option<&str> {
+        match self {
+            Self::Succeeded { transaction_id, .. }
+            | Self::Declined { transaction_id, .. }
+            | Self::Refunded { transaction_id, .. }
+            | Self::RefundDeclined { transaction_id, .. } => Some(transaction_id),
+            Self::Duplicate { .. } | Self::Rejected { .. } => None,
         }
     }
 }

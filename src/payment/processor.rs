@@ -17,16 +17,19 @@ use super::outcome::{Attempt, ChargeEvidence, OriginalAnswer, Outcome, Rejection
 use super::persistence::{
     self, Insertion, PaymentRecord, PaymentStatus, Remembered, RowContext, SourcePosition,
 };
-use super::{Fingerprint, PaymentCommand};
+use super::{Command, CommandKind, Fingerprint, PaymentCommand, RefundCommand};
 use crate::database_errors::{classify_sqlx, DatabaseFailure};
 use crate::fault::{FaultPoint, Faults};
-use crate::gateway::{Charge, ChargeStatus, GatewayError, LeaseLoss, LedgerEntry, PaymentGateway};
+use crate::gateway::{
+    Charge, ChargeStatus, GatewayError, LeaseLoss, LedgerEntry, PaymentGateway, RefundRequest,
+};
 use crate::token::{
     Claim, IdempotencyKey, Predecessor, Reservation, SettleWatch, TokenError, TokenStore,
     Transition,
 };
 
 pub use at_stake::ChargeAtStake;
+pub use refund_answers::WAITING_FOR_PAYMENT;
 
 use attempts::*;
 use lease_check::{FirstCheck, LeaseCheck};
@@ -39,6 +42,9 @@ mod attempts;
 mod charging;
 mod lease_check;
 mod recovery;
+mod refund_answers;
+mod refund_gateway;
+mod refunding;
 mod reserved;
 mod stalls;
 mod token_calls;
@@ -223,7 +229,20 @@ impl Processor {
     pub async fn process(&self, command: &PaymentCommand, context: &CommandContext<'_>) -> Attempt {
         // Never closed, so acquiring only fails if that changes: then run unbounded.
         let _slot = self.attempts.acquire().await.ok();
-        self.attempt(command, context, &mut Aside::default()).await
+        self.attempt(Ask::Charge(command), context, &mut Aside::default())
+            .await
+    }
+
+    /// One attempt at a refund (see [`Processor::process`]).
+    pub async fn process_refund(
+        &self,
+        command: &RefundCommand,
+        context: &CommandContext<'_>,
+    ) -> Attempt {
+        // Never closed, so acquiring only fails if that changes: then run unbounded.
+        let _slot = self.attempts.acquire().await.ok();
+        self.attempt(Ask::Refund(command), context, &mut Aside::default())
+            .await
     }
 
     /// `process`, and when the attempt met another owner's live lease, a watch that
@@ -236,13 +255,13 @@ impl Processor {
     /// commands that did answer, and the next owner would answer those again.
     pub async fn process_watching(
         &self,
-        command: &PaymentCommand,
+        command: &Command,
         context: &CommandContext<'_>,
     ) -> Watched {
         // Never closed, so acquiring only fails if that changes: then run unbounded.
         let _slot = self.attempts.acquire().await.ok();
         let mut aside = Aside::default();
-        let attempt = self.attempt(command, context, &mut aside).await;
+        let attempt = self.attempt(Ask::from(command), context, &mut aside).await;
         Watched {
             attempt,
             watch: aside.watch,
@@ -253,16 +272,20 @@ impl Processor {
 
     async fn attempt(
         &self,
-        command: &PaymentCommand,
+        ask: Ask<'_>,
         context: &CommandContext<'_>,
         aside: &mut Aside,
     ) -> Attempt {
-        let mut attempt = self.decide(command, context, aside).await;
+        let mut attempt = self.decide(ask, context, aside).await;
         // A final answer settles what was at stake (an unbooked one is recorded by
         // the caller); a retry leaves it, so a panic in a later attempt still knows.
         if !matches!(attempt, Attempt::Retry { .. }) {
-            self.settle_stake(command.idempotency_key.as_str());
+            self.settle_stake(ask.key().as_str());
         }
+        // A refund's duplicate is told from its refund row already.
+        let Ask::Charge(command) = ask else {
+            return attempt;
+        };
         if let Attempt::Final(Outcome::Duplicate {
             payment_id,
             original,
@@ -274,7 +297,7 @@ impl Processor {
             if original.is_none() || traced {
                 if let Ok(Some(row)) = self.find_existing(&command.idempotency_key).await {
                     if row.id == *payment_id {
-                        *original = original_answer(&row);
+                        *original = original_answer(&row).map(Box::new);
                         // A duplicate's trace points at the trace that charged.
                         if let (true, Some(trace_id), Some(span_id)) =
                             (traced, &row.trace_id, &row.span_id)
@@ -293,20 +316,22 @@ impl Processor {
     /// answer followed (run the payment, wait for its holder, a duplicate, recover).
     async fn decide(
         &self,
-        command: &PaymentCommand,
+        ask: Ask<'_>,
         context: &CommandContext<'_>,
         aside: &mut Aside,
     ) -> Attempt {
-        let key = &command.idempotency_key;
+        let key = ask.key();
         // A command this gateway cannot take at all (an amount Stripe cannot
         // express) is refused before its token or the gateway are touched.
-        if let Err(reason) = self.gateway.accepts(&command.charge_request()) {
-            return Attempt::Final(Outcome::Rejected {
-                kind: RejectionKind::Invalid,
-                reason,
-            });
+        if let Ask::Charge(command) = ask {
+            if let Err(reason) = self.gateway.accepts(&command.charge_request()) {
+                return Attempt::Final(Outcome::Rejected {
+                    kind: RejectionKind::Invalid,
+                    reason,
+                });
+            }
         }
-        let fingerprint = command.fingerprint();
+        let fingerprint = ask.fingerprint();
         let (asked, reservation) = match self.reserve_token(key, context, aside).await {
             Ok(reserved) => reserved,
             Err(attempt) => return attempt,
@@ -322,9 +347,17 @@ impl Processor {
                     claim: &claim,
                     surely_held_until: asked.at + self.tokens.policy().lease / 2,
                 };
-                let attempt = self
-                    .run_reserved(command, &fingerprint, &context, &lease)
-                    .await;
+                let attempt = match ask {
+                    Ask::Charge(command) => {
+                        let transaction = self.transact(command, &fingerprint, &context, &lease);
+                        self.run_reserved(key, &context, &lease, transaction).await
+                    }
+                    Ask::Refund(command) => {
+                        let transaction =
+                            self.transact_refund(command, &fingerprint, &context, &lease);
+                        self.run_reserved(key, &context, &lease, transaction).await
+                    }
+                };
                 aside.claimed_as = Some(claim.owner);
                 attempt
             }
@@ -340,18 +373,41 @@ impl Processor {
             Reservation::Completed {
                 payment_id,
                 fingerprint: stored,
-            } => {
-                self.decide_completed(key, &fingerprint, payment_id, stored)
-                    .await
-            }
+            } => match ask {
+                Ask::Charge(_) => {
+                    self.decide_completed(key, &fingerprint, payment_id, stored)
+                        .await
+                }
+                Ask::Refund(_) => {
+                    self.decide_refund_completed(key, &fingerprint, stored)
+                        .await
+                }
+            },
             Reservation::Missing => {
-                self.recover_missing(command, &fingerprint, context, Absence::Missing)
+                self.recover(ask, &fingerprint, context, Absence::Missing)
                     .await
             }
             Reservation::Unsettled => {
-                self.recover_missing(command, &fingerprint, context, Absence::ExpiredWhileHeld)
+                self.recover(ask, &fingerprint, context, Absence::ExpiredWhileHeld)
                     .await
             }
+        }
+    }
+
+    /// No token to reserve: the rows (and for a charge the gateway) answer instead.
+    async fn recover(
+        &self,
+        ask: Ask<'_>,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+        absence: Absence,
+    ) -> Attempt {
+        match ask {
+            Ask::Charge(command) => {
+                self.recover_missing(command, fingerprint, context, absence)
+                    .await
+            }
+            Ask::Refund(command) => self.recover_refund(command, fingerprint, absence).await,
         }
     }
 
@@ -414,6 +470,38 @@ impl Processor {
                 self.decide_from_postgres(key, fingerprint, payment_id)
                     .await
             }
+        }
+    }
+}
+
+/// The command an attempt is for, borrowed: a charge's hot path never copies it.
+#[derive(Clone, Copy)]
+enum Ask<'a> {
+    Charge(&'a PaymentCommand),
+    Refund(&'a RefundCommand),
+}
+
+impl<'a> From<&'a Command> for Ask<'a> {
+    fn from(command: &'a Command) -> Self {
+        match command {
+            Command::Charge(charge) => Self::Charge(charge),
+            Command::Refund(refund) => Self::Refund(refund),
+        }
+    }
+}
+
+impl Ask<'_> {
+    fn key(&self) -> &IdempotencyKey {
+        match self {
+            Self::Charge(charge) => &charge.idempotency_key,
+            Self::Refund(refund) => &refund.idempotency_key,
+        }
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        match self {
+            Self::Charge(charge) => charge.fingerprint(),
+            Self::Refund(refund) => refund.fingerprint(),
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct UnresolvedCharge {
     pub attempts: i32,
     /// When it was dead-lettered.
     pub dead_lettered_at: DateTime<Utc>,
+    /// `charge` or `refund`: which ledger of the gateway the key is looked for in.
+    pub kind: String,
 }
 
 /// Remembers the command behind `command` (what the attempt that may have charged
@@ -45,8 +47,8 @@ pub async fn record_unresolved_stake(
     sqlx::query!(
         "INSERT INTO unresolved_charges
              (idempotency_key, amount_minor, currency, reason, attempts,
-              source_topic, source_partition, source_offset)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+              source_topic, source_partition, source_offset, kind)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (idempotency_key) DO UPDATE
             SET amount_minor = EXCLUDED.amount_minor,
                 currency = EXCLUDED.currency,
@@ -55,6 +57,7 @@ pub async fn record_unresolved_stake(
                 source_topic = EXCLUDED.source_topic,
                 source_partition = EXCLUDED.source_partition,
                 source_offset = EXCLUDED.source_offset,
+                kind = EXCLUDED.kind,
                 dead_lettered_at = now()",
         command.idempotency_key.as_str(),
         command.amount_minor,
@@ -64,6 +67,7 @@ pub async fn record_unresolved_stake(
         &source.topic,
         source.partition,
         source.offset,
+        command.kind.as_str(),
     )
     .execute(pool)
     .await?;
@@ -71,14 +75,16 @@ pub async fn record_unresolved_stake(
 }
 
 /// Every remembered command whose key starts with `key_prefix` and has no payment
-/// row (a row means a later delivery booked or settled it).
+/// row (a row means a later delivery booked or settled it), or, for a refund, no
+/// final refund row.
 pub async fn unresolved_charges(
     pool: &PgPool,
     key_prefix: &str,
 ) -> Result<Vec<UnresolvedCharge>, sqlx::Error> {
     let remembered: Vec<UnresolvedCharge> = sqlx::query_as!(
         UnresolvedCharge,
-        "SELECT idempotency_key, amount_minor, currency, reason, attempts, dead_lettered_at
+        "SELECT idempotency_key, amount_minor, currency, reason, attempts, dead_lettered_at,
+                kind
            FROM unresolved_charges
           WHERE left(idempotency_key, char_length($1)) = $1
           ORDER BY idempotency_key",
@@ -91,7 +97,9 @@ pub async fn unresolved_charges(
         .iter()
         .map(|u| u.idempotency_key.clone())
         .collect();
-    let booked = super::persistence::keys_with_rows(pool, &keys).await?;
+    let mut booked = super::persistence::keys_with_rows(pool, &keys).await?;
+    // A refund is booked once its row is final (a row `processing` is the unknown).
+    booked.extend(super::refunds::settled_refund_keys(pool, &keys).await?);
     Ok(remembered
         .into_iter()
         .filter(|u| !booked.contains(&u.idempotency_key))

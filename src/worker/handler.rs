@@ -13,8 +13,8 @@ use super::inbound::{charge_flag, record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
 use crate::fault::FaultPoint;
 use crate::payment::{
-    record_unresolved_stake, Attempt, ChargeAtStake, ChargeEvidence, CommandContext, Outcome,
-    PaymentCommand, Processor, RejectionKind, SourcePosition, Watched,
+    record_unresolved_stake, Attempt, ChargeAtStake, ChargeEvidence, Command, CommandContext,
+    Outcome, Processor, RejectionKind, SourcePosition, Watched, WAITING_FOR_PAYMENT,
 };
 use crate::retry::RetryPolicy;
 use crate::telemetry::events::{
@@ -289,7 +289,7 @@ impl Handler {
     /// POST, and the flag is kept unless an answer is booked.
     async fn process_with_retries(
         &self,
-        command: &PaymentCommand,
+        command: &Command,
         source: &SourcePosition,
         flagged: ChargeEvidence,
         draining: &CancellationToken,
@@ -332,7 +332,7 @@ impl Handler {
     /// lease to wait for before the next.
     async fn attempt(
         &self,
-        command: &PaymentCommand,
+        command: &Command,
         source: &SourcePosition,
         attempts: &mut Attempts,
     ) -> (Result<(Outcome, bool), NotYet>, Option<SettleWatch>) {
@@ -363,7 +363,7 @@ impl Handler {
     /// where `audit` lists it.
     async fn final_answer(
         &self,
-        command: &PaymentCommand,
+        command: &Command,
         source: &SourcePosition,
         outcome: Outcome,
         unbooked: bool,
@@ -404,12 +404,7 @@ impl Handler {
     }
 
     /// A drain interrupted the retries.
-    async fn hand_over(
-        &self,
-        command: &PaymentCommand,
-        source: &SourcePosition,
-        attempts: &Attempts,
-    ) {
+    async fn hand_over(&self, command: &Command, source: &SourcePosition, attempts: &Attempts) {
         // Not exhausted, interrupted: the partition's next owner takes it over.
         // It starts knowing nothing of a charge this member could not settle (in
         // issued mode it may find no token and no charge yet, and answer
@@ -426,7 +421,7 @@ impl Handler {
     /// is a `retries_exhausted` dead letter.
     async fn retries_exhausted(
         &self,
-        command: &PaymentCommand,
+        command: &Command,
         source: &SourcePosition,
         last: NotYet,
         attempts: &Attempts,
@@ -436,6 +431,18 @@ impl Handler {
             charge_unknown,
             ..
         } = *attempts;
+        // A refund whose payment never showed within the budget: nothing was
+        // reserved or sent, and the answer says what the producer must fix.
+        if matches!(command, Command::Refund(_))
+            && last.reason == WAITING_FOR_PAYMENT
+            && !charge_unknown
+        {
+            let outcome = Outcome::Rejected {
+                kind: RejectionKind::Invalid,
+                reason: format!("{WAITING_FOR_PAYMENT}, within {made} attempts"),
+            };
+            return (outcome, made, false);
+        }
         let reason = format!("retries_exhausted after {made} attempts: {}", last.reason);
         if charge_unknown {
             self.remember_unresolved(&ChargeAtStake::of(command), source, &reason, made)

@@ -4,7 +4,7 @@
 
 use rdkafka::message::{Message, OwnedMessage};
 
-use crate::payment::{ChargeEvidence, InvalidCommand, PaymentCommand, SourcePosition};
+use crate::payment::{ChargeEvidence, Command, InvalidCommand, SourcePosition};
 
 /// Why a record is not a payment command. `Display` is `code: explanation`, the
 /// `x-error-reason` of its dead letter; neither part repeats the record's content.
@@ -37,7 +37,7 @@ pub struct Inbound {
     /// is not a command the record key when it is a valid key.
     pub key: Option<String>,
     /// The command, or why the record is not one.
-    pub command: Result<PaymentCommand, Undecodable>,
+    pub command: Result<Command, Undecodable>,
     /// What the record itself says of an earlier charge ([`charge_flag`]).
     pub flagged: ChargeEvidence,
 }
@@ -48,7 +48,7 @@ impl Inbound {
     pub fn read(message: &OwnedMessage) -> Self {
         let command = decode(message);
         let key = match &command {
-            Ok(command) => Some(command.idempotency_key.as_str().to_owned()),
+            Ok(command) => Some(command.idempotency_key().as_str().to_owned()),
             Err(_) => record_key(message),
         };
         Self {
@@ -87,7 +87,7 @@ pub fn source_of(message: &OwnedMessage) -> SourcePosition {
 }
 
 /// Parses the record value and checks it against the record key.
-fn decode(message: &OwnedMessage) -> Result<PaymentCommand, Undecodable> {
+fn decode(message: &OwnedMessage) -> Result<Command, Undecodable> {
     // First: whatever else is wrong with the record, its key is echoed on its
     // answer, and one that holds a card number is refused for that.
     if message
@@ -96,10 +96,16 @@ fn decode(message: &OwnedMessage) -> Result<PaymentCommand, Undecodable> {
     {
         return Err(Undecodable::Command(InvalidCommand::CardNumberAsKey));
     }
-    let command = PaymentCommand::parse(message.payload().unwrap_or_default())
-        .map_err(Undecodable::Command)?;
+    let command =
+        Command::parse(message.payload().unwrap_or_default()).map_err(Undecodable::Command)?;
     if let Some(key) = message.key() {
-        if key != command.idempotency_key.as_str().as_bytes() {
+        // A refund may be keyed by its payment's key, so that it shares the
+        // payment's partition and follows its charge (the recommended keying).
+        let keyed_by_payment = match &command {
+            Command::Refund(refund) => key == refund.payment_key.as_str().as_bytes(),
+            Command::Charge(_) => false,
+        };
+        if key != command.idempotency_key().as_str().as_bytes() && !keyed_by_payment {
             return Err(Undecodable::KeyMismatch);
         }
     }

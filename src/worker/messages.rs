@@ -15,7 +15,11 @@ pub struct ResultRecord {
     pub idempotency_key: Option<String>,
     /// The payment's id, when there is one.
     pub payment_id: Option<Uuid>,
-    /// `succeeded`, `declined`, `duplicate` or `rejected`.
+    /// The refund's id, on a refund's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund_id: Option<Uuid>,
+    /// `succeeded`, `declined`, `duplicate` or `rejected`; for a refund `refunded`,
+    /// `refund_declined`, `duplicate` or `rejected`.
     pub outcome: String,
     /// The gateway's transaction id, when charged or declined.
     pub gateway_transaction_id: Option<String>,

@@ -79,23 +79,22 @@ fn result_record(
     source: SourcePosition,
     charge_unknown: bool,
 ) -> ResultRecord {
-    let (transaction, reason) = match outcome {
-        Outcome::Succeeded { transaction_id, .. } => (Some(transaction_id.clone()), None),
-        Outcome::Declined { transaction_id, .. } => (
-            Some(transaction_id.clone()),
-            Some("declined by gateway".to_owned()),
-        ),
-        Outcome::Duplicate { .. } => (None, None),
-        Outcome::Rejected { kind, reason } => (None, Some(format!("{}: {reason}", kind.as_str()))),
+    let transaction = outcome.transaction_id().map(str::to_owned);
+    let reason = match outcome {
+        Outcome::Declined { .. } => Some("declined by gateway".to_owned()),
+        Outcome::RefundDeclined { .. } => Some("refund declined by gateway".to_owned()),
+        Outcome::Rejected { kind, reason } => Some(format!("{}: {reason}", kind.as_str())),
+        Outcome::Succeeded { .. } | Outcome::Refunded { .. } | Outcome::Duplicate { .. } => None,
     };
     let original = match outcome {
-        Outcome::Duplicate { original, .. } => original.clone(),
+        Outcome::Duplicate { original, .. } => original.as_deref().cloned(),
         _ => None,
     };
     ResultRecord {
         idempotency_key: key,
         original,
         payment_id: outcome.payment_id(),
+        refund_id: outcome.refund_id(),
         outcome: outcome.label().to_owned(),
         gateway_transaction_id: transaction,
         reason,

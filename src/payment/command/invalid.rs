@@ -12,6 +12,9 @@ pub(super) const AMOUNT_MINOR: &str = "amount_minor";
 pub(super) const CURRENCY: &str = "currency";
 pub(super) const PAYMENT_METHOD: &str = "payment_method";
 pub(super) const DESCRIPTION: &str = "description";
+pub(super) const TYPE: &str = "type";
+pub(super) const PAYMENT_IDEMPOTENCY_KEY: &str = "payment_idempotency_key";
+pub(super) const REASON: &str = "reason";
 
 /// What is wrong with a free-text field. Never carries the text itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -144,6 +147,35 @@ pub enum InvalidCommand {
         /// Where (characters from the start).
         position: usize,
     },
+    /// `type` names no command (the value is not echoed: it could be anything).
+    #[error("field `type` must be \"charge\" or \"refund\" (absent: a charge)")]
+    UnknownCommandType,
+    /// A refund's `payment_idempotency_key` is not a valid key.
+    #[error("field `payment_idempotency_key`: {0}")]
+    InvalidPaymentKey(InvalidKey),
+    /// A refund's `payment_idempotency_key` looks like a card number.
+    #[error("field `payment_idempotency_key` looks like a card number; the value was discarded")]
+    CardNumberAsPaymentKey,
+    /// A refund names its own key as the payment it refunds.
+    #[error(
+        "field `payment_idempotency_key` must name the payment refunded, not the refund's own key"
+    )]
+    RefundOfItself,
+    /// A refund's `reason` is too long.
+    #[error("field `reason` is longer than {MAX_DESCRIPTION_LEN} characters ({length})")]
+    ReasonTooLong {
+        /// Its length in characters.
+        length: usize,
+    },
+    /// A refund's `reason` holds what looks like a card number.
+    #[error("field `reason` contains what looks like a card number; the value was discarded")]
+    CardNumberInReason,
+    /// A refund's `reason` holds a control character.
+    #[error("field `reason` contains a control character at position {position}")]
+    ReasonControlCharacter {
+        /// Where (characters from the start).
+        position: usize,
+    },
 }
 
 impl InvalidCommand {
@@ -173,6 +205,13 @@ impl InvalidCommand {
             Self::DescriptionTooLong { .. } => "description_too_long",
             Self::CardNumberInDescription => "card_number_in_description",
             Self::DescriptionControlCharacter { .. } => "description_control_character",
+            Self::UnknownCommandType => "unknown_command_type",
+            Self::InvalidPaymentKey(_) => "invalid_payment_idempotency_key",
+            Self::CardNumberAsPaymentKey => "card_number_as_payment_key",
+            Self::RefundOfItself => "refund_of_itself",
+            Self::ReasonTooLong { .. } => "reason_too_long",
+            Self::CardNumberInReason => "card_number_in_reason",
+            Self::ReasonControlCharacter { .. } => "reason_control_character",
         }
     }
 
@@ -198,6 +237,13 @@ impl InvalidCommand {
             Self::DescriptionTooLong { .. }
             | Self::CardNumberInDescription
             | Self::DescriptionControlCharacter { .. } => Some(DESCRIPTION),
+            Self::UnknownCommandType => Some(TYPE),
+            Self::InvalidPaymentKey(_) | Self::CardNumberAsPaymentKey | Self::RefundOfItself => {
+                Some(PAYMENT_IDEMPOTENCY_KEY)
+            }
+            Self::ReasonTooLong { .. }
+            | Self::CardNumberInReason
+            | Self::ReasonControlCharacter { .. } => Some(REASON),
         }
     }
 }

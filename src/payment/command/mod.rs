@@ -7,16 +7,20 @@
 //! raw card number (PAN) is rejected outright: storing it would put the whole
 //! system in PCI scope.
 mod card;
+mod command_type;
 mod currency;
 mod envelope;
 mod fingerprint;
 mod invalid;
 mod payment_command;
+mod refund_command;
 
 pub use card::{dead_letter_redaction, mask_card_numbers, redact_payload, RedactedPayload};
+pub use command_type::{Command, CommandKind};
 pub use fingerprint::Fingerprint;
 pub use invalid::{InvalidCommand, TextProblem};
 pub use payment_command::{
     PaymentCommand, MAX_ACCOUNT_ID_LEN, MAX_AMOUNT_MINOR, MAX_DESCRIPTION_LEN,
     MAX_PAYMENT_METHOD_LEN, MIN_AMOUNT_MINOR,
 };
+pub use refund_command::RefundCommand;

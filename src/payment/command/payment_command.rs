@@ -2,12 +2,10 @@
 
 use std::fmt;
 
-use serde_json::Value;
-
 use super::card::contains_card_number;
 use super::currency::validate_currency;
 use super::envelope::{
-    amount_from_json, json_kind, malformed, required, required_str, Envelope, Slot,
+    amount_from_json, optional_str, read_fields, required, required_str, Fields,
 };
 use super::invalid::{
     ACCOUNT_ID, AMOUNT_MINOR, CURRENCY, DESCRIPTION, IDEMPOTENCY_KEY, PAYMENT_METHOD,
@@ -61,38 +59,17 @@ impl PaymentCommand {
     /// twice is refused, since JSON parsers disagree on which copy wins and the
     /// amount charged must not depend on that.
     pub fn parse(payload: &[u8]) -> Result<Self, InvalidCommand> {
-        if payload.iter().all(u8::is_ascii_whitespace) {
-            return Err(InvalidCommand::EmptyPayload);
-        }
-        let text = std::str::from_utf8(payload).map_err(|e| InvalidCommand::NotUtf8 {
-            valid_up_to: e.valid_up_to(),
-        })?;
-        let fields = match serde_json::from_str::<Envelope>(text) {
-            Ok(Envelope::Object(fields)) => fields,
-            Ok(Envelope::Other(found)) => return Err(InvalidCommand::NotAnObject { found }),
-            Err(e) => return Err(malformed(&e)),
-        };
-        if let Some(field) = fields.duplicate {
-            return Err(InvalidCommand::DuplicateField { field });
-        }
+        Self::from_fields(&read_fields(payload)?)
+    }
 
+    /// The charge the fields of a record value describe.
+    pub(super) fn from_fields(fields: &Fields) -> Result<Self, InvalidCommand> {
         let key = required_str(&fields.idempotency_key, IDEMPOTENCY_KEY)?;
         let account_id = required_str(&fields.account_id, ACCOUNT_ID)?;
         let amount_minor = amount_from_json(required(&fields.amount_minor, AMOUNT_MINOR)?)?;
         let currency = required_str(&fields.currency, CURRENCY)?;
         let payment_method = required_str(&fields.payment_method, PAYMENT_METHOD)?;
-        // Optional means absent or null.
-        let description = match &fields.description {
-            Slot::Absent | Slot::Present(Value::Null) => None,
-            Slot::Present(Value::String(s)) => Some(s.as_str()),
-            Slot::Present(other) => {
-                return Err(InvalidCommand::WrongType {
-                    field: DESCRIPTION,
-                    expected: "a string",
-                    found: json_kind(other),
-                })
-            }
-        };
+        let description = optional_str(&fields.description, DESCRIPTION)?;
         Self::new(
             key,
             account_id,
@@ -151,7 +128,7 @@ impl PaymentCommand {
     }
 }
 
-fn validate_amount(amount_minor: i64) -> Result<(), InvalidCommand> {
+pub(super) fn validate_amount(amount_minor: i64) -> Result<(), InvalidCommand> {
     if (MIN_AMOUNT_MINOR..=MAX_AMOUNT_MINOR).contains(&amount_minor) {
         Ok(())
     } else {
@@ -159,7 +136,7 @@ fn validate_amount(amount_minor: i64) -> Result<(), InvalidCommand> {
     }
 }
 
-fn check_text(value: &str, max: usize) -> Result<(), TextProblem> {
+pub(super) fn check_text(value: &str, max: usize) -> Result<(), TextProblem> {
     if value.trim().is_empty() {
         return Err(TextProblem::Empty);
     }
@@ -210,6 +187,7 @@ mod tests {
     use super::*;
     use crate::payment::command::fingerprint::FINGERPRINT_DOMAIN;
     use crate::payment::Fingerprint;
+    use serde_json::Value;
     use sha2::{Digest, Sha256};
 
     const VALID: &str = r#"{"idempotency_key":"ord-2026-000123","account_id":"acct_42","amount_minor":1999,"currency":"USD","payment_method":"pm_card_visa","description":"optional"}"#;

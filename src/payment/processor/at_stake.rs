@@ -17,15 +17,38 @@ pub struct ChargeAtStake {
     pub amount_minor: i64,
     /// ISO 4217 code.
     pub currency: String,
+    /// A charge or a refund at stake.
+    pub kind: CommandKind,
 }
 
 impl ChargeAtStake {
-    /// What is kept of `command` while its charge is at stake.
-    pub fn of(command: &PaymentCommand) -> Self {
+    /// What is kept of `command` while its charge (or refund) is at stake.
+    pub fn of(command: &Command) -> Self {
+        Self {
+            idempotency_key: command.idempotency_key().clone(),
+            amount_minor: command.amount_minor(),
+            currency: command.currency().to_owned(),
+            kind: command.kind(),
+        }
+    }
+
+    /// What is kept of a charge while it is at stake.
+    pub fn of_charge(command: &PaymentCommand) -> Self {
         Self {
             idempotency_key: command.idempotency_key.clone(),
             amount_minor: command.amount_minor,
             currency: command.currency.clone(),
+            kind: CommandKind::Charge,
+        }
+    }
+
+    /// What is kept of a refund while it is at stake.
+    pub fn of_refund(command: &RefundCommand) -> Self {
+        Self {
+            idempotency_key: command.idempotency_key.clone(),
+            amount_minor: command.amount_minor,
+            currency: command.currency.clone(),
+            kind: CommandKind::Refund,
         }
     }
 }
@@ -58,7 +81,15 @@ impl Processor {
     ) -> Option<ChargeAtStake> {
         let stakes = self.stakes();
         match record_key {
-            Some(key) => stakes.get(key).map(|stake| stake.charge.clone()),
+            // A refund may be keyed by its payment's key: then its position finds it.
+            Some(key) => stakes
+                .get(key)
+                .or_else(|| {
+                    stakes
+                        .values()
+                        .find(|stake| stake.record.as_ref() == Some(record))
+                })
+                .map(|stake| stake.charge.clone()),
             // Only charges between their POST and a final answer are listed: a few.
             None => stakes
                 .values()
@@ -74,8 +105,7 @@ impl Processor {
 
     /// From here on a charge may exist for `command` (read from `record`) that no
     /// row records.
-    pub(super) fn mark_at_stake(&self, command: &PaymentCommand, record: Option<&SourcePosition>) {
-        let charge = ChargeAtStake::of(command);
+    pub(super) fn mark_at_stake(&self, charge: ChargeAtStake, record: Option<&SourcePosition>) {
         self.stakes().insert(
             charge.idempotency_key.as_str().to_owned(),
             Stake {

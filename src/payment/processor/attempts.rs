@@ -109,7 +109,7 @@ pub(super) fn outcome_for_existing(existing: &PaymentRecord, fingerprint: &Finge
     } else {
         Outcome::Duplicate {
             payment_id: existing.id,
-            original: original_answer(existing),
+            original: original_answer(existing).map(Box::new),
         }
     }
 }
@@ -120,5 +120,6 @@ pub(super) fn original_answer(row: &PaymentRecord) -> Option<OriginalAnswer> {
         outcome: row.status.as_str().to_owned(),
         payment_id: row.id,
         gateway_transaction_id: row.gateway_transaction_id.clone(),
+        refund_id: None,
     })
 }

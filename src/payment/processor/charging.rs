@@ -34,7 +34,7 @@ impl Processor {
         let request = command.charge_request().for_payment(payment_id);
         // From here until an attempt answers for good, a charge may exist: a panic
         // before then leaves it marked for the record's dead letter.
-        self.mark_at_stake(command, record);
+        self.mark_at_stake(ChargeAtStake::of_charge(command), record);
         match self.gateway.charge(key, &request, &lease_check).await {
             Ok(charge) => Ok(charge),
             Err(error) => self.settle_charge_error(command, error).await,
@@ -56,7 +56,7 @@ impl Processor {
         // cannot answer leaves that charge as unknown as it was.
         match self.gateway.lookup(&command.idempotency_key).await {
             Ok(Some(found)) => {
-                self.mark_at_stake(command, record);
+                self.mark_at_stake(ChargeAtStake::of_charge(command), record);
                 charge_for(found, command).map(Some)
             }
             Ok(None) => Ok(None),

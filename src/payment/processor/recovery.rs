@@ -70,7 +70,7 @@ impl Processor {
             // The key's charge was made for another request (or the gateway answered
             // for another key): never book it as this one.
             (Ok(Some(found)), _) => {
-                self.mark_at_stake(command, context.source);
+                self.mark_at_stake(ChargeAtStake::of_charge(command), context.source);
                 match charging::checked_charge(found, command) {
                     Ok(charge) => charge,
                     Err(mismatch) => return mismatch,

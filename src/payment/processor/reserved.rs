@@ -1,4 +1,4 @@
-//! The attempt once its token is reserved: the payment transaction, then the token
+//! The attempt once its token is reserved: the payment (or refund) transaction, then the token
 //! confirmed, restored or left to its lease as the transaction's `Settlement` says.
 
 use super::*;
@@ -8,13 +8,12 @@ impl Processor {
     /// The payment transaction, then the token settled as it says.
     pub(super) async fn run_reserved(
         &self,
-        command: &PaymentCommand,
-        fingerprint: &Fingerprint,
+        key: &IdempotencyKey,
         context: &CommandContext<'_>,
         lease: &Lease<'_>,
+        transaction: impl Future<Output = Settlement>,
     ) -> Attempt {
         let claim = lease.claim;
-        let key = &command.idempotency_key;
         let settlement = match self
             .faults
             .hit(FaultPoint::AfterReserve, key.as_str())
@@ -22,7 +21,7 @@ impl Processor {
         {
             Err(fault) => Settlement::Restore(retry(fault.to_string())),
             Ok(()) => {
-                self.transact(command, fingerprint, context, lease)
+                transaction
                     .instrument(tracing::info_span!(
                         "payment transaction",
                         otel.kind = "internal",

@@ -196,7 +196,7 @@ impl Processor {
     /// (one atomic step with the payment); any other store renews the lease right
     /// before COMMIT, unless the lease is certainly still ours, and is confirmed
     /// after it.
-    async fn check_fence(
+    pub(super) async fn check_fence(
         &self,
         conn: &mut PgConnection,
         key: &IdempotencyKey,

@@ -156,7 +156,7 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
     };
     record_unresolved_stake(
         &stack.db.pool,
-        &ChargeAtStake::of(&unknown),
+        &ChargeAtStake::of_charge(&unknown),
         &given_up_at,
         "retries_exhausted: gateway answered 502",
         5,

@@ -59,7 +59,7 @@ async fn the_next_attempt_takes_back_a_reservation_whose_answer_was_lost() {
     // Redis runs the reservation; its answer never comes back.
     proxy.set(Fault::HalfOpen(Direction::ToClient));
     let first = processor
-        .process_watching(&command, &CommandContext::default())
+        .process_watching(&command.clone().into(), &CommandContext::default())
         .await;
     assert!(
         matches!(&first.attempt, Attempt::Retry { reason, .. } if reason.contains("reserve")),

@@ -236,6 +236,7 @@ async fn invalid_commands_are_dead_lettered_with_their_reason_and_never_reach_th
         .unwrap(),
         charges: AtomicUsize::new(0),
         lookups: AtomicUsize::new(0),
+        refunds: AtomicUsize::new(0),
     });
     stack.gateway = Arc::clone(&gateway) as Arc<dyn PaymentGateway>;
     let records: Vec<WorkloadRecord> = table

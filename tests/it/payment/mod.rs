@@ -9,6 +9,7 @@ mod invalid;
 mod key_reuse;
 mod leases;
 mod races;
+mod refunds;
 pub(crate) mod rig;
 mod round_trips;
 mod schema_checks;

@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 use payment_worker::fault::{FaultPoint, Faults, FROZEN_MARKER};
 use payment_worker::gateway::{
     Charge, ChargeRequest, GatewayError, HttpGateway, LeaseGuard, LeaseLoss, LedgerEntry,
-    PaymentGateway,
+    PaymentGateway, RefundEntry, RefundRequest,
 };
 use payment_worker::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
@@ -34,6 +34,8 @@ pub(crate) struct CountingGateway {
     pub(crate) inner: HttpGateway,
     pub(crate) charges: AtomicUsize,
     pub(crate) lookups: AtomicUsize,
+    /// Refund POSTs let out.
+    pub(crate) refunds: AtomicUsize,
 }
 
 impl CountingGateway {
@@ -85,6 +87,32 @@ impl PaymentGateway for CountingGateway {
     async fn ledger(&self) -> Result<Vec<LedgerEntry>, GatewayError> {
         self.inner.ledger().await
     }
+
+    async fn refund(
+        &self,
+        key: &IdempotencyKey,
+        request: &RefundRequest,
+        lease: &dyn LeaseGuard,
+    ) -> Result<Charge, GatewayError> {
+        let counted = CountedPost {
+            lease,
+            charges: &self.refunds,
+        };
+        self.inner.refund(key, request, &counted).await
+    }
+
+    async fn lookup_refund(
+        &self,
+        key: &IdempotencyKey,
+        request: &RefundRequest,
+    ) -> Result<Option<RefundEntry>, GatewayError> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner.lookup_refund(key, request).await
+    }
+
+    async fn refunds(&self) -> Result<Vec<RefundEntry>, GatewayError> {
+        self.inner.refunds().await
+    }
 }
 
 /// Postgres, a Redis prefix, a simulator and a Redis token store; no Kafka.
@@ -128,6 +156,7 @@ impl Rig {
             inner: HttpGateway::new(&simulator.url(), timeout, Duration::from_secs(1)).unwrap(),
             charges: AtomicUsize::new(0),
             lookups: AtomicUsize::new(0),
+            refunds: AtomicUsize::new(0),
         });
         Self {
             db,

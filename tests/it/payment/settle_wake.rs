@@ -69,7 +69,9 @@ async fn duplicate_is_woken_by_the_holders_settle(
         attempt: met,
         watch,
         ..
-    } = b.process_watching(&cmd, &CommandContext::default()).await;
+    } = b
+        .process_watching(&cmd.clone().into(), &CommandContext::default())
+        .await;
     let Attempt::Retry { after, reason, .. } = &met else {
         panic!("B should have met A's lease: {met:?}");
     };
@@ -173,7 +175,9 @@ impl PgRig<'_> {
             attempt: met,
             watch,
             ..
-        } = b.process_watching(&cmd, &CommandContext::default()).await;
+        } = b
+            .process_watching(&cmd.clone().into(), &CommandContext::default())
+            .await;
         assert!(
             matches!(&met, Attempt::Retry { reason, after, .. }
                 if reason == IN_FLIGHT && *after > Duration::from_secs(60)),

@@ -32,7 +32,7 @@ pub(crate) fn expectations(commands: &[OwnedMessage]) -> BTreeMap<Position, Expe
         .map(|m| {
             let expected = match worker::Inbound::read(m).command {
                 Ok(command) => Expected::Valid {
-                    key: command.idempotency_key.as_str().to_owned(),
+                    key: command.idempotency_key().as_str().to_owned(),
                     fingerprint: command.fingerprint().to_string(),
                 },
                 Err(_) => Expected::Invalid {

@@ -110,10 +110,15 @@ proptest! {
         let _ = worker::lane_of(&record);
         let _ = worker::record_key(&record);
         match span.in_scope(|| worker::Inbound::read(&record).command) {
-            Ok(command) => {
+            Ok(payment_worker::payment::Command::Charge(command)) => {
                 let description = command.description.as_deref().unwrap_or("");
                 prop_assert!(!description.chars().any(char::is_control));
                 prop_assert!(!command.account_id.chars().any(char::is_control));
+                prop_assert!((1..=1_000_000_000_000).contains(&command.amount_minor));
+            }
+            Ok(payment_worker::payment::Command::Refund(command)) => {
+                let reason = command.reason.as_deref().unwrap_or("");
+                prop_assert!(!reason.chars().any(char::is_control));
                 prop_assert!((1..=1_000_000_000_000).contains(&command.amount_minor));
             }
             Err(undecodable) => {

@@ -1,0 +1,123 @@
+//! A refund's answers that come from its row rather than the gateway: a duplicate,
+//! a reused key, a missing token, a refusal before anything was reserved.
+
+use super::*;
+use crate::payment::refunds::{self, RefundRecord, RefundStatus};
+
+/// Why a refund waits: its payment is not booked (yet). Retried within the budget;
+/// when the budget runs out the refund is rejected `payment_unknown`.
+pub const WAITING_FOR_PAYMENT: &str =
+    "payment_unknown: no payment is booked under payment_idempotency_key (yet)";
+
+impl Processor {
+    /// A refund token already completed: a duplicate when its row says so.
+    pub(super) async fn decide_refund_completed(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        stored: Option<String>,
+    ) -> Attempt {
+        if stored.is_some_and(|stored| stored != fingerprint.as_str()) {
+            return key_reused().into();
+        }
+        match self.find_refund(key).await {
+            Ok(Some(row)) if row.fingerprint != *fingerprint => key_reused().into(),
+            Ok(Some(row)) if row.status != RefundStatus::Processing => {
+                refund_duplicate(&row).into()
+            }
+            // Completed by a holder whose row is not visible: read again shortly.
+            Ok(_) => retry("refund token completed before its row shows"),
+            Err(error) => database_failure("refund look-up", &error),
+        }
+    }
+
+    /// No token (`issued` mode): a final row answers; a reservation without a token
+    /// cannot be continued (it may have been sent), so it is answered as unbooked,
+    /// flagged and listed for `audit`; no row means nothing was ever sent.
+    pub(super) async fn recover_refund(
+        &self,
+        command: &RefundCommand,
+        fingerprint: &Fingerprint,
+        absence: Absence,
+    ) -> Attempt {
+        match self.find_refund(&command.idempotency_key).await {
+            Ok(Some(row)) if row.fingerprint != *fingerprint => key_reused().into(),
+            Ok(Some(row)) if row.status != RefundStatus::Processing => {
+                refund_duplicate(&row).into()
+            }
+            Ok(Some(_)) => Attempt::Unbooked(Outcome::Rejected {
+                kind: RejectionKind::TokenMissing,
+                reason:
+                    "token_missing: the refund's token is gone while its refund may have been sent"
+                        .to_owned(),
+            }),
+            Ok(None) => Attempt::Final(Outcome::Rejected {
+                kind: RejectionKind::TokenMissing,
+                reason: match absence {
+                    Absence::Missing => "token_missing: never issued, expired, or already consumed",
+                    Absence::ExpiredWhileHeld => {
+                        "token_missing: expired while held, before its refund was reserved"
+                    }
+                }
+                .to_owned(),
+            }),
+            Err(error) => database_failure("refund look-up", &error),
+        }
+    }
+
+    async fn find_refund(&self, key: &IdempotencyKey) -> Result<Option<RefundRecord>, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let stall = Stall::default();
+        let found = stall
+            .bounded(
+                "refund look-up",
+                refunds::find_refund(&mut conn, key.as_str()),
+            )
+            .await;
+        stall.release(conn);
+        found
+    }
+}
+
+/// A refund refused before anything was reserved or sent: final, token restored
+/// (a later delivery, once the payment changed, is decided afresh).
+pub(super) fn refused(reason: String) -> Settlement {
+    Settlement::Restore(Attempt::Final(Outcome::Rejected {
+        kind: RejectionKind::Invalid,
+        reason,
+    }))
+}
+
+/// The final answer of a refund the gateway answered.
+pub(super) fn refund_outcome(row: &RefundRecord, answer: &Charge) -> Outcome {
+    let transaction_id = answer.transaction_id.clone();
+    match answer.status {
+        ChargeStatus::Approved => Outcome::Refunded {
+            payment_id: row.payment_id,
+            refund_id: row.id,
+            transaction_id,
+        },
+        ChargeStatus::Declined => Outcome::RefundDeclined {
+            payment_id: row.payment_id,
+            refund_id: row.id,
+            transaction_id,
+        },
+    }
+}
+
+/// A final refund row's answer, repeated.
+pub(super) fn refund_duplicate(row: &RefundRecord) -> Outcome {
+    let outcome = match row.status {
+        RefundStatus::Refunded => "refunded",
+        _ => "refund_declined",
+    };
+    Outcome::Duplicate {
+        payment_id: row.payment_id,
+        original: Some(Box::new(OriginalAnswer {
+            outcome: outcome.to_owned(),
+            payment_id: row.payment_id,
+            gateway_transaction_id: row.gateway_transaction_id.clone(),
+            refund_id: Some(row.id),
+        })),
+    }
+}
