@@ -7,5 +7,6 @@ mod chaos_run;
 mod exactly_once;
 mod kill_one;
 mod late_commit;
+mod refund_race;
 mod replay_after_kill;
 mod stores;
