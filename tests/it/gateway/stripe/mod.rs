@@ -11,4 +11,5 @@ mod leases;
 mod listing;
 mod localstripe;
 mod probe;
+mod refunds;
 mod scripted;
