@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use sha2::{Digest as _, Sha256};
 
+use super::book::Book;
 use super::refunds::RefundBook;
 use super::SimulatorConfig;
 use payment_worker::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
@@ -17,18 +18,10 @@ use payment_worker::token::IdempotencyKey;
 /// A payment method the simulator always declines, whatever `--decline-rate` says.
 const DECLINED_PAYMENT_METHOD: &str = "pm_card_declined";
 
-struct Entry {
-    public: LedgerEntry,
-    /// SHA-256 of the first request body; the payment method itself is not kept.
-    body_hash: [u8; 32],
-}
-
 /// Charges and refunds under one lock: a refund is checked against its charge and
 /// the charge's other refunds, and the fault draws come from one RNG.
 pub(super) struct Ledger {
-    entries: Vec<Entry>,
-    /// Key → index of its latest entry.
-    latest: HashMap<String, usize>,
+    charges: Book<LedgerEntry>,
     pub(super) refunds: RefundBook,
     pub(super) rng: StdRng,
 }
@@ -127,9 +120,8 @@ impl Ledger {
     /// The charge whose gateway id is `transaction_id` (its latest entry when
     /// `--ignore-idempotency-key` made several under one key).
     pub(super) fn charge_by_transaction(&self, transaction_id: &str) -> Option<&LedgerEntry> {
-        self.entries
+        self.charges
             .iter()
-            .map(|entry| &entry.public)
             .find(|entry| entry.transaction_id == transaction_id)
     }
 }
@@ -145,8 +137,7 @@ impl Shared {
         Self {
             slow_keys,
             ledger: Mutex::new(Ledger {
-                entries: Vec::new(),
-                latest: HashMap::new(),
+                charges: Book::default(),
                 refunds: RefundBook::default(),
                 rng: StdRng::seed_from_u64(seed),
             }),
@@ -198,19 +189,8 @@ impl Shared {
             return Decision::Unavailable;
         }
         if !config.ignore_idempotency_key {
-            if let Some(entry) = ledger
-                .latest
-                .get(key.as_str())
-                .and_then(|&index| ledger.entries.get_mut(index))
-            {
-                if entry.body_hash != hash {
-                    return Decision::Conflict;
-                }
-                entry.public.attempts += 1;
-                return Decision::Answer {
-                    charge: charge_of(&entry.public),
-                    delivery,
-                };
+            if let Some(replayed) = ledger.charges.replay(key.as_str(), hash, delivery) {
+                return replayed;
             }
         }
         let status = if request.payment_method == DECLINED_PAYMENT_METHOD || decline {
@@ -229,14 +209,8 @@ impl Shared {
             attempts: 1,
             decline_code: None,
         };
-        let charge = charge_of(&public);
-        ledger
-            .latest
-            .insert(key.as_str().to_owned(), ledger.entries.len());
-        ledger.entries.push(Entry {
-            public,
-            body_hash: hash,
-        });
+        let charge = public.charge();
+        ledger.charges.insert(public, hash);
         tracing::debug!(
             idempotency_key = %key,
             transaction_id = %charge.transaction_id,
@@ -249,27 +223,12 @@ impl Shared {
     }
 
     pub(super) fn lookup(&self, key: &str) -> Option<LedgerEntry> {
-        let ledger = self.lock();
-        ledger
-            .latest
-            .get(key)
-            .and_then(|&index| ledger.entries.get(index))
-            .map(|entry| entry.public.clone())
+        self.lock().charges.latest(key)
     }
 
     pub(super) fn snapshot(&self, key: Option<&str>) -> Vec<LedgerEntry> {
-        let ledger = self.lock();
-        ledger
-            .entries
-            .iter()
-            .filter(|entry| key.is_none_or(|key| entry.public.idempotency_key == key))
-            .map(|entry| entry.public.clone())
-            .collect()
+        self.lock().charges.snapshot(key)
     }
-}
-
-fn charge_of(entry: &LedgerEntry) -> Charge {
-    entry.charge()
 }
 
 #[cfg(test)]

@@ -144,12 +144,8 @@ async fn post_charge(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key = match key_from_headers(&headers) {
-        Ok(key) => key,
-        Err(rejection) => return rejection.into_response(),
-    };
-    let request = match request_from_body(&body) {
-        Ok(request) => request,
+    let (key, request) = match keyed(&headers, &body, request_from_body) {
+        Ok(keyed) => keyed,
         Err(rejection) => return rejection.into_response(),
     };
     shared.remember_trace_headers(&key, trace_headers_of(&headers));
@@ -158,17 +154,22 @@ async fn post_charge(
     answer(&shared, &key, decision).await
 }
 
+/// The key and the body of a POST, or the 400 refusing either.
+fn keyed<T>(
+    headers: &HeaderMap,
+    body: &[u8],
+    parse: fn(&[u8]) -> Result<T, Rejection>,
+) -> Result<(IdempotencyKey, T), Rejection> {
+    Ok((key_from_headers(headers)?, parse(body)?))
+}
+
 async fn post_refund(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key = match key_from_headers(&headers) {
-        Ok(key) => key,
-        Err(rejection) => return rejection.into_response(),
-    };
-    let request = match refund_from_body(&body) {
-        Ok(request) => request,
+    let (key, request) = match keyed(&headers, &body, refund_from_body) {
+        Ok(keyed) => keyed,
         Err(rejection) => return rejection.into_response(),
     };
     latency(&shared).await;

@@ -4,27 +4,17 @@
 //! under a key, the same key again refunding nothing more, two partial refunds,
 //! each found by its key and listed for audit; a lease that fails sends nothing.
 
-use std::time::Duration;
-
-use payment_worker::configuration::StripeCompat;
 use payment_worker::gateway::{ChargeStatus, GatewayError, LeaseGuard, LeaseLoss, RefundRequest};
 use payment_worker::payment::Outcome;
 use payment_worker::token::IdempotencyKey;
-use payment_worker_devtools::{LocalStripe, LOCALSTRIPE_KEY};
+use payment_worker_devtools::LocalStripe;
 use serde_json::Value;
 
-use crate::support::helpers::{http, unique, NoLease};
-use crate::support::stripe::{command, until_final, StripeRig};
+use crate::support::helpers::{unique, NoLease};
+use crate::support::stripe::{command, localstripe_list, until_final, StripeRig};
 
 async fn rig() -> (LocalStripe, StripeRig) {
-    let localstripe = LocalStripe::start().await.unwrap();
-    let rig = StripeRig::new(
-        &localstripe.url(),
-        StripeCompat::Localstripe,
-        Duration::from_secs(5),
-    )
-    .await;
-    (localstripe, rig)
+    StripeRig::localstripe().await
 }
 
 /// A succeeded PaymentIntent of `amount` USD, paid through the processor.
@@ -39,18 +29,11 @@ async fn paid(rig: &StripeRig, amount: i64) -> String {
 
 /// localstripe's refunds of `intent` (raw JSON), asked directly.
 async fn refunds_at(url: &str, intent: &str) -> Vec<Value> {
-    let page: Value = http()
-        .get(format!(
-            "{url}/v1/refunds?payment_intent={intent}&limit=100"
-        ))
-        .bearer_auth(LOCALSTRIPE_KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    page["data"].as_array().cloned().unwrap_or_default()
+    localstripe_list(
+        url,
+        &format!("/v1/refunds?payment_intent={intent}&limit=100"),
+    )
+    .await
 }
 
 fn refund(intent: &str, amount: i64) -> RefundRequest {
