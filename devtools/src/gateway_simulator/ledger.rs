@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use sha2::{Digest as _, Sha256};
 
-use super::book::Book;
+use super::book::{Book, Booked};
 use super::refunds::RefundBook;
 use super::SimulatorConfig;
 use payment_worker::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
@@ -117,6 +117,27 @@ impl Ledger {
         }
     }
 
+    /// The faults drawn for a POST of `key`, or its decision already: an
+    /// injected 503, or the replay of what `key` made in `book`.
+    pub(super) fn before_acting<P: Booked>(
+        &mut self,
+        config: &SimulatorConfig,
+        key: &IdempotencyKey,
+        body_hash: [u8; 32],
+        book: fn(&mut Self) -> &mut Book<P>,
+    ) -> Result<Faults, Decision> {
+        let faults = self.draw_faults(config);
+        if faults.fail {
+            return Err(Decision::Unavailable);
+        }
+        if !config.ignore_idempotency_key {
+            if let Some(replayed) = book(self).replay(key.as_str(), body_hash, faults.delivery) {
+                return Err(replayed);
+            }
+        }
+        Ok(faults)
+    }
+
     /// The charge whose gateway id is `transaction_id` (its latest entry when
     /// `--ignore-idempotency-key` made several under one key).
     pub(super) fn charge_by_transaction(&self, transaction_id: &str) -> Option<&LedgerEntry> {
@@ -181,18 +202,11 @@ impl Shared {
         let mut guard = self.lock();
         let ledger = &mut *guard;
         let Faults {
-            fail,
-            decline,
-            delivery,
-        } = ledger.draw_faults(config);
-        if fail {
-            return Decision::Unavailable;
-        }
-        if !config.ignore_idempotency_key {
-            if let Some(replayed) = ledger.charges.replay(key.as_str(), hash, delivery) {
-                return replayed;
-            }
-        }
+            decline, delivery, ..
+        } = match ledger.before_acting(config, key, hash, |ledger| &mut ledger.charges) {
+            Ok(faults) => faults,
+            Err(decided) => return decided,
+        };
         let status = if request.payment_method == DECLINED_PAYMENT_METHOD || decline {
             ChargeStatus::Declined
         } else {

@@ -56,19 +56,11 @@ impl Shared {
         let mut guard = self.lock();
         let ledger = &mut *guard;
         let Faults {
-            fail,
-            decline,
-            delivery,
-        } = ledger.draw_faults(config);
-        if fail {
-            return Decision::Unavailable;
-        }
-        if !config.ignore_idempotency_key {
-            let replayed = ledger.refunds.refunds.replay(key.as_str(), hash, delivery);
-            if let Some(replayed) = replayed {
-                return replayed;
-            }
-        }
+            decline, delivery, ..
+        } = match ledger.before_acting(config, key, hash, |ledger| &mut ledger.refunds.refunds) {
+            Ok(faults) => faults,
+            Err(decided) => return decided,
+        };
         let refused = match ledger.charge_by_transaction(&request.payment_transaction_id) {
             None => Some(("charge_not_found", "no charge has this transaction id")),
             Some(charge) if charge.status != ChargeStatus::Approved => Some((

@@ -72,26 +72,48 @@ fn key_from_headers(headers: &HeaderMap) -> Result<IdempotencyKey, Rejection> {
 
 /// The body is parsed here rather than by axum's `Json`: its rejection texts can
 /// quote the body (and so the payment method), and its 422 would be confused with
-/// "key reused with another body".
-fn request_from_body(body: &[u8]) -> Result<ChargeRequest, Rejection> {
-    let invalid = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let request: ChargeRequest = serde_json::from_slice(body).map_err(|e| {
+/// "key reused with another body". `shape` names the fields, for the refusal.
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Rejection> {
+    serde_json::from_slice(body).map_err(|e| {
         invalid(format!(
-            "the body must be a JSON object {{amount_minor, currency, payment_method}} \
-             ({:?} error at line {}, column {})",
+            "the body must be a JSON object {{{shape}}} ({:?} error at line {}, column {})",
             e.classify(),
             e.line(),
             e.column()
         ))
-    })?;
-    if request.amount_minor < 1 {
+    })
+}
+
+fn invalid(message: String) -> Rejection {
+    error(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+/// What a charge and a refund both need: a positive amount, an ISO 4217 code.
+fn check_amount(amount_minor: i64, currency: &str) -> Result<(), Rejection> {
+    if amount_minor < 1 {
         return Err(invalid("amount_minor must be at least 1".into()));
     }
-    if !is_currency(&request.currency) {
+    if !(currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase())) {
         return Err(invalid("currency must be three upper-case letters".into()));
     }
+    Ok(())
+}
+
+fn request_from_body(body: &[u8]) -> Result<ChargeRequest, Rejection> {
+    let request: ChargeRequest = json_body(body, "amount_minor, currency, payment_method")?;
+    check_amount(request.amount_minor, &request.currency)?;
     if request.payment_method.is_empty() {
         return Err(invalid("payment_method must not be empty".into()));
+    }
+    Ok(request)
+}
+
+/// As [`request_from_body`], for `POST /refunds`.
+fn refund_from_body(body: &[u8]) -> Result<RefundRequest, Rejection> {
+    let request: RefundRequest = json_body(body, "payment_transaction_id, amount_minor, currency")?;
+    check_amount(request.amount_minor, &request.currency)?;
+    if request.payment_transaction_id.is_empty() {
+        return Err(invalid("payment_transaction_id must not be empty".into()));
     }
     Ok(request)
 }
@@ -109,34 +131,6 @@ fn trace_headers_of(headers: &HeaderMap) -> Vec<(String, String)> {
             })
         })
         .collect()
-}
-
-/// As [`request_from_body`], for `POST /refunds`.
-fn refund_from_body(body: &[u8]) -> Result<RefundRequest, Rejection> {
-    let invalid = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let request: RefundRequest = serde_json::from_slice(body).map_err(|e| {
-        invalid(format!(
-            "the body must be a JSON object {{payment_transaction_id, amount_minor, currency}} \
-             ({:?} error at line {}, column {})",
-            e.classify(),
-            e.line(),
-            e.column()
-        ))
-    })?;
-    if request.amount_minor < 1 {
-        return Err(invalid("amount_minor must be at least 1".into()));
-    }
-    if !is_currency(&request.currency) {
-        return Err(invalid("currency must be three upper-case letters".into()));
-    }
-    if request.payment_transaction_id.is_empty() {
-        return Err(invalid("payment_transaction_id must not be empty".into()));
-    }
-    Ok(request)
-}
-
-fn is_currency(code: &str) -> bool {
-    code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase())
 }
 
 async fn post_charge(
