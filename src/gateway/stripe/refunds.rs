@@ -3,6 +3,11 @@
 //! `metadata[idempotency_key]` is the refund's key (the list has no metadata
 //! filter).
 //!
+//! Before anything is sent the PaymentIntent is read: a refund of none, of one
+//! that did not charge, or in another currency than the charge's (Stripe's
+//! refund takes no currency: the amount would be read in the charge's unit) is
+//! refused.
+//!
 //! Stripe replays the first answer to an `Idempotency-Key` (a 500 included) for
 //! at least a day, so a retry under one key never settles a failure, and a new
 //! key sent blindly could refund twice while a request under the old one may
@@ -33,7 +38,7 @@
 
 use super::adapter::{status_of, StripeGateway};
 use super::amount::{minor_units, stripe_amount};
-use super::api::{is_intent_id, Failure};
+use super::api::{is_intent_id, Failure, IntentStatus};
 use super::refund_api::{NewRefund, Refund};
 use crate::gateway::client::note_failure;
 use crate::gateway::interface::{Charge, ChargeStatus, GatewayError, LeaseGuard};
@@ -180,6 +185,42 @@ impl StripeGateway {
             .collect())
     }
 
+    /// Refuses, before anything is sent, a refund Stripe would take wrongly or
+    /// not at all: of no PaymentIntent, of one that did not charge, or in
+    /// another currency than the charge's (Stripe refunds take no currency, so
+    /// the amount would be read in the charge's unit).
+    async fn check_refundable(
+        &self,
+        key: &IdempotencyKey,
+        intent: &str,
+        currency: &str,
+    ) -> Result<(), GatewayError> {
+        let found = self.api.retrieve(intent).await.map_err(|failure| {
+            let error =
+                GatewayError::Unavailable(format!("reading the PaymentIntent failed: {failure}"));
+            note_failure("refund", key, status_of(&failure), &error);
+            error
+        })?;
+        let Some(found) = found else {
+            return Err(refused(format!(
+                "charge_not_found: no PaymentIntent {intent}"
+            )));
+        };
+        if found.status != IntentStatus::Succeeded {
+            return Err(refused(format!(
+                "charge_not_refundable: the PaymentIntent is {:?}",
+                found.status
+            )));
+        }
+        if !found.currency.eq_ignore_ascii_case(currency) {
+            return Err(refused(format!(
+                "currency_mismatch: the charge was made in {}",
+                found.currency.to_ascii_uppercase()
+            )));
+        }
+        Ok(())
+    }
+
     /// The refund: see the module documentation.
     pub(super) async fn refund_payment(
         &self,
@@ -192,6 +233,8 @@ impl StripeGateway {
             return Err(refused(format!("{intent:?} is no PaymentIntent id")));
         }
         let amount = stripe_amount(request.amount_minor, &request.currency).map_err(refused)?;
+        self.check_refundable(key, intent, &request.currency)
+            .await?;
         for attempt in 0..MAX_ATTEMPT_KEYS {
             if let Some(found) = settled_of(self.refunds_under(key, intent).await?) {
                 let currency = request.currency.to_ascii_lowercase();

@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use payment_worker::configuration::{StripeCompat, DEFAULT_STRIPE_API_VERSION};
 use payment_worker::fault::Faults;
@@ -119,6 +119,14 @@ async fn create(State(books): State<Shared>, headers: HeaderMap, body: Bytes) ->
     (status, Json(body)).into_response()
 }
 
+/// The refunded PaymentIntent, succeeded.
+async fn intent() -> Json<Value> {
+    Json(json!({
+        "id": INTENT, "object": "payment_intent", "amount": 1000, "currency": "usd",
+        "status": "succeeded", "created": 1_700_000_000, "metadata": {},
+    }))
+}
+
 async fn list(
     State(books): State<Shared>,
     Query(query): Query<HashMap<String, String>>,
@@ -148,6 +156,7 @@ impl Rig {
         let books = Shared::default();
         let app = Router::new()
             .route("/v1/refunds", post(create).get(list))
+            .route(&format!("/v1/payment_intents/{INTENT}"), get(intent))
             .with_state(Arc::clone(&books));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

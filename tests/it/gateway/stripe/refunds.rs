@@ -129,7 +129,7 @@ impl LeaseGuard for LostLease {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_that_fails_sends_no_refund_and_a_bad_intent_id_is_refused() {
+async fn a_lease_that_fails_or_a_refund_stripe_would_misread_sends_nothing() {
     let (localstripe, rig) = rig().await;
     let gateway = rig.gateway();
     let intent = paid(&rig, 1000).await;
@@ -146,4 +146,23 @@ async fn a_lease_that_fails_sends_no_refund_and_a_bad_intent_id_is_refused() {
         .refund(&key, &refund("ch_123/../x", 100), &NoLease)
         .await;
     assert!(matches!(bad, Err(GatewayError::Rejected { .. })), "{bad:?}");
+    // Stripe takes no currency on a refund: another one than the charge's would
+    // be refunded in the charge's unit, so it is refused before anything is sent.
+    let euros = RefundRequest {
+        currency: "EUR".into(),
+        ..refund(&intent, 100)
+    };
+    let mismatch = gateway.refund(&key, &euros, &NoLease).await;
+    assert!(
+        matches!(&mismatch, Err(GatewayError::Rejected { reason, .. }) if reason.starts_with("currency_mismatch")),
+        "{mismatch:?}"
+    );
+    let missing = gateway
+        .refund(&key, &refund("pi_nothing", 100), &NoLease)
+        .await;
+    assert!(
+        matches!(&missing, Err(GatewayError::Rejected { reason, .. }) if reason.starts_with("charge_not_found")),
+        "{missing:?}"
+    );
+    assert!(refunds_at(&localstripe.url(), &intent).await.is_empty());
 }
