@@ -32,7 +32,7 @@ pub enum DevCommand {
     Demo(DemoArgs),
     /// Throughput, latency and memory against a Postgres ceiling measured in the same run.
     Bench(BenchArgs),
-    /// HTTP gateway simulator: charges, look-ups by idempotency key, a ledger, injected faults.
+    /// HTTP gateway simulator: charges and refunds, look-ups by idempotency key, a ledger, injected faults.
     GatewaySim {
         /// Address to serve on (port 0 picks a free port and prints it).
         #[arg(long, env = "GATEWAY_SIM_LISTEN", default_value = "127.0.0.1:8080")]

@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use sha2::{Digest as _, Sha256};
 
+use super::book::{Book, Booked};
 use super::refunds::RefundBook;
 use super::SimulatorConfig;
 use payment_worker::gateway::{Charge, ChargeRequest, ChargeStatus, LedgerEntry};
@@ -17,18 +18,10 @@ use payment_worker::token::IdempotencyKey;
 /// A payment method the simulator always declines, whatever `--decline-rate` says.
 const DECLINED_PAYMENT_METHOD: &str = "pm_card_declined";
 
-struct Entry {
-    public: LedgerEntry,
-    /// SHA-256 of the first request body; the payment method itself is not kept.
-    body_hash: [u8; 32],
-}
-
 /// Charges and refunds under one lock: a refund is checked against its charge and
 /// the charge's other refunds, and the fault draws come from one RNG.
 pub(super) struct Ledger {
-    entries: Vec<Entry>,
-    /// Key → index of its latest entry.
-    latest: HashMap<String, usize>,
+    charges: Book<LedgerEntry>,
     pub(super) refunds: RefundBook,
     pub(super) rng: StdRng,
 }
@@ -124,12 +117,32 @@ impl Ledger {
         }
     }
 
+    /// The faults drawn for a POST of `key`, or its decision already: an
+    /// injected 503, or the replay of what `key` made in `book`.
+    pub(super) fn before_acting<P: Booked>(
+        &mut self,
+        config: &SimulatorConfig,
+        key: &IdempotencyKey,
+        body_hash: [u8; 32],
+        book: fn(&mut Self) -> &mut Book<P>,
+    ) -> Result<Faults, Decision> {
+        let faults = self.draw_faults(config);
+        if faults.fail {
+            return Err(Decision::Unavailable);
+        }
+        if !config.ignore_idempotency_key {
+            if let Some(replayed) = book(self).replay(key.as_str(), body_hash, faults.delivery) {
+                return Err(replayed);
+            }
+        }
+        Ok(faults)
+    }
+
     /// The charge whose gateway id is `transaction_id` (its latest entry when
     /// `--ignore-idempotency-key` made several under one key).
     pub(super) fn charge_by_transaction(&self, transaction_id: &str) -> Option<&LedgerEntry> {
-        self.entries
+        self.charges
             .iter()
-            .map(|entry| &entry.public)
             .find(|entry| entry.transaction_id == transaction_id)
     }
 }
@@ -145,8 +158,7 @@ impl Shared {
         Self {
             slow_keys,
             ledger: Mutex::new(Ledger {
-                entries: Vec::new(),
-                latest: HashMap::new(),
+                charges: Book::default(),
                 refunds: RefundBook::default(),
                 rng: StdRng::seed_from_u64(seed),
             }),
@@ -190,29 +202,11 @@ impl Shared {
         let mut guard = self.lock();
         let ledger = &mut *guard;
         let Faults {
-            fail,
-            decline,
-            delivery,
-        } = ledger.draw_faults(config);
-        if fail {
-            return Decision::Unavailable;
-        }
-        if !config.ignore_idempotency_key {
-            if let Some(entry) = ledger
-                .latest
-                .get(key.as_str())
-                .and_then(|&index| ledger.entries.get_mut(index))
-            {
-                if entry.body_hash != hash {
-                    return Decision::Conflict;
-                }
-                entry.public.attempts += 1;
-                return Decision::Answer {
-                    charge: charge_of(&entry.public),
-                    delivery,
-                };
-            }
-        }
+            decline, delivery, ..
+        } = match ledger.before_acting(config, key, hash, |ledger| &mut ledger.charges) {
+            Ok(faults) => faults,
+            Err(decided) => return decided,
+        };
         let status = if request.payment_method == DECLINED_PAYMENT_METHOD || decline {
             ChargeStatus::Declined
         } else {
@@ -229,14 +223,8 @@ impl Shared {
             attempts: 1,
             decline_code: None,
         };
-        let charge = charge_of(&public);
-        ledger
-            .latest
-            .insert(key.as_str().to_owned(), ledger.entries.len());
-        ledger.entries.push(Entry {
-            public,
-            body_hash: hash,
-        });
+        let charge = public.charge();
+        ledger.charges.insert(public, hash);
         tracing::debug!(
             idempotency_key = %key,
             transaction_id = %charge.transaction_id,
@@ -249,27 +237,12 @@ impl Shared {
     }
 
     pub(super) fn lookup(&self, key: &str) -> Option<LedgerEntry> {
-        let ledger = self.lock();
-        ledger
-            .latest
-            .get(key)
-            .and_then(|&index| ledger.entries.get(index))
-            .map(|entry| entry.public.clone())
+        self.lock().charges.latest(key)
     }
 
     pub(super) fn snapshot(&self, key: Option<&str>) -> Vec<LedgerEntry> {
-        let ledger = self.lock();
-        ledger
-            .entries
-            .iter()
-            .filter(|entry| key.is_none_or(|key| entry.public.idempotency_key == key))
-            .map(|entry| entry.public.clone())
-            .collect()
+        self.lock().charges.snapshot(key)
     }
-}
-
-fn charge_of(entry: &LedgerEntry) -> Charge {
-    entry.charge()
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@
 //!
 //! Payment methods are never logged and never kept: a replay is matched against a
 //! SHA-256 of the first request body.
+mod book;
 mod config;
 mod ledger;
 mod refunds;

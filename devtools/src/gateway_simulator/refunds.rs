@@ -3,19 +3,12 @@
 //! the ledger's lock so a refund is checked against its charge and the charge's
 //! other refunds atomically.
 
-use std::collections::HashMap;
-
 use rand::Rng as _;
 
+use super::book::Book;
 use super::ledger::{body_hash, Decision, Faults, Shared};
 use payment_worker::gateway::{ChargeStatus, RefundEntry, RefundRequest};
 use payment_worker::token::IdempotencyKey;
-
-struct StoredRefund {
-    public: RefundEntry,
-    /// SHA-256 of the first request body.
-    body_hash: [u8; 32],
-}
 
 /// One refused `POST /refunds` (`GET /refund-refusals`): nothing was stored for
 /// it, but tests must be able to tell that the worker asked for it.
@@ -35,18 +28,15 @@ pub struct RefundRefusal {
 /// The refunds of the ledger.
 #[derive(Default)]
 pub(super) struct RefundBook {
-    entries: Vec<StoredRefund>,
-    /// Key → index of its latest entry.
-    latest: HashMap<String, usize>,
+    refunds: Book<RefundEntry>,
     refusals: Vec<RefundRefusal>,
 }
 
 impl RefundBook {
     /// What the charge `transaction_id` has had refunded so far (approved only).
     fn refunded(&self, transaction_id: &str) -> i64 {
-        self.entries
+        self.refunds
             .iter()
-            .map(|entry| &entry.public)
             .filter(|entry| {
                 entry.payment_transaction_id == transaction_id
                     && entry.status == ChargeStatus::Approved
@@ -66,30 +56,11 @@ impl Shared {
         let mut guard = self.lock();
         let ledger = &mut *guard;
         let Faults {
-            fail,
-            decline,
-            delivery,
-        } = ledger.draw_faults(config);
-        if fail {
-            return Decision::Unavailable;
-        }
-        if !config.ignore_idempotency_key {
-            let book = &mut ledger.refunds;
-            if let Some(entry) = book
-                .latest
-                .get(key.as_str())
-                .and_then(|&index| book.entries.get_mut(index))
-            {
-                if entry.body_hash != hash {
-                    return Decision::Conflict;
-                }
-                entry.public.attempts += 1;
-                return Decision::Answer {
-                    charge: entry.public.answer(),
-                    delivery,
-                };
-            }
-        }
+            decline, delivery, ..
+        } = match ledger.before_acting(config, key, hash, |ledger| &mut ledger.refunds.refunds) {
+            Ok(faults) => faults,
+            Err(decided) => return decided,
+        };
         let refused = match ledger.charge_by_transaction(&request.payment_transaction_id) {
             None => Some(("charge_not_found", "no charge has this transaction id")),
             Some(charge) if charge.status != ChargeStatus::Approved => Some((
@@ -144,13 +115,7 @@ impl Shared {
             decline_code: None,
         };
         let charge = public.answer();
-        let book = &mut ledger.refunds;
-        book.latest
-            .insert(key.as_str().to_owned(), book.entries.len());
-        book.entries.push(StoredRefund {
-            public,
-            body_hash: hash,
-        });
+        ledger.refunds.refunds.insert(public, hash);
         tracing::debug!(
             idempotency_key = %key,
             transaction_id = %charge.transaction_id,
@@ -162,23 +127,11 @@ impl Shared {
     }
 
     pub(super) fn lookup_refund(&self, key: &str) -> Option<RefundEntry> {
-        let ledger = self.lock();
-        let book = &ledger.refunds;
-        book.latest
-            .get(key)
-            .and_then(|&index| book.entries.get(index))
-            .map(|entry| entry.public.clone())
+        self.lock().refunds.refunds.latest(key)
     }
 
     pub(super) fn refund_snapshot(&self, key: Option<&str>) -> Vec<RefundEntry> {
-        let ledger = self.lock();
-        ledger
-            .refunds
-            .entries
-            .iter()
-            .filter(|entry| key.is_none_or(|key| entry.public.idempotency_key == key))
-            .map(|entry| entry.public.clone())
-            .collect()
+        self.lock().refunds.refunds.snapshot(key)
     }
 
     pub(super) fn refund_refusals(&self) -> Vec<RefundRefusal> {

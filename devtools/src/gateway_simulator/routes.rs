@@ -72,26 +72,48 @@ fn key_from_headers(headers: &HeaderMap) -> Result<IdempotencyKey, Rejection> {
 
 /// The body is parsed here rather than by axum's `Json`: its rejection texts can
 /// quote the body (and so the payment method), and its 422 would be confused with
-/// "key reused with another body".
-fn request_from_body(body: &[u8]) -> Result<ChargeRequest, Rejection> {
-    let invalid = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let request: ChargeRequest = serde_json::from_slice(body).map_err(|e| {
+/// "key reused with another body". `shape` names the fields, for the refusal.
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Rejection> {
+    serde_json::from_slice(body).map_err(|e| {
         invalid(format!(
-            "the body must be a JSON object {{amount_minor, currency, payment_method}} \
-             ({:?} error at line {}, column {})",
+            "the body must be a JSON object {{{shape}}} ({:?} error at line {}, column {})",
             e.classify(),
             e.line(),
             e.column()
         ))
-    })?;
-    if request.amount_minor < 1 {
+    })
+}
+
+fn invalid(message: String) -> Rejection {
+    error(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+/// What a charge and a refund both need: a positive amount, an ISO 4217 code.
+fn check_amount(amount_minor: i64, currency: &str) -> Result<(), Rejection> {
+    if amount_minor < 1 {
         return Err(invalid("amount_minor must be at least 1".into()));
     }
-    if !is_currency(&request.currency) {
+    if !(currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase())) {
         return Err(invalid("currency must be three upper-case letters".into()));
     }
+    Ok(())
+}
+
+fn request_from_body(body: &[u8]) -> Result<ChargeRequest, Rejection> {
+    let request: ChargeRequest = json_body(body, "amount_minor, currency, payment_method")?;
+    check_amount(request.amount_minor, &request.currency)?;
     if request.payment_method.is_empty() {
         return Err(invalid("payment_method must not be empty".into()));
+    }
+    Ok(request)
+}
+
+/// As [`request_from_body`], for `POST /refunds`.
+fn refund_from_body(body: &[u8]) -> Result<RefundRequest, Rejection> {
+    let request: RefundRequest = json_body(body, "payment_transaction_id, amount_minor, currency")?;
+    check_amount(request.amount_minor, &request.currency)?;
+    if request.payment_transaction_id.is_empty() {
+        return Err(invalid("payment_transaction_id must not be empty".into()));
     }
     Ok(request)
 }
@@ -111,45 +133,13 @@ fn trace_headers_of(headers: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// As [`request_from_body`], for `POST /refunds`.
-fn refund_from_body(body: &[u8]) -> Result<RefundRequest, Rejection> {
-    let invalid = |message: String| error(StatusCode::BAD_REQUEST, "invalid_request", message);
-    let request: RefundRequest = serde_json::from_slice(body).map_err(|e| {
-        invalid(format!(
-            "the body must be a JSON object {{payment_transaction_id, amount_minor, currency}} \
-             ({:?} error at line {}, column {})",
-            e.classify(),
-            e.line(),
-            e.column()
-        ))
-    })?;
-    if request.amount_minor < 1 {
-        return Err(invalid("amount_minor must be at least 1".into()));
-    }
-    if !is_currency(&request.currency) {
-        return Err(invalid("currency must be three upper-case letters".into()));
-    }
-    if request.payment_transaction_id.is_empty() {
-        return Err(invalid("payment_transaction_id must not be empty".into()));
-    }
-    Ok(request)
-}
-
-fn is_currency(code: &str) -> bool {
-    code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase())
-}
-
 async fn post_charge(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key = match key_from_headers(&headers) {
-        Ok(key) => key,
-        Err(rejection) => return rejection.into_response(),
-    };
-    let request = match request_from_body(&body) {
-        Ok(request) => request,
+    let (key, request) = match keyed(&headers, &body, request_from_body) {
+        Ok(keyed) => keyed,
         Err(rejection) => return rejection.into_response(),
     };
     shared.remember_trace_headers(&key, trace_headers_of(&headers));
@@ -158,17 +148,22 @@ async fn post_charge(
     answer(&shared, &key, decision).await
 }
 
+/// The key and the body of a POST, or the 400 refusing either.
+fn keyed<T>(
+    headers: &HeaderMap,
+    body: &[u8],
+    parse: fn(&[u8]) -> Result<T, Rejection>,
+) -> Result<(IdempotencyKey, T), Rejection> {
+    Ok((key_from_headers(headers)?, parse(body)?))
+}
+
 async fn post_refund(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key = match key_from_headers(&headers) {
-        Ok(key) => key,
-        Err(rejection) => return rejection.into_response(),
-    };
-    let request = match refund_from_body(&body) {
-        Ok(request) => request,
+    let (key, request) = match keyed(&headers, &body, refund_from_body) {
+        Ok(keyed) => keyed,
         Err(rejection) => return rejection.into_response(),
     };
     latency(&shared).await;

@@ -33,6 +33,9 @@
 //! | 401, 403, 429 (with a Stripe error), failed connect | nothing charged: retry | nothing charged: retry |
 //! | 5xx, timeout, unreadable 2xx | nothing charged (an unconfirmed PaymentIntent never charges): retry | unknown: look up |
 //!
+//! Refunds (`refunds.rs`) go out under attempt keys of their own too
+//! (`<key>:refund:<n>`), found again by listing the PaymentIntent's refunds.
+//!
 //! At start the account is probed (`probe.rs`): a key Stripe refuses or a server
 //! without its routes ends the command with a message instead.
 
@@ -52,6 +55,7 @@ use crate::gateway::client::note_failure;
 use crate::gateway::interface::{
     Charge, ChargeRequest, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway, Unconfirmed,
 };
+use crate::gateway::refunds::{RefundEntry, RefundRequest};
 use crate::gateway::transport::{checked_base_url, GatewayTransport};
 use crate::token::IdempotencyKey;
 
@@ -360,6 +364,50 @@ impl PaymentGateway for StripeGateway {
                 Some(entry(&key, &intent, charge))
             })
             .collect())
+    }
+
+    #[tracing::instrument(
+        name = "gateway refund",
+        skip_all,
+        fields(
+            otel.name = "stripe refund",
+            otel.kind = "client",
+            gateway.kind = "stripe",
+            http.response.status_code = Empty,
+            gateway.status = Empty,
+        )
+    )]
+    async fn refund(
+        &self,
+        key: &IdempotencyKey,
+        request: &RefundRequest,
+        lease: &dyn LeaseGuard,
+    ) -> Result<Charge, GatewayError> {
+        let answer = self.refund_payment(key, request, lease).await?;
+        tracing::Span::current().record("gateway.status", answer.status.as_str());
+        Ok(answer)
+    }
+
+    #[tracing::instrument(
+        name = "gateway refund lookup",
+        skip_all,
+        fields(
+            otel.name = "stripe refund lookup",
+            otel.kind = "client",
+            gateway.kind = "stripe",
+            http.response.status_code = Empty,
+        )
+    )]
+    async fn lookup_refund(
+        &self,
+        key: &IdempotencyKey,
+        request: &RefundRequest,
+    ) -> Result<Option<RefundEntry>, GatewayError> {
+        self.find_refund(key, request).await
+    }
+
+    async fn refunds(&self) -> Result<Vec<RefundEntry>, GatewayError> {
+        self.our_refunds().await
     }
 
     fn accepts(&self, request: &ChargeRequest) -> Result<(), String> {

@@ -222,7 +222,11 @@ impl StripeApi {
         format!("{}/v1/payment_intents", self.base)
     }
 
-    fn post(&self, url: String, idempotency_key: Option<&str>) -> reqwest::RequestBuilder {
+    pub(super) fn post(
+        &self,
+        url: String,
+        idempotency_key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
         let request = self
             .http
             .post(url)
@@ -234,7 +238,7 @@ impl StripeApi {
         }
     }
 
-    fn get(&self, url: String) -> reqwest::RequestBuilder {
+    pub(super) fn get(&self, url: String) -> reqwest::RequestBuilder {
         self.http
             .get(url)
             .header("Stripe-Version", &self.version)
@@ -311,50 +315,8 @@ impl StripeApi {
             // localstripe refuses the filter: page everything, filter below.
             _ => Vec::new(),
         };
-        let mut found = Vec::new();
-        let mut seen = HashSet::new();
-        let mut after: Option<String> = None;
-        let mut served_at = None;
-        let mut complete = false;
-        for page_number in 0..self.max_pages {
-            let mut query: Vec<(&str, String)> = vec![("limit", PAGE.to_owned())];
-            query.extend(filter.iter().map(|(k, v)| (*k, v.clone())));
-            if let Some(after) = &after {
-                query.push(("starting_after", after.clone()));
-            }
-            let (page, date): (ListPage, _) =
-                send_dated(self.get(self.intents_url()).query(&query)).await?;
-            if page_number == 0 {
-                served_at = date;
-            }
-            let mut new = 0;
-            for intent in page.data {
-                if seen.insert(intent.id.clone()) {
-                    after = Some(intent.id.clone());
-                    new += 1;
-                    found.push(intent);
-                }
-            }
-            if !page.has_more {
-                complete = true;
-                break;
-            }
-            // A server that starts over on a cursor it does not know repeats ids.
-            if new == 0 {
-                return Err(Failure::Incomplete(format!(
-                    "stopped at page {}: the server answered it with PaymentIntents already \
-                     listed and says more follow",
-                    page_number + 1
-                )));
-            }
-        }
-        if !complete {
-            return Err(Failure::Incomplete(format!(
-                "stopped at its page limit of {} pages ({} PaymentIntents) before the end",
-                self.max_pages,
-                found.len()
-            )));
-        }
+        let (mut found, served_at): (Vec<PaymentIntent>, _) =
+            self.page_through(self.intents_url(), &filter).await?;
         if let Some((from, to)) = window {
             found.retain(|intent| (from..=to).contains(&intent.created));
         }
@@ -364,10 +326,62 @@ impl StripeApi {
         })
     }
 
+    /// Every object at `url` (a Stripe list endpoint) matching `filter`, paged to
+    /// the end, and Stripe's clock when it answered the first page. A listing
+    /// that cannot reach the end (more pages than `max_pages`, a server
+    /// repeating a page) is a failure, never a shorter list.
+    pub(super) async fn page_through<T: Listed>(
+        &self,
+        url: String,
+        filter: &[(&str, String)],
+    ) -> Result<(Vec<T>, Option<i64>), Failure> {
+        let mut found = Vec::new();
+        let mut seen = HashSet::new();
+        let mut after: Option<String> = None;
+        let mut served_at = None;
+        for page_number in 0..self.max_pages {
+            let mut query: Vec<(&str, String)> = vec![("limit", PAGE.to_owned())];
+            query.extend(filter.iter().map(|(k, v)| (*k, v.clone())));
+            if let Some(after) = &after {
+                query.push(("starting_after", after.clone()));
+            }
+            let (page, date): (ListPage<T>, _) =
+                send_dated(self.get(url.clone()).query(&query)).await?;
+            if page_number == 0 {
+                served_at = date;
+            }
+            let mut new = 0;
+            for object in page.data {
+                if seen.insert(object.id().to_owned()) {
+                    after = Some(object.id().to_owned());
+                    new += 1;
+                    found.push(object);
+                }
+            }
+            if !page.has_more {
+                return Ok((found, served_at));
+            }
+            // A server that starts over on a cursor it does not know repeats ids.
+            if new == 0 {
+                return Err(Failure::Incomplete(format!(
+                    "stopped at page {}: the server answered it with objects already \
+                     listed and says more follow",
+                    page_number + 1
+                )));
+            }
+        }
+        Err(Failure::Incomplete(format!(
+            "stopped at its page limit of {} pages ({} objects) before the end",
+            self.max_pages,
+            found.len()
+        )))
+    }
+
     /// One page of PaymentIntents (`GET /v1/payment_intents?limit=1`): whether the
     /// key is taken and the route is there.
     pub async fn first_page(&self) -> Result<(), Failure> {
-        let _: ListPage = send(self.get(self.intents_url()).query(&[("limit", "1")])).await?;
+        let _: ListPage<PaymentIntent> =
+            send(self.get(self.intents_url()).query(&[("limit", "1")])).await?;
         Ok(())
     }
 
@@ -397,10 +411,22 @@ pub(super) struct Listing {
 }
 
 #[derive(Deserialize)]
-struct ListPage {
-    data: Vec<PaymentIntent>,
+#[serde(bound = "T: serde::de::DeserializeOwned")]
+struct ListPage<T> {
+    data: Vec<T>,
     #[serde(default)]
     has_more: bool,
+}
+
+/// An object of a Stripe list: its id is the cursor of the next page.
+pub(super) trait Listed: serde::de::DeserializeOwned {
+    fn id(&self) -> &str;
+}
+
+impl Listed for PaymentIntent {
+    fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 impl Answer {
@@ -411,7 +437,7 @@ impl Answer {
 }
 
 /// Sends `request` and reads a 2xx body as `T`; anything else is a [`Failure`].
-async fn send<T: serde::de::DeserializeOwned>(
+pub(super) async fn send<T: serde::de::DeserializeOwned>(
     request: reqwest::RequestBuilder,
 ) -> Result<T, Failure> {
     send_dated(request).await.map(|(body, _)| body)

@@ -9,6 +9,8 @@ mod lookup;
 mod phases;
 mod probe;
 mod records;
+mod refund_api;
+mod refunds;
 
 pub use adapter::{StripeGateway, StripeOptions};
 pub use amount::stripe_amount;

@@ -18,7 +18,7 @@ use payment_worker::gateway::{
 use payment_worker::token::IdempotencyKey;
 use payment_worker_devtools::{GatewaySimulator, RunningSimulator, SimulatorConfig};
 
-use crate::support::helpers::NoLease;
+use crate::support::helpers::{http_get, NoLease};
 
 fn key(s: &str) -> IdempotencyKey {
     IdempotencyKey::try_from(s).unwrap()
@@ -133,6 +133,23 @@ async fn refusals_are_rejected_and_nothing_is_refunded() {
     assert_eq!(refusals.len(), 2);
     assert_eq!(refusals[0].reason, "amount_too_large");
     assert_eq!(refusals[0].amount_minor, 301);
+    // The same list over HTTP, as a test outside the process reads it.
+    let listed: serde_json::Value = http_get(format!("{}/refund-refusals", sim.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed[0],
+        serde_json::json!({
+            "idempotency_key": "rf-b",
+            "payment_transaction_id": txn,
+            "amount_minor": 301,
+            "reason": "amount_too_large",
+        })
+    );
+    assert_eq!(listed[1]["reason"], "charge_not_found");
 }
 
 #[tokio::test]

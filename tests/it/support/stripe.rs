@@ -13,7 +13,7 @@ use payment_worker::payment::{
     Attempt, CommandContext, GatewayLookup, Outcome, PaymentCommand, Processor,
 };
 use payment_worker::token::{RedisTokenStore, TokenPolicy, TokenStore};
-use payment_worker_devtools::LOCALSTRIPE_KEY;
+use payment_worker_devtools::{LocalStripe, LOCALSTRIPE_KEY};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -53,6 +53,18 @@ impl StripeRig {
             compat,
             records,
         }
+    }
+
+    /// A localstripe of its own and a rig against it (leases of 5 s).
+    pub async fn localstripe() -> (LocalStripe, Self) {
+        let localstripe = LocalStripe::start().await.unwrap();
+        let rig = Self::new(
+            &localstripe.url(),
+            StripeCompat::Localstripe,
+            Duration::from_secs(5),
+        )
+        .await;
+        (localstripe, rig)
     }
 
     /// The adapter with this API key.
@@ -137,8 +149,13 @@ pub async fn until_final(processor: &Processor, command: &PaymentCommand) -> Out
 
 /// Every PaymentIntent localstripe at `url` holds (its raw JSON).
 pub async fn localstripe_intents(url: &str) -> Vec<Value> {
+    localstripe_list(url, "/v1/payment_intents?limit=10000").await
+}
+
+/// The `data` of one page of a localstripe list (`path` with its query), raw.
+pub async fn localstripe_list(url: &str, path: &str) -> Vec<Value> {
     let page: Value = http()
-        .get(format!("{url}/v1/payment_intents?limit=10000"))
+        .get(format!("{url}{path}"))
         .bearer_auth(LOCALSTRIPE_KEY)
         .send()
         .await

@@ -3,9 +3,6 @@
 //! replay charges nothing; an amount Stripe cannot express is refused before
 //! anything is sent.
 
-use std::time::Duration;
-
-use payment_worker::configuration::StripeCompat;
 use payment_worker::payment::{Outcome, RejectionKind};
 use payment_worker_devtools::LocalStripe;
 
@@ -13,14 +10,7 @@ use crate::support::helpers::{assert_duplicate_of, unique};
 use crate::support::stripe::{command, intents_for, localstripe_intents, until_final, StripeRig};
 
 async fn rig() -> (LocalStripe, StripeRig) {
-    let localstripe = LocalStripe::start().await.unwrap();
-    let rig = StripeRig::new(
-        &localstripe.url(),
-        StripeCompat::Localstripe,
-        Duration::from_secs(5),
-    )
-    .await;
-    (localstripe, rig)
+    StripeRig::localstripe().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,4 +11,6 @@ mod leases;
 mod listing;
 mod localstripe;
 mod probe;
+mod refund_keys;
+mod refunds;
 mod scripted;
