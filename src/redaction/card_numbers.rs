@@ -48,9 +48,9 @@ fn luhn_valid(digits: &[u8]) -> bool {
     sum.is_multiple_of(10)
 }
 
-/// Whether `text` holds fewer digits than a card number needs. One pass and no
-/// allocation: the exit every clean key, reference and header takes.
-pub(super) fn too_few_digits(text: &str) -> bool {
+/// The digits of `text`, of any script. One pass and no allocation: fewer than a
+/// card number needs is the exit every clean key, reference and header takes.
+fn digit_count(text: &str) -> usize {
     let mut count = 0usize;
     for (at, byte) in text.bytes().enumerate() {
         if byte.is_ascii_digit() {
@@ -65,18 +65,26 @@ pub(super) fn too_few_digits(text: &str) -> bool {
             break;
         }
     }
-    count < *CARD_DIGITS.start()
+    count
 }
 
 /// One stretch of digit groups joined by single separators; `groups` holds the end
 /// offset of each group in `digits`.
-#[derive(Default)]
 struct DigitRun {
     digits: Vec<u8>,
     groups: Vec<usize>,
 }
 
 impl DigitRun {
+    /// A run buffer for a text of `digits` digits: sized once, so that pushing the
+    /// digits of its runs never reallocates.
+    fn for_digits(digits: usize) -> Self {
+        Self {
+            digits: Vec::with_capacity(digits),
+            groups: Vec::with_capacity(4),
+        }
+    }
+
     /// Whether some run of whole consecutive groups is a card number.
     fn looks_like_card(&self) -> bool {
         let starts = std::iter::once(0).chain(self.groups.iter().copied());
@@ -106,14 +114,15 @@ impl DigitRun {
     }
 }
 
-/// The byte ranges (first digit to last digit) of up to `limit` runs of digit
-/// groups of `text` that hold a card number, in order.
-fn card_runs(text: &str, limit: usize) -> Vec<Range<usize>> {
-    let mut found = Vec::new();
-    if too_few_digits(text) {
-        return found;
+/// The byte ranges (first digit to last digit) of the runs of digit groups of
+/// `text` that hold a card number, handed to `found` in order until it returns
+/// `false`.
+fn each_card_run(text: &str, mut found: impl FnMut(Range<usize>) -> bool) {
+    let digits = digit_count(text);
+    if digits < *CARD_DIGITS.start() {
+        return;
     }
-    let mut run = DigitRun::default();
+    let mut run = DigitRun::for_digits(digits);
     let mut span = 0..0;
     // Whether the character before was a separator that followed a digit.
     let mut after_separator = false;
@@ -133,27 +142,39 @@ fn card_runs(text: &str, limit: usize) -> Vec<Range<usize>> {
             continue;
         }
         // Anything else, or a second separator in a row, ends the run.
-        if run.looks_like_card() {
-            found.push(span.clone());
-            if found.len() == limit {
-                return found;
-            }
+        if run.looks_like_card() && !found(span.clone()) {
+            return;
         }
         run.clear();
         after_separator = false;
     }
     run.close_group();
     if run.looks_like_card() {
-        found.push(span);
+        found(span);
     }
-    found
+}
+
+/// The byte ranges of every run of digit groups of `text` that holds a card
+/// number, in order ([`each_card_run`]).
+fn card_runs(text: &str) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    each_card_run(text, |run| {
+        runs.push(run);
+        true
+    });
+    runs
 }
 
 /// Whether `text`, as written, holds a card number. Only this one reading of it:
 /// the detector for whatever may leave the worker is
 /// [`super::holds_card_number`], which reads it every way a receiver may.
 pub(super) fn written_card_number(text: &str) -> bool {
-    !card_runs(text, 1).is_empty()
+    let mut any = false;
+    each_card_run(text, |_| {
+        any = true;
+        false
+    });
+    any
 }
 
 /// `text` with the digits of every run that holds a card number replaced by `*`,
@@ -161,7 +182,7 @@ pub(super) fn written_card_number(text: &str) -> bool {
 /// "**** **** **** 1111". Masks the text as written; a number only another reading
 /// shows (an escape, another encoding) is [`super::masked_for_echo`]'s.
 pub fn mask_card_numbers(text: &str) -> Cow<'_, str> {
-    let runs = card_runs(text, usize::MAX);
+    let runs = card_runs(text);
     if runs.is_empty() {
         return Cow::Borrowed(text);
     }
@@ -306,8 +327,8 @@ mod tests {
             .map(|c| char::from_u32(0x0660 + u32::from(c as u8 - b'0')).expect("a digit"))
             .collect();
         assert!(written_card_number(&arabic_indic));
-        assert!(!too_few_digits(&arabic_indic));
-        assert!(too_few_digits("é 123456789012"));
-        assert!(!too_few_digits("é 1234567890123"));
+        assert_eq!(digit_count(&arabic_indic), 16);
+        assert_eq!(digit_count("é 123456789012"), 12);
+        assert_eq!(digit_count("é 1234567890123"), 13);
     }
 }

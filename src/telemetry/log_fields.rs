@@ -54,13 +54,8 @@ impl<'writer> FormatFields<'writer> for LogFields {
         current: &'writer mut FormattedFields<Self>,
         fields: &span::Record<'_>,
     ) -> std::fmt::Result {
-        let mut recorded = FieldNames::default();
-        fields.record(&mut recorded);
-        for name in recorded.0 {
-            if LATEST_VALUE_FIELDS.contains(&name) {
-                drop_field(&mut current.fields, name);
-            }
-        }
+        // Dropped as the record names them: no list of names collected per record.
+        fields.record(&mut DropEarlierValues(&mut current.fields));
         if !current.fields.is_empty() {
             current.fields.push(' ');
         }
@@ -68,12 +63,16 @@ impl<'writer> FormatFields<'writer> for LogFields {
     }
 }
 
-#[derive(Default)]
-struct FieldNames(Vec<&'static str>);
+/// Visits the fields of a record and drops from the formatted span fields the
+/// earlier value of each [`LATEST_VALUE_FIELDS`] field among them.
+struct DropEarlierValues<'a>(&'a mut String);
 
-impl Visit for FieldNames {
+impl Visit for DropEarlierValues<'_> {
     fn record_debug(&mut self, field: &Field, _: &dyn std::fmt::Debug) {
-        self.0.push(field.name());
+        let name = field.name();
+        if LATEST_VALUE_FIELDS.contains(&name) {
+            drop_field(self.0, name);
+        }
     }
 }
 

@@ -64,10 +64,7 @@ pub fn init(default_filter: &str) -> Telemetry {
     // not, and the client spans below the command (token, statement, publish, POST)
     // are several per payment. Those go to traces only, and with no exporter they
     // are not built at all.
-    let filter = filter.and(tracing_subscriber::filter::filter_fn(|meta| {
-        meta.is_event()
-            || (meta.name() == COMMAND_SPAN && meta.target().starts_with("payment_worker"))
-    }));
+    let filter = filter.and(command_spans_and_events());
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let logs = if json {
         tracing_subscriber::fmt::layer()
@@ -89,24 +86,44 @@ pub fn init(default_filter: &str) -> Telemetry {
             .with_filter(filter)
             .boxed()
     };
-    // Spans are exported whatever the log level: the trace is complete at `info`.
-    let traces = tracer_provider.as_ref().map(|provider| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer(SERVICE_NAME))
-            .with_filter(EnvFilter::new(
-                "info,payment_worker=debug,h2=off,tonic=off,hyper=off,reqwest=off",
-            ))
-    });
     // Already initialised (a test installed its own): keep that one.
-    let _ = tracing_subscriber::registry()
-        .with(logs)
-        .with(traces)
-        .try_init();
+    let _ = match &tracer_provider {
+        // Spans are exported whatever the log level: the trace is complete at `info`.
+        Some(provider) => tracing_subscriber::registry()
+            .with(logs)
+            .with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(provider.tracer(SERVICE_NAME))
+                    .with_filter(EnvFilter::new(
+                        "info,payment_worker=debug,h2=off,tonic=off,hyper=off,reqwest=off",
+                    )),
+            )
+            .try_init(),
+        // No exporter, no traces layer at all: an absent (`None`) layer enables
+        // every span for the registry, which then built, entered and closed each
+        // client span (statements, token calls, sends: several per payment) that
+        // no layer records. Without it they are disabled where they are written.
+        None => tracing_subscriber::registry().with(logs).try_init(),
+    };
     log_early_warnings();
     Telemetry {
         tracer_provider,
         meter_provider,
     }
+}
+
+/// What the log layer sees besides its level filter: events, and the command span.
+/// It says it passes every level, so the layer's maximum level is its level
+/// filter's: without that hint the subscriber's would be `TRACE`, and the `log`
+/// crate's maximum with it (set from it as the subscriber is installed), so that
+/// every `log::trace!` of a dependency (librdkafka's wrapper logs each handle it
+/// frees, several per record) went through `LogTracer` to be dropped there.
+fn command_spans_and_events<S>() -> impl tracing_subscriber::layer::Filter<S> {
+    tracing_subscriber::filter::filter_fn(|meta| {
+        meta.is_event()
+            || (meta.name() == COMMAND_SPAN && meta.target().starts_with("payment_worker"))
+    })
+    .with_max_level_hint(tracing::level_filters::LevelFilter::TRACE)
 }
 
 impl Telemetry {
@@ -122,5 +139,32 @@ impl Telemetry {
                 eprintln!("payment-worker: flushing metrics failed: {error}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing::level_filters::LevelFilter;
+    use tracing_subscriber::filter::FilterExt as _;
+    use tracing_subscriber::layer::Filter;
+    use tracing_subscriber::Registry;
+
+    use super::*;
+
+    /// The log layer's filter keeps the level filter's maximum, which the `log`
+    /// crate's maximum is set from: dependencies' `log::debug!` and `trace!` then
+    /// stop at one comparison instead of crossing into tracing.
+    #[test]
+    fn the_log_filter_keeps_the_level_filters_maximum() {
+        let filter = EnvFilter::new("info").and(command_spans_and_events());
+        assert_eq!(
+            Filter::<Registry>::max_level_hint(&filter),
+            Some(LevelFilter::INFO)
+        );
+        let filter = EnvFilter::new("debug").and(command_spans_and_events());
+        assert_eq!(
+            Filter::<Registry>::max_level_hint(&filter),
+            Some(LevelFilter::DEBUG)
+        );
     }
 }

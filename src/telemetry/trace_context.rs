@@ -96,6 +96,10 @@ impl Injector for PairInjector {
 /// dropped on the way in is not sent.
 pub fn current_trace_headers() -> Vec<(String, String)> {
     let context = tracing::Span::current().context();
+    if !context.span().span_context().is_valid() {
+        // Not traced (no exporter): a propagator writes nothing for it.
+        return Vec::new();
+    }
     let mut injector = PairInjector::default();
     opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&context, &mut injector));
     let raw: Vec<RawHeader<'_>> = injector

@@ -34,6 +34,25 @@ impl IdempotencyKey {
         &self.0
     }
 
+    /// Whether `value` is a valid key, without making one (no copy of it): the
+    /// rules [`IdempotencyKey::try_from`] applies.
+    pub fn check(value: &str) -> Result<(), InvalidKey> {
+        if value.is_empty() {
+            return Err(InvalidKey::Empty);
+        }
+        let length = value.chars().count();
+        if length > MAX_KEY_LEN {
+            return Err(InvalidKey::TooLong(length));
+        }
+        if let Some(position) = value
+            .chars()
+            .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+        {
+            return Err(InvalidKey::IllegalCharacter { position });
+        }
+        Ok(())
+    }
+
     /// A fresh random key, `<label>-` and 128 random bits written as 32 letters
     /// (`a`–`p`, hex with letters for digits): it holds no digit of its own, so
     /// it never reads as a card number (which every worker refuses as a key),
@@ -53,19 +72,7 @@ impl TryFrom<&str> for IdempotencyKey {
     type Error = InvalidKey;
 
     fn try_from(value: &str) -> Result<Self, Self::Error> {
-        if value.is_empty() {
-            return Err(InvalidKey::Empty);
-        }
-        let length = value.chars().count();
-        if length > MAX_KEY_LEN {
-            return Err(InvalidKey::TooLong(length));
-        }
-        if let Some(position) = value
-            .chars()
-            .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
-        {
-            return Err(InvalidKey::IllegalCharacter { position });
-        }
+        Self::check(value)?;
         Ok(Self(value.to_owned()))
     }
 }
@@ -74,7 +81,9 @@ impl TryFrom<String> for IdempotencyKey {
     type Error = InvalidKey;
 
     fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::try_from(value.as_str())
+        // The string itself becomes the key: no second copy.
+        Self::check(&value)?;
+        Ok(Self(value))
     }
 }
 

@@ -25,19 +25,20 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::answer_sink::{AnswerHold, AnswerSink, PartitionAnswers};
+use super::answer_sink::{AnswerHold, AnswerPlace, AnswerSink, PartitionAnswers};
 use super::handler::Handler;
 use super::offsets::OffsetTracker;
-use super::spans::command_span;
+use super::spans::{command_span_named, PartitionNames};
 use super::supervision::panic_message;
 use crate::telemetry::events::{CommandEnded, CommandStarted, CommandsAbandoned, HandlerPanicked};
 
 /// Records of one key wait behind the one running; keyless records share one lane.
-type Lane = Option<Vec<u8>>;
+/// Shared, not copied: the queue map and the command's task each hold it.
+type Lane = Option<Arc<[u8]>>;
 
 /// The partition-local serialisation key of a record: its Kafka key.
-pub fn lane_of(message: &OwnedMessage) -> Option<Vec<u8>> {
-    message.key().map(<[u8]>::to_vec)
+pub fn lane_of(message: &OwnedMessage) -> Option<Arc<[u8]>> {
+    message.key().map(Arc::from)
 }
 
 /// The panic that dead-letters a record as `internal`.
@@ -110,6 +111,87 @@ struct Finished {
     span: tracing::Span,
 }
 
+/// One command's task: what it needs once spawned.
+struct CommandTask {
+    handler: Arc<Handler>,
+    message: OwnedMessage,
+    lane: Lane,
+    place: AnswerPlace,
+    draining: CancellationToken,
+    span: tracing::Span,
+    counts: Arc<PanicCounts>,
+    partition: i32,
+    offset: i64,
+    /// Times handling this record panicked so far.
+    panics: u32,
+}
+
+impl CommandTask {
+    /// Handles the record after a pause that grows with each panic, or, at the
+    /// limit, dead-letters it as `internal` without handling it again.
+    async fn run(self) -> Finished {
+        let Self {
+            handler,
+            message,
+            lane,
+            place,
+            draining,
+            span,
+            counts,
+            partition,
+            offset,
+            panics,
+        } = self;
+        if panics > 0 {
+            let pause = Duration::from_millis(200 << panics.min(5));
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = draining.cancelled() => {}
+            }
+        }
+        // Boxed so that wrapping it (span, unwind guard) moves a pointer, not the
+        // handler's multi-kilobyte future.
+        let work = Box::pin(async {
+            if panics >= PANICS_BEFORE_DEAD_LETTER {
+                handler.give_up_after_panics(&message, panics, place).await
+            } else if panics > 0 && draining.is_cancelled() {
+                // Handling it again is a retry, and a drain stops retries.
+                None
+            } else {
+                handler.handle(&message, &draining, place).await
+            }
+        });
+        let caught = AssertUnwindSafe(work.instrument(span.clone()))
+            .catch_unwind()
+            .await;
+        let ending = match caught {
+            Ok(Some(answer)) => Ending::Settled(answer.hold),
+            Ok(None) => Ending::Interrupted,
+            Err(panic) => {
+                // Counted here, where it was caught: an exactly-once abort may
+                // abandon this partition task before it joins this one, and a
+                // panic counted only there would be forgotten and handled again.
+                let count = counts.record(message.topic(), partition, offset);
+                span.in_scope(|| {
+                    crate::telemetry::emit(HandlerPanicked {
+                        partition,
+                        offset,
+                        panics: count,
+                        panic: &panic_message(panic.as_ref()),
+                    })
+                });
+                Ending::Panicked(message, count)
+            }
+        };
+        Finished {
+            offset,
+            lane,
+            ending,
+            span,
+        }
+    }
+}
+
 /// The partition task's commands: admitted, queued behind their key, running.
 struct Commands {
     offsets: OffsetTracker,
@@ -120,10 +202,12 @@ struct Commands {
     admitted: usize,
     /// Exactly-once: the answers enter the open transaction in offset order.
     answers: PartitionAnswers,
+    /// The partition's span names and ids, formatted once for all its commands.
+    names: PartitionNames,
 }
 
 impl Commands {
-    fn new(sink: &AnswerSink) -> Self {
+    fn new(sink: &AnswerSink, topic: &str, partition: i32) -> Self {
         Self {
             offsets: OffsetTracker::default(),
             waiting: HashMap::new(),
@@ -131,6 +215,7 @@ impl Commands {
             draining: CancellationToken::new(),
             admitted: 0,
             answers: sink.partition_answers(),
+            names: PartitionNames::new(topic, partition),
         }
     }
 }
@@ -167,7 +252,7 @@ pub struct PartitionTask<C: ConsumerContext + 'static> {
 impl<C: ConsumerContext + 'static> PartitionTask<C> {
     /// Returns the last offset stored (where the next owner should start).
     pub async fn run(mut self) -> Option<i64> {
-        let mut commands = Commands::new(&self.sink);
+        let mut commands = Commands::new(&self.sink, &self.topic, self.partition);
         let mut inbox_open = true;
         // A revoke drops the inbox's sender, but `recv` still hands out what was
         // buffered (up to the inbox's capacity): the closure itself is the signal to
@@ -214,7 +299,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 break;
             }
         }
-        self.store(&mut commands.offsets);
+        self.store(&mut commands);
         tracing::debug!(topic = %self.topic, partition = self.partition, "partition drained");
         commands.offsets.stored()
     }
@@ -234,7 +319,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             Ending::Settled(hold) => {
                 self.panics.settled(&self.topic, self.partition, offset);
                 commands.offsets.complete(offset);
-                span.in_scope(|| self.store(&mut commands.offsets));
+                span.in_scope(|| self.store(commands));
                 // Only now may a commit run: its offsets include this one.
                 hold.settled();
             }
@@ -242,14 +327,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             Ending::Panicked(message, count) => {
                 if inbox_open && !self.inbox.is_closed() {
                     // Same lane, same place: the records behind it wait.
-                    self.spawn(
-                        &mut commands.running,
-                        message,
-                        lane,
-                        &commands.draining,
-                        count,
-                        &commands.answers,
-                    );
+                    self.spawn(commands, message, lane, count);
                     return;
                 }
                 commands.answers.stop(offset);
@@ -262,13 +340,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
                 .get_mut(&lane)
                 .and_then(VecDeque::pop_front)
             {
-                Some(message) => self.start(
-                    &mut commands.running,
-                    message,
-                    lane,
-                    &commands.draining,
-                    &commands.answers,
-                ),
+                Some(message) => self.start(commands, message, lane),
                 None => {
                     commands.waiting.remove(&lane);
                 }
@@ -294,100 +366,42 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             queue.push_back(message);
         } else {
             commands.waiting.insert(lane.clone(), VecDeque::new());
-            self.start(
-                &mut commands.running,
-                message,
-                lane,
-                &commands.draining,
-                &commands.answers,
-            );
+            self.start(commands, message, lane);
         }
     }
 
-    fn start(
-        &self,
-        running: &mut JoinSet<Finished>,
-        message: OwnedMessage,
-        lane: Lane,
-        draining: &CancellationToken,
-        answers: &PartitionAnswers,
-    ) {
+    fn start(&self, commands: &mut Commands, message: OwnedMessage, lane: Lane) {
         let panics = self
             .panics
             .of(&self.topic, self.partition, message.offset());
-        self.spawn(running, message, lane, draining, panics, answers);
+        self.spawn(commands, message, lane, panics);
     }
 
     /// Handles `message`, which has made its handler panic `panics` times so far:
     /// after a pause that grows with each panic, or, at the limit, by dead-lettering
     /// it as `internal` without handling it again.
-    fn spawn(
-        &self,
-        running: &mut JoinSet<Finished>,
-        message: OwnedMessage,
-        lane: Lane,
-        draining: &CancellationToken,
-        panics: u32,
-        answers: &PartitionAnswers,
-    ) {
-        let handler = Arc::clone(&self.handler);
-        let place = answers.place(message.offset());
-        let draining = draining.clone();
-        let span = command_span(&message, &self.group_id);
-        let counts = Arc::clone(&self.panics);
+    fn spawn(&self, commands: &mut Commands, message: OwnedMessage, lane: Lane, panics: u32) {
+        let task = CommandTask {
+            handler: Arc::clone(&self.handler),
+            place: commands.answers.place(message.offset()),
+            draining: commands.draining.clone(),
+            span: command_span_named(&message, &self.group_id, &commands.names),
+            counts: Arc::clone(&self.panics),
+            partition: self.partition,
+            offset: message.offset(),
+            message,
+            lane,
+            panics,
+        };
         crate::telemetry::emit(CommandStarted);
-        let (partition, offset) = (self.partition, message.offset());
-        running.spawn(async move {
-            if panics > 0 {
-                let pause = Duration::from_millis(200 << panics.min(5));
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = draining.cancelled() => {}
-                }
-            }
-            let work = async {
-                if panics >= PANICS_BEFORE_DEAD_LETTER {
-                    handler.give_up_after_panics(&message, panics, place).await
-                } else if panics > 0 && draining.is_cancelled() {
-                    // Handling it again is a retry, and a drain stops retries.
-                    None
-                } else {
-                    handler.handle(&message, &draining, place).await
-                }
-            };
-            let caught = AssertUnwindSafe(work.instrument(span.clone()))
-                .catch_unwind()
-                .await;
-            let ending = match caught {
-                Ok(Some(answer)) => Ending::Settled(answer.hold),
-                Ok(None) => Ending::Interrupted,
-                Err(panic) => {
-                    // Counted here, where it was caught: an exactly-once abort may
-                    // abandon this partition task before it joins this one, and a
-                    // panic counted only there would be forgotten and handled again.
-                    let count = counts.record(message.topic(), partition, offset);
-                    span.in_scope(|| {
-                        crate::telemetry::emit(HandlerPanicked {
-                            partition,
-                            offset,
-                            panics: count,
-                            panic: &panic_message(panic.as_ref()),
-                        })
-                    });
-                    Ending::Panicked(message, count)
-                }
-            };
-            Finished {
-                offset,
-                lane,
-                ending,
-                span,
-            }
-        });
+        // Boxed: the task's future holds the whole handling of a command (token,
+        // transaction, gateway POST, answer), several kilobytes that tokio would
+        // otherwise copy into the task's cell on every spawn.
+        commands.running.spawn(Box::pin(task.run()));
     }
 
-    fn store(&self, offsets: &mut OffsetTracker) {
-        let Some(next) = offsets.advance() else {
+    fn store(&self, commands: &mut Commands) {
+        let Some(next) = commands.offsets.advance() else {
             return;
         };
         // The member's commit thread commits stored offsets as soon as they move (one
@@ -397,7 +411,7 @@ impl<C: ConsumerContext + 'static> PartitionTask<C> {
             otel.kind = "client",
             messaging.system = "kafka",
             messaging.operation.type = "settle",
-            messaging.destination.partition.id = self.partition.to_string(),
+            messaging.destination.partition.id = commands.names.partition_id(),
             messaging.kafka.offset = next,
         )
         .entered();

@@ -20,7 +20,7 @@ use super::dead_letter::{DeadLetter, Letter};
 use super::messages::{ResultRecord, KEY_HMAC_SHA256};
 use super::oversized::LetterForm;
 use super::record_echo::EchoedKey;
-use super::spans::produce_span;
+use super::spans::{produce_span, produce_span_name};
 use super::transactions::Transactions;
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
 use crate::payment::{dead_letter_redaction, Outcome, SourcePosition};
@@ -110,6 +110,9 @@ pub struct Publisher {
     producer: FutureProducer,
     results_topic: String,
     dlq_topic: String,
+    /// The `otel.name`s of the producer spans of the two topics, formatted once.
+    results_span_name: String,
+    dlq_span_name: String,
     /// Where answers go, chosen once at start: acknowledged one by one, or into
     /// the open transaction.
     sink: AnswerSink,
@@ -158,6 +161,8 @@ impl Publisher {
             producer,
             results_topic: settings.results_topic.clone(),
             dlq_topic: settings.dlq_topic.clone(),
+            results_span_name: produce_span_name(&settings.results_topic),
+            dlq_span_name: produce_span_name(&settings.dlq_topic),
             sink: AnswerSink::AtLeastOnce,
             refused_for_good: Arc::default(),
             key_hasher,
@@ -177,6 +182,8 @@ impl Publisher {
                     producer: transactions.producer().clone(),
                     results_topic: settings.results_topic.clone(),
                     dlq_topic: settings.dlq_topic.clone(),
+                    results_span_name: produce_span_name(&settings.results_topic),
+                    dlq_span_name: produce_span_name(&settings.dlq_topic),
                     sink: AnswerSink::Transactional(transactions),
                     refused_for_good: Arc::default(),
                     key_hasher,
@@ -307,7 +314,7 @@ impl Publisher {
     ) {
         // Serialising our own struct cannot fail; an empty payload would still be visible.
         let payload = serde_json::to_vec(result).unwrap_or_default();
-        let span = produce_span(&self.results_topic);
+        let span = produce_span(&self.results_topic, &self.results_span_name);
         let mut headers =
             span.in_scope(|| crate::telemetry::with_trace_headers(OwnedHeaders::new()));
         if let Some(hmac) = &echoed.hmac {
@@ -369,7 +376,7 @@ impl Publisher {
         source: &SourcePosition,
         letter: DeadLetter<'_>,
     ) {
-        let span = produce_span(&self.dlq_topic);
+        let span = produce_span(&self.dlq_topic, &self.dlq_span_name);
         // Exactly-once only: what an aborted transaction learnt (see `oversized.rs`).
         let refusals = self.sink.oversized();
         let mut form = refusals.map_or(LetterForm::Whole, |known| known.first_form(source));
