@@ -527,6 +527,9 @@ impl Deployment {
                 "GATEWAY_URL",
                 "LEASE",
                 "TOKEN_STORE",
+                "GATEWAY_KIND",
+                "GATEWAY_API_KEY_FILE",
+                "STRIPE_COMPAT",
             ]
             .contains(&k.as_str())
         });

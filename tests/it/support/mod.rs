@@ -14,6 +14,7 @@ pub(crate) mod helpers;
 pub(crate) mod pki;
 pub(crate) mod procs;
 pub(crate) mod redis_servers;
+pub(crate) mod refund_race;
 pub(crate) mod scripted_gateway;
 pub(crate) mod scripted_stripe;
 pub(crate) mod stripe;

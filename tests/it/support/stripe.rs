@@ -17,7 +17,9 @@ use payment_worker_devtools::{LocalStripe, LOCALSTRIPE_KEY};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::support::helpers::{http, TestDb, TestRedis};
+use crate::support::deployment::{DeployedGateway, Deployment, PARTITIONS};
+use crate::support::helpers::{http, unique, TestDb, TestRedis};
+use crate::support::procs;
 
 pub struct StripeRig {
     pub db: TestDb,
@@ -179,4 +181,56 @@ pub async fn intents_for(url: &str, key: &str) -> Vec<(String, String)> {
             )
         })
         .collect()
+}
+
+/// A deployment of three `run` workers with `--gateway stripe` against a fresh
+/// localstripe (kept alive by the deployment): the deployment, localstripe's URL and
+/// the API key file the workers read (the caller removes it).
+pub async fn localstripe_deployment(
+    db: &TestDb,
+    redis: &TestRedis,
+) -> (Deployment, String, std::path::PathBuf) {
+    let localstripe = LocalStripe::start().await.unwrap();
+    let url = localstripe.url();
+    let key_file = std::env::temp_dir().join(unique("pw-stripe-key"));
+    std::fs::write(&key_file, format!("{LOCALSTRIPE_KEY}\n")).unwrap();
+    let records =
+        payment_worker::startup::connect_with_size(&DatabaseSettings::with_url(&db.url), 2)
+            .await
+            .unwrap();
+    let client = StripeGateway::new(
+        &StripeOptions {
+            base_url: url.clone(),
+            api_version: DEFAULT_STRIPE_API_VERSION.to_owned(),
+            compat: StripeCompat::Localstripe,
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(2),
+        },
+        &GatewayTransport::with_api_key(LOCALSTRIPE_KEY.into()),
+        records,
+    )
+    .unwrap();
+    let gateway = DeployedGateway {
+        keep: Box::new(localstripe),
+        env: vec![
+            ("GATEWAY_KIND".to_owned(), "stripe".to_owned()),
+            ("GATEWAY_URL".to_owned(), url.clone()),
+            (
+                "GATEWAY_API_KEY_FILE".to_owned(),
+                key_file.display().to_string(),
+            ),
+            ("STRIPE_COMPAT".to_owned(), "localstripe".to_owned()),
+            ("STRIPE_RECORD_CONNECTIONS".to_owned(), "2".to_owned()),
+        ],
+        client: Arc::new(client),
+    };
+    let deployment = Deployment::start_with_gateway(
+        procs::dev_kafka(PARTITIONS).await,
+        PARTITIONS,
+        &db.url,
+        &redis.prefix,
+        gateway,
+        &[("DATABASE_MAX_CONNECTIONS", "8")],
+    );
+    (deployment, url, key_file)
 }

@@ -5,66 +5,19 @@
 //! the books clean, and the replay makes none.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use payment_worker::configuration::{DatabaseSettings, StripeCompat, DEFAULT_STRIPE_API_VERSION};
-use payment_worker::gateway::{GatewayTransport, StripeGateway, StripeOptions};
 use payment_worker::operator::{self, WorkloadSpec};
-use payment_worker_devtools::{LocalStripe, LOCALSTRIPE_KEY};
 
 use crate::support::books::*;
-use crate::support::deployment::*;
 use crate::support::helpers::{unique, TestDb, TestRedis};
-use crate::support::procs;
-use crate::support::stripe::localstripe_intents;
+use crate::support::stripe::{localstripe_deployment, localstripe_intents};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_with_kills_and_a_redis_flush_makes_one_payment_intent_per_key_and_a_replay_none() {
     let db = TestDb::new().await;
     let mut redis = TestRedis::new().await;
-    let localstripe = LocalStripe::start().await.unwrap();
-    let url = localstripe.url();
-    let key_file = std::env::temp_dir().join(unique("pw-stripe-key"));
-    std::fs::write(&key_file, format!("{LOCALSTRIPE_KEY}\n")).unwrap();
-    let records =
-        payment_worker::startup::connect_with_size(&DatabaseSettings::with_url(&db.url), 2)
-            .await
-            .unwrap();
-    let client = StripeGateway::new(
-        &StripeOptions {
-            base_url: url.clone(),
-            api_version: DEFAULT_STRIPE_API_VERSION.to_owned(),
-            compat: StripeCompat::Localstripe,
-            timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_secs(2),
-        },
-        &GatewayTransport::with_api_key(LOCALSTRIPE_KEY.into()),
-        records,
-    )
-    .unwrap();
-    let gateway = DeployedGateway {
-        keep: Box::new(localstripe),
-        env: vec![
-            ("GATEWAY_KIND".to_owned(), "stripe".to_owned()),
-            ("GATEWAY_URL".to_owned(), url.clone()),
-            (
-                "GATEWAY_API_KEY_FILE".to_owned(),
-                key_file.display().to_string(),
-            ),
-            ("STRIPE_COMPAT".to_owned(), "localstripe".to_owned()),
-            ("STRIPE_RECORD_CONNECTIONS".to_owned(), "2".to_owned()),
-        ],
-        client: Arc::new(client),
-    };
-    let mut deployment = Deployment::start_with_gateway(
-        procs::dev_kafka(PARTITIONS).await,
-        PARTITIONS,
-        &db.url,
-        &redis.prefix,
-        gateway,
-        &[("DATABASE_MAX_CONNECTIONS", "8")],
-    );
+    let (mut deployment, url, key_file) = localstripe_deployment(&db, &redis).await;
     // No declines: localstripe knows none of the workload's declining methods.
     let spec = WorkloadSpec {
         count: 300,

@@ -11,6 +11,7 @@ mod leases;
 mod listing;
 mod localstripe;
 mod probe;
+mod refund_group;
 mod refund_keys;
 mod refunds;
 mod scripted;
