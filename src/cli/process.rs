@@ -5,7 +5,7 @@ use anyhow::Context;
 
 use super::CommandFailure;
 use crate::configuration::{ProcessorSettings, WorkerSettings};
-use crate::payment::{Attempt, CommandContext, Outcome, PaymentCommand, RejectionKind};
+use crate::payment::{Attempt, Command, CommandContext, Outcome, RejectionKind};
 use crate::startup;
 
 /// Processes `json` (`-`: standard input) and prints its outcome as one JSON line.
@@ -17,15 +17,16 @@ pub(super) async fn run(json: String, processor: ProcessorSettings) -> anyhow::R
     };
     // An invalid command is answered as the worker would (a `rejected`
     // outcome), before any service is needed.
-    let outcome = match PaymentCommand::parse(json.as_bytes()) {
+    let outcome = match Command::parse(json.as_bytes()) {
         Ok(command) => {
             let processor =
                 startup::build_processor(&processor, &WorkerSettings::default().worker_id())
                     .await
                     .map_err(unreachable_is_temporary)?;
             processor
-                .process(&command, &CommandContext::default())
+                .process_watching(&command, &CommandContext::default())
                 .await
+                .attempt
         }
         Err(invalid) => Attempt::Final(Outcome::Rejected {
             kind: RejectionKind::Invalid,
