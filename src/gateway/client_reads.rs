@@ -34,12 +34,12 @@ impl HttpGateway {
     /// are asked for through the listing at `collection` filtered by key instead.
     async fn lookup_via_listing<T: KeyedEntry>(
         &self,
-        collection: String,
+        collection: &reqwest::Url,
         key: &IdempotencyKey,
     ) -> Result<Option<T>, GatewayError> {
         let response = self
             .http
-            .get(collection)
+            .get(collection.clone())
             .query(&[("idempotency_key", key.as_str())])
             .send()
             .await
@@ -60,15 +60,19 @@ impl HttpGateway {
     /// (`operation` names the call in failure counts).
     pub(super) async fn lookup_at<T: KeyedEntry>(
         &self,
-        collection: String,
+        collection: &reqwest::Url,
         operation: &'static str,
         key: &IdempotencyKey,
     ) -> Result<Option<T>, GatewayError> {
         if key.as_str().bytes().all(|b| b == b'.') {
             return self.lookup_via_listing(collection, key).await;
         }
-        // The key alphabet [A-Za-z0-9._:-] is all URL-safe in a path segment.
-        let url = format!("{collection}/{}", key.as_str());
+        // The key alphabet [A-Za-z0-9._:-] is all URL-safe in a path segment; an
+        // http(s) URL always takes one more.
+        let mut url = collection.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.push(key.as_str());
+        }
         let response = match self.http.get(url).headers(trace_headers()).send().await {
             Ok(response) => response,
             Err(error) => {
@@ -99,11 +103,11 @@ impl HttpGateway {
     /// `GET {collection}`: every entry, with the long timeout of a dump.
     pub(super) async fn list_at<T: KeyedEntry>(
         &self,
-        collection: String,
+        collection: &reqwest::Url,
     ) -> Result<Vec<T>, GatewayError> {
         let response = self
             .http
-            .get(collection)
+            .get(collection.clone())
             .timeout(self.timeout.max(MIN_LEDGER_TIMEOUT))
             .send()
             .await

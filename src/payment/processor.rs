@@ -338,7 +338,15 @@ impl Processor {
         };
         match reservation {
             Reservation::Reserved { fence, predecessor } => {
-                let context = inheriting(context, key, fence, &predecessor);
+                // A charge's earlier holder leaves no trace when it dies after its
+                // POST (its row is rolled back), so a stranger before us is evidence.
+                // A refund's leaves its row `processing` from before its POST until
+                // the answer is recorded, and that row is what a refund's attempt
+                // goes by (looked up first when resumed).
+                let context = match ask {
+                    Ask::Charge(_) => inheriting(context, key, fence, &predecessor),
+                    Ask::Refund(_) => *context,
+                };
                 let claim = Claim {
                     owner: asked.owner,
                     fence,

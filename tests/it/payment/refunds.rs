@@ -93,6 +93,17 @@ async fn partial_refunds_add_up_and_never_pass_the_charge() {
         rejected_with(&too_much, "refund_exceeds_charge"),
         "{too_much:?}"
     );
+    // Delivered again (a replay, another worker: a stranger restored its token), it
+    // is refused again, and as a refusal that risked nothing: the refund row, not
+    // the token's history, tells whether a refund may exist.
+    let again = rig
+        .processor("replay")
+        .process_refund(&refund("rf-1b", "pay-1", 500), &CommandContext::default())
+        .await;
+    assert!(
+        matches!(&again, Attempt::Final(outcome) if rejected_with(outcome, "refund_exceeds_charge")),
+        "{again:?}"
+    );
     let rest = refund_until_final(&p, &refund("rf-1c", "pay-1", 400)).await;
     assert!(matches!(rest, Outcome::Refunded { .. }), "{rest:?}");
     // A full refund closes the payment: not one minor unit more.
