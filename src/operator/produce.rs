@@ -163,7 +163,18 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each line is one record value; its `idempotency_key` (when readable) is the key.
+/// The record key of a command: a refund's payment key, so the refund travels on
+/// its charge's partition and follows it; any other command's own key.
+fn record_key(command: &serde_json::Value) -> Option<String> {
+    let field = if command.get("type").and_then(|t| t.as_str()) == Some("refund") {
+        "payment_idempotency_key"
+    } else {
+        "idempotency_key"
+    };
+    command.get(field)?.as_str().map(str::to_owned)
+}
+
+/// Each line is one record value; its key (when readable) is [`record_key`]'s.
 fn read_json_lines(path: &PathBuf) -> anyhow::Result<Vec<WorkloadRecord>> {
     let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
@@ -180,11 +191,7 @@ fn read_json_lines(path: &PathBuf) -> anyhow::Result<Vec<WorkloadRecord>> {
         }
         let key = serde_json::from_str::<serde_json::Value>(&line)
             .ok()
-            .and_then(|v| {
-                v.get("idempotency_key")
-                    .and_then(|k| k.as_str())
-                    .map(str::to_owned)
-            });
+            .and_then(|v| record_key(&v));
         records.push(WorkloadRecord {
             kind: RecordKind::Valid,
             key: key.map(String::into_bytes),
@@ -255,6 +262,18 @@ mod tests {
                 Ok(crate::payment::Command::Refund(_))
             ));
         }
+    }
+
+    #[test]
+    fn a_refund_from_a_file_is_keyed_by_its_payment() {
+        let refund = serde_json::json!({"type": "refund", "idempotency_key": "rf-1",
+            "payment_idempotency_key": "ord-1", "amount_minor": 5, "currency": "USD"});
+        assert_eq!(record_key(&refund).as_deref(), Some("ord-1"));
+        let charge = serde_json::json!({"idempotency_key": "ord-1", "amount_minor": 5});
+        assert_eq!(record_key(&charge).as_deref(), Some("ord-1"));
+        let typed = serde_json::json!({"type": "charge", "idempotency_key": "ord-2"});
+        assert_eq!(record_key(&typed).as_deref(), Some("ord-2"));
+        assert_eq!(record_key(&serde_json::json!({"type": "refund"})), None);
     }
 
     #[test]
