@@ -2,7 +2,7 @@
 //! cluster), the gateway simulator, Redis and Postgres at their default URLs; a
 //! workload with duplicates and bad input; a worker group; a full replay; a report.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 
+use crate::demo_refunds::{refund_keys, refund_part, RefundReport, RefundTally};
+use crate::refund_books::refund_books;
 use crate::{GatewaySimulator, LocalKafka, SimulatorConfig};
 use payment_worker::configuration::{
     DatabaseSettings, KafkaSettings, RedisSettings, TokenSettings, WorkerSettings,
@@ -39,6 +41,10 @@ pub struct DemoArgs {
     /// Simulated gateway latency.
     #[arg(long, default_value_t = 5)]
     pub gateway_latency_ms: u64,
+    /// Share (0 to 1) of the approved charges also refunded: refunds keyed by the
+    /// payment's key, published after the charges, counted in --count.
+    #[arg(long, default_value_t = 0.1, value_parser = parse_share)]
+    pub refund_share: f64,
     /// How the workers deliver results (see `run --results`).
     #[arg(long, value_enum, default_value = "at-least-once")]
     pub results: payment_worker::configuration::ResultsMode,
@@ -50,6 +56,14 @@ pub struct DemoArgs {
     pub redis: RedisSettings,
 }
 
+/// A share is a number from 0 to 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!("{text:?} is not a share from 0 to 1")),
+    }
+}
+
 /// Outcome counts per pass, filled by a reader of the results topic.
 #[derive(Default)]
 struct Tally {
@@ -59,6 +73,8 @@ struct Tally {
     answered: std::collections::HashSet<(i32, i64)>,
     /// Every result read (repeats included), per command position.
     per_position: HashMap<(i32, i64), usize>,
+    /// The outcomes of the refunds among the results.
+    refunds: RefundTally,
 }
 
 impl Tally {
@@ -78,6 +94,7 @@ impl Tally {
 fn start_results_reader(
     kafka: &KafkaSettings,
     tally: Arc<Mutex<Tally>>,
+    refund_keys: HashSet<String>,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     let mut config = worker::base_config(kafka);
@@ -111,6 +128,7 @@ fn start_results_reader(
                     .insert((result.source.partition, result.source.offset))
                 {
                     tally.results += 1;
+                    tally.refunds.count_if_refund(&refund_keys, &result);
                     *tally.by_outcome.entry(result.outcome).or_default() += 1;
                 }
             }
@@ -302,7 +320,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         seed: rand::random(),
     };
     let prefix = format!("demo-{run_id}");
-    let records = operator::generate(&spec, &prefix);
+    // The refunds take the places of the last charges: --count commands in all,
+    // each refund after its charge on the charge's partition.
+    let charges = operator::generate(&spec, &prefix);
+    let refunds = operator::refunds_for(&charges, args.refund_share, spec.seed, &prefix);
+    let records = operator::fit_refunds(&charges, &refunds, args.count);
+    let expected_refunds = operator::expected_refunds(&records, refund_part(&records));
     let producer: FutureProducer = worker::create_client(&worker::producer_config(&kafka))?;
     operator::publish_records(&producer, &kafka.commands_topic, args.partitions, &records).await?;
     let mut kinds: HashMap<operator::RecordKind, usize> = HashMap::new();
@@ -316,10 +339,23 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         kinds.get(&operator::RecordKind::Duplicate).unwrap_or(&0),
         kinds.get(&operator::RecordKind::Invalid).unwrap_or(&0),
     );
+    println!(
+        "  refunds ({:.0}% of approved charges): {} refunds, {} of them meant to exceed \
+         their charge, {} repeated (counted above), after their charges",
+        args.refund_share * 100.0,
+        kinds.get(&operator::RecordKind::Refund).unwrap_or(&0),
+        expected_refunds.exceeding,
+        expected_refunds.repeated,
+    );
 
     let tally = Arc::new(Mutex::new(Tally::default()));
     let stop_reader = Arc::new(AtomicBool::new(false));
-    let reader = start_results_reader(&kafka, Arc::clone(&tally), Arc::clone(&stop_reader))?;
+    let reader = start_results_reader(
+        &kafka,
+        Arc::clone(&tally),
+        refund_keys(&records),
+        Arc::clone(&stop_reader),
+    )?;
     let worker_settings = WorkerSettings {
         drain_deadline: Duration::from_secs(4),
         results: args.results,
@@ -402,6 +438,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  charges without matching row: {mismatches}");
     println!("  rows without a charge:        {rows_without_charge}");
     println!("  new charges during replay:    {new_in_replay}");
+    // The refunds against the charges, both from the gateway; a refused request
+    // would mean the worker asked for more than is left of a charge.
+    let gateway_refunds: Vec<_> = simulator
+        .refunds()
+        .into_iter()
+        .filter(|e| e.idempotency_key.starts_with(&prefix))
+        .collect();
+    let refunds_ok = RefundReport {
+        expected: expected_refunds,
+        first: &pass1.refunds,
+        replay: &pass2.refunds,
+        books: refund_books(&ledger, &gateway_refunds),
+        refusals: &simulator.refund_refusals(),
+    }
+    .print();
     drop(simulator);
     // Every client must be gone before the cluster, or they log reconnect errors.
     drop(producer);
@@ -410,6 +461,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         double_charged == 0 && mismatches == 0 && rows_without_charge == 0 && new_in_replay == 0,
         "ledger audit FAILED"
     );
+    anyhow::ensure!(refunds_ok, "refund audit FAILED");
     println!("ledger audit: OK (0 double charges)");
     Ok(())
 }

@@ -6,9 +6,11 @@
 mod bench;
 pub mod cli;
 mod demo;
+mod demo_refunds;
 mod gateway_simulator;
 mod local_kafka;
 mod localstripe;
+mod refund_books;
 
 pub use bench::{percentile, read_memory, run as run_bench, BenchArgs, BenchReport, Memory};
 pub use demo::{run as run_demo, DemoArgs};

@@ -10,6 +10,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use uuid::Uuid;
 
+use super::refund_workload::refunds_for;
 use super::topics::partition_count;
 use super::workload::{generate, RecordKind, WorkloadRecord, WorkloadSpec};
 use crate::configuration::KafkaSettings;
@@ -36,6 +37,12 @@ pub struct ProduceArgs {
     /// Share of commands whose payment method the simulator declines.
     #[arg(long, default_value_t = 0.05)]
     pub decline_ratio: f64,
+    /// Share (0 to 1) of the generated workload's valid, approved charges that are
+    /// also refunded: refund commands keyed by the payment's key, sent after the
+    /// charges (mostly half the amount, some all of it, a few pairs that exceed the
+    /// charge, some sent twice).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share, conflicts_with = "file")]
+    pub refund_share: f64,
     /// Seed of the generated workload (amounts, duplicates, invalid records).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -58,6 +65,35 @@ fn parse_key_prefix(prefix: &str) -> Result<String, String> {
     crate::token::IdempotencyKey::try_from(format!("{prefix}-bad-000000"))
         .map(|_| prefix.to_owned())
         .map_err(|e| format!("keys made from this prefix would be refused: {e}"))
+}
+
+/// A share is a number from 0 to 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!("{text:?} is not a share from 0 to 1")),
+    }
+}
+
+/// The generated workload of `args` under `prefix`: the commands, then the
+/// refunds of `--refund-share` of their charges (after them, so each follows its
+/// charge on the charge's partition).
+fn generated_records(args: &ProduceArgs, prefix: &str, seed: u64) -> Vec<WorkloadRecord> {
+    let mut records = generate(
+        &WorkloadSpec {
+            count: args.count,
+            duplicate_ratio: args.duplicate_ratio,
+            invalid_ratio: args.invalid_ratio,
+            decline_ratio: args.decline_ratio,
+            seed,
+        },
+        prefix,
+    );
+    if args.refund_share > 0.0 {
+        let refunds = refunds_for(&records, args.refund_share, seed, prefix);
+        records.extend(refunds);
+    }
+    records
 }
 
 /// The default key prefix: `cmd-` and 8 hex digits new on every run.
@@ -103,16 +139,8 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
         Some(path) => read_json_lines(path)?,
         None => {
             let prefix = args.key_prefix.clone().unwrap_or_else(run_key_prefix);
-            let records = generate(
-                &WorkloadSpec {
-                    count: args.count,
-                    duplicate_ratio: args.duplicate_ratio,
-                    invalid_ratio: args.invalid_ratio,
-                    decline_ratio: args.decline_ratio,
-                    seed: args.seed.unwrap_or_else(rand::random),
-                },
-                &prefix,
-            );
+            let seed = args.seed.unwrap_or_else(rand::random);
+            let records = generated_records(&args, &prefix, seed);
             generated_keys = Some(prefix);
             records
         }
@@ -135,7 +163,18 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each line is one record value; its `idempotency_key` (when readable) is the key.
+/// The record key of a command: a refund's payment key, so the refund travels on
+/// its charge's partition and follows it; any other command's own key.
+fn record_key(command: &serde_json::Value) -> Option<String> {
+    let field = if command.get("type").and_then(|t| t.as_str()) == Some("refund") {
+        "payment_idempotency_key"
+    } else {
+        "idempotency_key"
+    };
+    command.get(field)?.as_str().map(str::to_owned)
+}
+
+/// Each line is one record value; its key (when readable) is [`record_key`]'s.
 fn read_json_lines(path: &PathBuf) -> anyhow::Result<Vec<WorkloadRecord>> {
     let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
@@ -152,11 +191,7 @@ fn read_json_lines(path: &PathBuf) -> anyhow::Result<Vec<WorkloadRecord>> {
         }
         let key = serde_json::from_str::<serde_json::Value>(&line)
             .ok()
-            .and_then(|v| {
-                v.get("idempotency_key")
-                    .and_then(|k| k.as_str())
-                    .map(str::to_owned)
-            });
+            .and_then(|v| record_key(&v));
         records.push(WorkloadRecord {
             kind: RecordKind::Valid,
             key: key.map(String::into_bytes),
@@ -186,6 +221,67 @@ mod tests {
         }
         assert_eq!(parse_key_prefix("ord-2026").as_deref(), Ok("ord-2026"));
         assert!(parse_key_prefix("has space").is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        produce: ProduceArgs,
+    }
+
+    fn args(extra: &[&str]) -> Result<ProduceArgs, clap::Error> {
+        use clap::Parser as _;
+        Cli::try_parse_from(["produce"].iter().chain(extra)).map(|cli| cli.produce)
+    }
+
+    #[test]
+    fn refunds_are_generated_only_when_asked_and_after_the_charges() {
+        let plain = args(&["--count", "400"]).unwrap();
+        assert_eq!(plain.refund_share, 0.0);
+        let records = generated_records(&plain, "ord-2026", 4);
+        assert_eq!(records.len(), 400);
+        assert!(records.iter().all(|r| r.kind != RecordKind::Refund));
+
+        let mixed = args(&["--count", "400", "--refund-share", "0.5"]).unwrap();
+        let records = generated_records(&mixed, "ord-2026", 4);
+        let refunds = &records[400..];
+        assert!(refunds.iter().any(|r| r.kind == RecordKind::Refund));
+        assert!(records[..400].iter().all(|r| r.kind != RecordKind::Refund));
+        assert_eq!(
+            records[..400].iter().map(|r| &r.value).collect::<Vec<_>>(),
+            generated_records(&plain, "ord-2026", 4)
+                .iter()
+                .map(|r| &r.value)
+                .collect::<Vec<_>>(),
+            "the charges are the same with or without refunds"
+        );
+        for refund in refunds {
+            let value = refund.value.as_deref().unwrap_or_default();
+            assert!(matches!(
+                crate::payment::Command::parse(value),
+                Ok(crate::payment::Command::Refund(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_refund_from_a_file_is_keyed_by_its_payment() {
+        let refund = serde_json::json!({"type": "refund", "idempotency_key": "rf-1",
+            "payment_idempotency_key": "ord-1", "amount_minor": 5, "currency": "USD"});
+        assert_eq!(record_key(&refund).as_deref(), Some("ord-1"));
+        let charge = serde_json::json!({"idempotency_key": "ord-1", "amount_minor": 5});
+        assert_eq!(record_key(&charge).as_deref(), Some("ord-1"));
+        let typed = serde_json::json!({"type": "charge", "idempotency_key": "ord-2"});
+        assert_eq!(record_key(&typed).as_deref(), Some("ord-2"));
+        assert_eq!(record_key(&serde_json::json!({"type": "refund"})), None);
+    }
+
+    #[test]
+    fn a_refund_share_is_from_0_to_1_and_only_for_generated_workloads() {
+        for bad in ["1.5", "-0.1", "x", "NaN"] {
+            assert!(args(&["--refund-share", bad]).is_err(), "{bad}");
+        }
+        assert!(args(&["--refund-share", "0.1", "--file", "-"]).is_err());
     }
 
     proptest! {

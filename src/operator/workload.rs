@@ -1,6 +1,6 @@
 //! Generated workloads for `produce`, `demo` and the tests: valid commands,
 //! exact duplicates (some sent to another partition than their original), and
-//! invalid records of several kinds.
+//! invalid records of several kinds; refunds of them in `refund_workload.rs`.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -10,10 +10,13 @@ use rand::{Rng, SeedableRng};
 pub enum RecordKind {
     /// A new, valid command.
     Valid,
-    /// An exact repeat of an earlier valid command.
+    /// An exact repeat of an earlier valid command or refund.
     Duplicate,
     /// A record that breaks one rule (each invalid record a different one).
     Invalid,
+    /// A new refund of an earlier valid charge, keyed by the charge's key
+    /// (`refunds_for`).
+    Refund,
 }
 
 /// One record of a generated workload.

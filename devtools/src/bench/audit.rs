@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::refund_books::RefundBooks;
 use payment_worker::gateway::LedgerEntry;
 use payment_worker::payment::{booked_payments, BookedPayment};
 
@@ -24,6 +25,14 @@ pub struct AuditReport {
     pub charges_without_row: usize,
     /// Rows no ledger entry backs (`Books::rows_unbacked`).
     pub rows_without_charge: usize,
+    /// Refunds the workload meant to be made.
+    pub refunds_expected: usize,
+    /// Refunds the gateway made.
+    pub refunds: usize,
+    /// Charges refunded past their amount, or refunds of no charge.
+    pub over_refunded: usize,
+    /// Refund requests the gateway refused (the worker asked for too much).
+    pub refund_refusals: usize,
     pub ok: bool,
 }
 
@@ -37,10 +46,28 @@ impl AuditReport {
         self.double_charged_keys += other.double_charged_keys;
         self.charges_without_row += other.charges_without_row;
         self.rows_without_charge += other.rows_without_charge;
+        self.refunds_expected += other.refunds_expected;
+        self.refunds += other.refunds;
+        self.over_refunded += other.over_refunded;
+        self.refund_refusals += other.refund_refusals;
         self.ok = self.unanswered == 0
             && self.double_charged_keys == 0
             && self.charges_without_row == 0
-            && self.rows_without_charge == 0;
+            && self.rows_without_charge == 0
+            && self.refunds == self.refunds_expected
+            && self.over_refunded == 0
+            && self.refund_refusals == 0;
+    }
+
+    /// The phase's refunds: made by the gateway (`books`) against what the
+    /// workload meant (`expected`), and the requests the gateway refused.
+    pub fn with_refunds(mut self, books: RefundBooks, expected: usize, refusals: usize) -> Self {
+        self.refunds_expected = expected;
+        self.refunds = books.refunds;
+        self.over_refunded = books.over_refunded;
+        self.refund_refusals = refusals;
+        self.add(&AuditReport::default());
+        self
     }
 }
 
@@ -71,7 +98,8 @@ pub fn reconcile(
         double_charged_keys: books.double_charged.len(),
         charges_without_row: books.unbooked_charges,
         rows_without_charge: books.rows_unbacked(),
-        ok: false,
+        // Filled by `with_refunds` for a phase with refunds.
+        ..AuditReport::default()
     };
     report.add(&AuditReport::default());
     report
@@ -137,6 +165,30 @@ mod tests {
         let report = reconcile(&[entry("a", "t1")], &[row("a", "t1")], 2, 1);
         assert_eq!(report.unanswered, 1);
         assert!(!report.ok);
+    }
+
+    #[test]
+    fn a_refund_missing_past_its_charge_or_refused_fails() {
+        let balanced = || reconcile(&[entry("a", "t1")], &[row("a", "t1")], 3, 3);
+        let books = |refunds, over_refunded| RefundBooks {
+            refunds,
+            over_refunded,
+            ..RefundBooks::default()
+        };
+        assert!(balanced().with_refunds(books(2, 0), 2, 0).ok);
+        assert!(
+            !balanced().with_refunds(books(1, 0), 2, 0).ok,
+            "one refund missing"
+        );
+        assert!(
+            !balanced().with_refunds(books(2, 1), 2, 0).ok,
+            "past its charge"
+        );
+        let refused = balanced().with_refunds(books(2, 0), 2, 1);
+        assert!(!refused.ok);
+        let mut run = AuditReport::default();
+        run.add(&refused);
+        assert_eq!((run.refund_refusals, run.ok), (1, false));
     }
 
     #[test]

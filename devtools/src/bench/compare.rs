@@ -67,6 +67,8 @@ pub const FIGURES: &[Figure] = &[
     figure("e2e_tps_0ms", Timed, Higher),
     figure("ratio_0ms", Timed, Higher),
     figure("ratio_0ms_postgres_cpu_estimate", Timed, Higher),
+    figure("e2e_tps_0ms_mixed", Timed, Higher),
+    figure("ratio_mixed_to_charges", Timed, Higher),
     figure("e2e_tps_20ms", Timed, Higher),
     figure("ratio_20ms_to_sequential", Timed, Higher),
     figure("p50_ms_half_load", Timed, Lower),
@@ -410,6 +412,8 @@ mod tests {
         let better = |name: &str| FIGURES.iter().find(|f| f.name == name).map(|f| f.better);
         assert_eq!(better("e2e_tps_20ms"), Some(Higher));
         assert_eq!(better("ratio_0ms"), Some(Higher));
+        assert_eq!(better("e2e_tps_0ms_mixed"), Some(Higher));
+        assert_eq!(better("ratio_mixed_to_charges"), Some(Higher));
         assert_eq!(better("p99_ms_half_load"), Some(Lower));
         assert_eq!(better("peak_rss_mib"), Some(Lower));
     }

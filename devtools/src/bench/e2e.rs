@@ -19,7 +19,9 @@ use sqlx::PgPool;
 
 use super::audit::{self, AuditReport};
 use super::cpu;
-use super::load::{now_ms, produce_backlog, produce_duplicated_backlog, produce_paced};
+use super::load::{
+    now_ms, produce_backlog, produce_duplicated_backlog, produce_mixed_backlog, produce_paced,
+};
 use super::report::PhaseReport;
 use super::results::{
     summarize, write_samples, ResultsReader, MOCK_FETCH_WAIT_MS, RESULTS_KEPT_PER_PARTITION,
@@ -45,6 +47,9 @@ pub enum Load {
     /// All produced before the worker starts, a quarter of them duplicates of recent
     /// commands, half of those on another partition (the backlog phase).
     DuplicatedBacklog(usize),
+    /// All produced before the worker starts: charges, then refunds of
+    /// `refund_share` of them in their places (the mixed phase).
+    MixedBacklog { count: usize, refund_share: f64 },
     /// Produced at `rate`/s once the worker owns its partitions; commands produced
     /// during the first `warmup` seconds are not measured.
     Paced {
@@ -280,7 +285,13 @@ impl Bed {
         // backlog whose results the local Kafka would not keep until the end.
         let results_kept = RESULTS_KEPT_PER_PARTITION * self.partitions.max(1) as usize;
         let mut reader = match load {
-            Load::Backlog(count) | Load::DuplicatedBacklog(count) if count <= results_kept => None,
+            Load::Backlog(count)
+            | Load::DuplicatedBacklog(count)
+            | Load::MixedBacklog { count, .. }
+                if count <= results_kept =>
+            {
+                None
+            }
             _ => Some(ResultsReader::start(&kafka, self.partitions)?),
         };
         let start = |this: &Self| -> anyhow::Result<Running> {
@@ -297,8 +308,12 @@ impl Bed {
         // The backlog phase: keys sent more than once, and when the worker started
         // and when it owned every partition (Unix ms).
         let mut drain: Option<(Vec<Vec<super::load::Position>>, i64, i64)> = None;
+        // The mixed phase: what its refunds should be answered.
+        let mut refunds_expected = None;
         let (sent, running, measured_from, offered) = match load {
-            Load::Backlog(count) | Load::DuplicatedBacklog(count) => {
+            Load::Backlog(count)
+            | Load::DuplicatedBacklog(count)
+            | Load::MixedBacklog { count, .. } => {
                 bar.set_length(count as u64);
                 bar.set_message("producing the backlog");
                 let (sent, repeated) = match load {
@@ -313,6 +328,19 @@ impl Bed {
                         )
                         .await?;
                         (sent, Some(repeated))
+                    }
+                    Load::MixedBacklog { refund_share, .. } => {
+                        let (sent, expected) = produce_mixed_backlog(
+                            &self.producer,
+                            &kafka.commands_topic,
+                            &key_prefix,
+                            count,
+                            refund_share,
+                            bar,
+                        )
+                        .await?;
+                        refunds_expected = Some(expected);
+                        (sent, None)
                     }
                     _ => (
                         produce_backlog(
@@ -416,8 +444,14 @@ impl Bed {
 
         let rows = audit::rows_with_prefix(&self.admin, &format!("{key_prefix}:")).await?;
         let ledger = simulator.ledger();
+        let refund_books = crate::refund_books::refund_books(&ledger, &simulator.refunds());
+        let refusals = simulator.refund_refusals().len();
         simulator.shutdown().await?;
-        let audit = audit::reconcile(&ledger, &rows, sent.len(), observations.len());
+        let audit = audit::reconcile(&ledger, &rows, sent.len(), observations.len()).with_refunds(
+            refund_books,
+            refunds_expected.map_or(0, |e| e.refunded),
+            refusals,
+        );
 
         let mut report = summarize(&sent, &observations, measured_from);
         report.name = phase.to_owned();
@@ -455,7 +489,7 @@ mod tests {
         fn bench_keys_are_never_card_numbers(
             run_id in "[0-9a-f]{8}",
             phase in proptest::sample::select(vec![
-                "e2e-0ms", "e2e-20ms", "eos-0ms", "eos-20ms", "baseline-20ms", "backlog-20ms",
+                "e2e-0ms", "e2e-0ms-mixed", "e2e-20ms", "eos-0ms", "eos-20ms", "baseline-20ms", "backlog-20ms",
                 "half-load", "roundtrips", "stripe-localstripe", "ceiling", "tokens",
             ]),
             n in 0usize..10_000_000,

@@ -11,6 +11,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::ceiling::command_json;
+use payment_worker::operator::{self, RecordKind, RefundExpectation, WorkloadRecord};
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -120,6 +121,60 @@ pub(super) async fn produce_paced(
     }
     delivered(&mut pending, &mut sent).await?;
     Ok(sent)
+}
+
+/// Seed of the mixed backlog's refunds: every run refunds the same charges.
+const MIXED_SEED: u64 = 36;
+
+/// A backlog of `count` commands: charges, then refunds of `refund_share` of them
+/// (`operator::refunds_for`: keyed by the payment, so each follows its charge on
+/// its partition; partial, full, exceeding pairs and repeats), the refunds taking
+/// the places of the last charges. Returns when each was sent, and what the
+/// refunds should be answered.
+pub(super) async fn produce_mixed_backlog(
+    producer: &FutureProducer,
+    topic: &str,
+    key_prefix: &str,
+    count: usize,
+    refund_share: f64,
+    bar: &ProgressBar,
+) -> anyhow::Result<(HashMap<Position, i64>, RefundExpectation)> {
+    let charges: Vec<WorkloadRecord> = (0..count)
+        .map(|n| {
+            let key = operator::numbered_key(key_prefix, n, 7);
+            WorkloadRecord {
+                kind: RecordKind::Valid,
+                value: Some(command_json(&key, n).into_bytes()),
+                key: Some(key.into_bytes()),
+                partition_hint: None,
+            }
+        })
+        .collect();
+    let refunds = operator::refunds_for(&charges, refund_share, MIXED_SEED, key_prefix);
+    let records = operator::fit_refunds(&charges, &refunds, count);
+    let first_refund = records
+        .iter()
+        .position(|r| r.kind == RecordKind::Refund)
+        .unwrap_or(records.len());
+    let expected = operator::expected_refunds(&records, &records[first_refund..]);
+    let mut sent = HashMap::with_capacity(records.len());
+    let mut pending = Vec::with_capacity(5000);
+    for (n, record) in records.iter().enumerate() {
+        let text = |bytes: &Option<Vec<u8>>| {
+            std::str::from_utf8(bytes.as_deref().unwrap_or_default())
+                .map(str::to_owned)
+                .context("a generated command is not UTF-8")
+        };
+        let (key, value) = (text(&record.key)?, text(&record.value)?);
+        pending.push(send_command(producer, topic, &key, &value).await?);
+        if pending.len() == 5000 {
+            delivered(&mut pending, &mut sent).await?;
+            bar.set_position(n as u64 + 1);
+        }
+    }
+    delivered(&mut pending, &mut sent).await?;
+    bar.set_position(records.len() as u64);
+    Ok((sent, expected))
 }
 
 /// Every fourth command of a [`produce_duplicated_backlog`] repeats a recent one.

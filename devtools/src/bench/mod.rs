@@ -4,6 +4,7 @@
 mod audit;
 mod backlog;
 mod ceiling;
+mod cleanup;
 mod compare;
 mod cpu;
 mod e2e;
@@ -18,6 +19,7 @@ mod rss;
 mod runner;
 mod running;
 mod stripe;
+mod summaries;
 mod table;
 
 pub use report::{percentile, BenchReport};

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::audit::AuditReport;
 use super::cpu::CpuCost;
+pub use super::summaries::{percentile, BacklogReport, LatencySummary, PurgeReport};
 
 /// The performance targets (docs/CONTRACT.md).
 pub const TARGET_RATIO_0MS: f64 = 0.8;
@@ -52,79 +53,6 @@ pub const TARGET_P999_HALF_LOAD_MS: f64 = 100.0;
 pub const TARGET_RATIO_POSTGRES_TOKENS: f64 = 0.7;
 /// Throughput while the purge runs ÷ without it (at most 10% slower).
 pub const TARGET_RATIO_PURGING: f64 = 0.9;
-
-/// Nearest-rank percentile of an ascending slice; 0 for an empty one.
-pub fn percentile(sorted: &[i64], p: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct LatencySummary {
-    pub samples: usize,
-    pub p50_ms: i64,
-    pub p95_ms: i64,
-    pub p99_ms: i64,
-    pub p999_ms: i64,
-    pub max_ms: i64,
-}
-
-impl LatencySummary {
-    pub fn of(mut values: Vec<i64>) -> Self {
-        values.sort_unstable();
-        Self {
-            samples: values.len(),
-            p50_ms: percentile(&values, 50.0),
-            p95_ms: percentile(&values, 95.0),
-            p99_ms: percentile(&values, 99.0),
-            p999_ms: percentile(&values, 99.9),
-            max_ms: values.last().copied().unwrap_or(0),
-        }
-    }
-}
-
-/// What the backlog phase measured.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct BacklogReport {
-    pub commands: usize,
-    /// Commands that repeat an earlier one's key.
-    pub duplicates: usize,
-    /// Of those, on another partition than the key's first answer.
-    pub cross_partition_duplicates: usize,
-    /// From the worker owning every partition to the last answer (s).
-    pub makespan_s: f64,
-    /// From the worker's start to its owning every partition (s): the group join,
-    /// outside the makespan.
-    pub join_s: f64,
-    /// Read (earliest possible, see `backlog.rs`) to answered, per command (ms).
-    pub read_to_answer: LatencySummary,
-    /// The same distribution as (percentile, ms) points, up to its maximum.
-    pub read_to_answer_curve: Vec<(f64, i64)>,
-    /// Cross-partition duplicates read before the key's first answer: their answer
-    /// minus that first answer (ms), i.e. how long after the holder settled they
-    /// were answered (the holder answers right after it settles).
-    pub duplicate_wake: LatencySummary,
-}
-
-/// The purge running under the `e2e-0ms-pgtokens-purging` phase.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct PurgeReport {
-    /// Dead token rows inserted before the phase: twice what the purge, timed first
-    /// on rows of its own, deletes in the plain Postgres-token phase's time.
-    pub expired_rows: u64,
-    /// Rows the purge deleted before it found none left or the phase ended.
-    pub purged_rows: u64,
-    /// From the phase's first reservation until the purge found nothing left or the
-    /// phase ended.
-    pub purge_s: f64,
-    /// The phase's first to last result: the purge covered it when `purge_s` ≥ this.
-    pub phase_s: f64,
-    /// Rows per purge statement.
-    pub batch: usize,
-}
 
 /// One end-to-end phase.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -214,6 +142,13 @@ pub struct BenchReport {
     pub e2e_tps_0ms: f64,
     /// e2e_tps_0ms ÷ ceiling_tps.
     pub ratio_0ms: f64,
+    /// The 0 ms phase again with `refund_share` of its charges also refunded
+    /// (refunds in the same command count): commands/s. 0 when not run.
+    pub e2e_tps_0ms_mixed: f64,
+    /// Share of the mixed phase's approved charges that were also refunded.
+    pub refund_share: f64,
+    /// e2e_tps_0ms_mixed ÷ e2e_tps_0ms, same run.
+    pub ratio_mixed_to_charges: f64,
     /// An estimate, not a measurement: Postgres CPU per ceiling transaction ÷
     /// Postgres CPU per end-to-end payment at 0 ms, i.e. the ratio if Postgres had
     /// its cores to itself and nothing else bounded the worker.
@@ -350,6 +285,7 @@ impl BenchReport {
         self.ratio_0ms = ratio(self.e2e_tps_0ms, self.ceiling_tps);
         self.ratio_20ms_to_sequential = ratio(self.e2e_tps_20ms, self.sequential_bound_20ms);
         self.ratio_stripe_to_charges = ratio(self.stripe_tps, self.e2e_tps_0ms);
+        self.ratio_mixed_to_charges = ratio(self.e2e_tps_0ms_mixed, self.e2e_tps_0ms);
         let postgres_ms = |cost: Option<&CpuCost>| {
             cost.and_then(|c| c.ms_per_operation.get("postgres").copied())
                 .unwrap_or(0.0)
@@ -469,6 +405,8 @@ mod tests {
             ceiling_after: ceiling(1100.0),
             e2e_tps_0ms: 800.0,
             e2e_tps_20ms: 1000.0,
+            e2e_tps_0ms_mixed: 600.0,
+            refund_share: 0.1,
             sequential_bound_20ms: 150.0,
             half_load_rate: 400.0,
             p99_ms_half_load: 25,
@@ -510,6 +448,10 @@ mod tests {
         report.judge();
         assert!(report.all_pass, "{report:?}");
         assert_eq!(report.worker_cpu_ms_per_payment, 0.3);
+        assert_eq!(
+            report.ratio_mixed_to_charges, 0.75,
+            "timed only, never a verdict"
+        );
         assert_eq!(report.baseline_multiple_20ms, 8.0);
         assert_eq!(report.backlog_bound_s, 5.0, "5,000 commands at 1,000/s");
         assert!((report.backlog_makespan_over_bound - 1.3).abs() < 1e-9);
@@ -580,6 +522,9 @@ mod tests {
             "backlog_max_latency_ms",
             "duplicate_wake_ms_p99",
             "p999_ms_half_load",
+            "e2e_tps_0ms_mixed",
+            "refund_share",
+            "ratio_mixed_to_charges",
         ] {
             assert!(json[key].is_number(), "{key} missing");
         }

@@ -9,6 +9,7 @@ use rdkafka::producer::FutureProducer;
 
 use super::audit::AuditReport;
 use super::ceiling;
+use super::cleanup::clean_up_unless_kept;
 use super::compare::{self, BASELINE_PATH};
 use super::e2e::{Bed, Load, WorkerKind};
 use super::phase::{bar, phase};
@@ -73,6 +74,10 @@ pub struct BenchArgs {
     /// Ceiling transactions, and token reserve + confirm pairs [default: 20000, --quick 3000].
     #[arg(long)]
     pub ceiling_transactions: Option<usize>,
+    /// Share (0 to 1) of the mixed phase's charges also refunded: the 0 ms phase
+    /// again with refunds among its commands (0: no mixed phase).
+    #[arg(long, default_value_t = 0.1, value_parser = parse_share)]
+    pub refund_share: f64,
     /// Measured seconds of the half-load phase [default: 20, --quick 5].
     #[arg(long)]
     pub half_load_seconds: Option<u64>,
@@ -109,6 +114,14 @@ pub struct BenchArgs {
     pub keep_data: bool,
 }
 
+/// A share is a number from 0 to 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!("{text:?} is not a share from 0 to 1")),
+    }
+}
+
 fn loop_line(name: &str, report: &LoopReport, unit: &str) {
     eprintln!(
         "{name:<16} {:>9.0} {unit}/s ({} in {:.1}s, concurrency {}, {} failed)",
@@ -138,63 +151,6 @@ async fn warm_pool(database: &DatabaseSettings) -> anyhow::Result<sqlx::PgPool> 
     }
     drop(held);
     Ok(pool)
-}
-
-/// [`clean_up`] unless `--keep-data`; a failed clean-up is only reported.
-async fn clean_up_unless_kept(
-    args: &BenchArgs,
-    pool: &sqlx::PgPool,
-    run_id: &str,
-    run_prefix: &str,
-) {
-    if args.keep_data {
-        return;
-    }
-    if let Err(error) = clean_up(pool, &args.redis_url, run_prefix).await {
-        eprintln!("warning: cleaning up run {run_id} failed: {error:#}");
-    }
-}
-
-/// Deletes this run's rows and tokens, so repeated runs measure the same table.
-async fn clean_up(pool: &sqlx::PgPool, redis_url: &str, run_prefix: &str) -> anyhow::Result<()> {
-    payment_worker::payment::delete_payments_with_prefix(pool, &format!("{run_prefix}-"))
-        .await
-        .context("deleting the run's payment rows")?;
-    sqlx::query("DELETE FROM idempotency_tokens WHERE starts_with(key, $1)")
-        .bind(format!("{run_prefix}-"))
-        .execute(pool)
-        .await
-        .context("deleting the run's Postgres tokens")?;
-    let client = redis::Client::open(redis_url)?;
-    // Patient: redis-rs answers a SCAN late on a loaded machine after its default
-    // half second, and a clean-up cut short leaves the run's tokens behind.
-    let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(std::time::Duration::from_secs(10)));
-    let mut conn = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await?;
-    let pattern = format!("{run_prefix}:*");
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(2000)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async::<()>(&mut conn)
-                .await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
 }
 
 /// Runs every phase, prints the report (and writes JSON and a picture when asked); fails when the books do not balance.
@@ -363,6 +319,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         half_load_seconds,
         warmup,
         half_load_rate: args.half_load_rate,
+        refund_share: args.refund_share,
     };
     let phases = run_phases(&mut bed, &mut report, &plan).await;
     let Bed {
@@ -456,6 +413,7 @@ struct Plan {
     half_load_seconds: u64,
     warmup: f64,
     half_load_rate: Option<f64>,
+    refund_share: f64,
 }
 
 async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> anyhow::Result<()> {
@@ -467,6 +425,7 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
         half_load_seconds,
         warmup,
         half_load_rate,
+        refund_share,
     } = *plan;
     let mut audit = AuditReport {
         ok: true,
@@ -484,6 +443,24 @@ async fn run_phases(bed: &mut Bed, report: &mut BenchReport, plan: &Plan) -> any
     report.e2e_tps_0ms = zero.payments_per_s;
     report.phases.push(zero);
     report.ceiling_after = ceiling_after(bed, ceiling_count, concurrency).await?;
+    // The 0 ms phase again with refunds among its commands, as many commands.
+    report.refund_share = refund_share;
+    if refund_share > 0.0 {
+        let mixed = phase(
+            bed,
+            "e2e-0ms-mixed",
+            0,
+            Load::MixedBacklog {
+                count: e2e_commands,
+                refund_share,
+            },
+            WorkerKind::InProcess,
+            &mut audit,
+        )
+        .await?;
+        report.e2e_tps_0ms_mixed = mixed.payments_per_s;
+        report.phases.push(mixed);
+    }
     super::pg_tokens::postgres_token_phases(bed, report, e2e_commands, &mut audit).await?;
 
     let slow = phase(

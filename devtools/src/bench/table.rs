@@ -70,6 +70,23 @@ impl BenchReport {
             "",
             "",
         );
+        if self.refund_share > 0.0 {
+            row(
+                &format!(
+                    "  same with refunds of {:.0}% of charges (commands/s)",
+                    self.refund_share * 100.0
+                ),
+                format!("{:.0}", self.e2e_tps_0ms_mixed),
+                "",
+                "",
+            );
+            row(
+                "  ratio: with refunds ÷ charges only",
+                format!("{:.2}", self.ratio_mixed_to_charges),
+                "",
+                "",
+            );
+        }
         row(
             "  ratio: end to end ÷ ceiling at 0 ms",
             format!("{:.2}", self.ratio_0ms),

@@ -60,6 +60,9 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         "token_round_trips_per_s",
         "e2e_tps_0ms",
         "ratio_0ms",
+        "e2e_tps_0ms_mixed",
+        "refund_share",
+        "ratio_mixed_to_charges",
         "e2e_tps_20ms",
         "p99_ms_half_load",
         "peak_rss_mib",
@@ -128,6 +131,7 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         names,
         [
             "e2e-0ms",
+            "e2e-0ms-mixed",
             "e2e-0ms-pgtokens",
             "e2e-0ms-pgtokens-purging",
             "e2e-20ms",
@@ -158,10 +162,18 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
     let mut commands = 0;
     // Keys: what is charged once each (a duplicate is charged with its original).
     let mut keys = 0;
+    let mut refunded = 0;
     for phase in phases {
         let sent = phase["commands"].as_u64().unwrap();
         assert!(sent > 0);
         assert_eq!(phase["answered"], sent, "{phase}");
+        if phase["name"] == "e2e-0ms-mixed" {
+            let (charged, refunds) = mixed_outcomes(phase);
+            commands += sent;
+            keys += charged;
+            refunded += refunds;
+            continue;
+        }
         // The backlog phase repeats a quarter of its keys: each repeat is answered
         // as the duplicate of the original's success.
         let duplicates = if phase["name"] == "backlog-20ms" {
@@ -200,6 +212,12 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
     assert_eq!(audit["double_charged_keys"], 0);
     assert_eq!(audit["charges"], keys, "one charge per key");
     assert_eq!(audit["rows"], keys, "one row per charge");
+    // The gateway made every refund the results say was made, and no other;
+    // none past its charge, none refused.
+    assert_eq!(audit["refunds"], refunded, "{audit}");
+    assert_eq!(audit["refunds_expected"], refunded, "{audit}");
+    assert_eq!(audit["over_refunded"], 0);
+    assert_eq!(audit["refund_refusals"], 0);
 
     // Cleaned up: no payment rows (ceiling and phases) and no tokens of the run.
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
@@ -212,10 +230,38 @@ async fn a_small_bench_run_reports_every_figure_and_audits_clean() {
         .await
         .unwrap();
     assert_eq!(pg_tokens, 0, "the run's Postgres tokens were not deleted");
+    let refund_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM refunds")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(refund_rows, 0, "the run's refund rows were not deleted");
     let prefix = report["settings"]["redis_prefix"]
         .as_str()
         .unwrap()
         .to_owned();
     let keys = scan(&mut redis.conn, &format!("{prefix}:*")).await;
     assert!(keys.is_empty(), "{} tokens left behind", keys.len());
+}
+
+/// The mixed phase's outcomes: charges succeeded, refunds refunded, repeats of a
+/// refund answered as duplicates, the second of a pair that exceeds its charge
+/// rejected; nothing else. Returns (charges, refunds made).
+fn mixed_outcomes(phase: &serde_json::Value) -> (u64, u64) {
+    let outcomes = phase["outcomes"].as_object().unwrap();
+    let count = |outcome: &str| outcomes.get(outcome).and_then(|n| n.as_u64()).unwrap_or(0);
+    for outcome in outcomes.keys() {
+        assert!(
+            ["succeeded", "refunded", "duplicate", "rejected"].contains(&outcome.as_str()),
+            "{phase}"
+        );
+    }
+    let (charged, refunded) = (count("succeeded"), count("refunded"));
+    assert!(charged > 0 && refunded > 0, "{phase}");
+    assert!(count("rejected") <= refunded, "{phase}");
+    assert_eq!(
+        outcomes.values().filter_map(|n| n.as_u64()).sum::<u64>(),
+        phase["commands"].as_u64().unwrap(),
+        "{phase}"
+    );
+    (charged, refunded)
 }
