@@ -338,36 +338,16 @@ impl Processor {
         };
         match reservation {
             Reservation::Reserved { fence, predecessor } => {
-                // A charge's earlier holder leaves no trace when it dies after its
-                // POST (its row is rolled back), so a stranger before us is evidence.
-                // A refund's leaves its row `processing` from before its POST until
-                // the answer is recorded, and that row is what a refund's attempt
-                // goes by (looked up first when resumed).
-                let context = match ask {
-                    Ask::Charge(_) => inheriting(context, key, fence, &predecessor),
-                    Ask::Refund(_) => *context,
-                };
-                let claim = Claim {
-                    owner: asked.owner,
+                self.run_reservation(
+                    ask,
+                    &fingerprint,
+                    context,
+                    asked,
                     fence,
-                };
-                let lease = Lease {
-                    claim: &claim,
-                    surely_held_until: asked.at + self.tokens.policy().lease / 2,
-                };
-                let attempt = match ask {
-                    Ask::Charge(command) => {
-                        let transaction = self.transact(command, &fingerprint, &context, &lease);
-                        self.run_reserved(key, &context, &lease, transaction).await
-                    }
-                    Ask::Refund(command) => {
-                        let transaction =
-                            self.transact_refund(command, &fingerprint, &context, &lease);
-                        self.run_reserved(key, &context, &lease, transaction).await
-                    }
-                };
-                aside.claimed_as = Some(claim.owner);
-                attempt
+                    &predecessor,
+                    aside,
+                )
+                .await
             }
             Reservation::InFlight { lease_left } => {
                 // Woken by the holder's settle rather than only by the backoff.
@@ -400,6 +380,49 @@ impl Processor {
                     .await
             }
         }
+    }
+
+    /// The attempt under a reservation just made (`asked`, at `fence`).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_reservation(
+        &self,
+        ask: Ask<'_>,
+        fingerprint: &Fingerprint,
+        context: &CommandContext<'_>,
+        asked: Asked,
+        fence: u64,
+        predecessor: &Predecessor,
+        aside: &mut Aside,
+    ) -> Attempt {
+        let key = ask.key();
+        // A charge's earlier holder leaves no trace when it dies after its POST (its
+        // row is rolled back), so a stranger before us is evidence. A refund's leaves
+        // its row `processing` from before its POST until the answer is recorded, and
+        // that row is what a refund's attempt goes by (looked up first when resumed).
+        let context = match ask {
+            Ask::Charge(_) => inheriting(context, key, fence, predecessor),
+            Ask::Refund(_) => *context,
+        };
+        let claim = Claim {
+            owner: asked.owner,
+            fence,
+        };
+        let lease = Lease {
+            claim: &claim,
+            surely_held_until: asked.at + self.tokens.policy().lease / 2,
+        };
+        let attempt = match ask {
+            Ask::Charge(command) => {
+                let transaction = self.transact(command, fingerprint, &context, &lease);
+                self.run_reserved(key, &context, &lease, transaction).await
+            }
+            Ask::Refund(command) => {
+                let transaction = self.transact_refund(command, fingerprint, &context, &lease);
+                self.run_reserved(key, &context, &lease, transaction).await
+            }
+        };
+        aside.claimed_as = Some(claim.owner);
+        attempt
     }
 
     /// No token to reserve: the rows (and for a charge the gateway) answer instead.

@@ -86,25 +86,23 @@ pub fn init(default_filter: &str) -> Telemetry {
             .with_filter(filter)
             .boxed()
     };
-    // Already initialised (a test installed its own): keep that one.
-    let _ = match &tracer_provider {
-        // Spans are exported whatever the log level: the trace is complete at `info`.
-        Some(provider) => tracing_subscriber::registry()
-            .with(logs)
-            .with(
-                tracing_opentelemetry::layer()
-                    .with_tracer(provider.tracer(SERVICE_NAME))
-                    .with_filter(EnvFilter::new(
-                        "info,payment_worker=debug,h2=off,tonic=off,hyper=off,reqwest=off",
-                    )),
-            )
-            .try_init(),
-        // No exporter, no traces layer at all: an absent (`None`) layer enables
-        // every span for the registry, which then built, entered and closed each
-        // client span (statements, token calls, sends: several per payment) that
-        // no layer records. Without it they are disabled where they are written.
-        None => tracing_subscriber::registry().with(logs).try_init(),
-    };
+    // Spans are exported whatever the log level: the trace is complete at `info`.
+    let traces = tracer_provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer(SERVICE_NAME))
+            .with_filter(EnvFilter::new(
+                "info,payment_worker=debug,h2=off,tonic=off,hyper=off,reqwest=off",
+            ))
+    });
+    // Already initialised (a test installed its own): keep that one. The traces
+    // layer stays even when absent (`None`): the log layer alone as the one
+    // per-layer-filtered layer drops the events inside the spans its filter
+    // disables (a gateway failure's warning inside the POST's span), which
+    // `cli::commands::logs_written_to_a_file_are_plain_text_…` catches.
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
     log_early_warnings();
     Telemetry {
         tracer_provider,
