@@ -7,9 +7,11 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::books::{reconcile, Books};
+use super::refund_books::{describe_unresolved_refund, read_refunds, report_refunds};
+use super::refund_repair::repair_stuck_refunds;
 use super::repair::{cancel_orphan, repair_stuck_token};
 use super::report::AuditReport;
-use crate::gateway::{LedgerEntry, PaymentGateway, Unconfirmed};
+use crate::gateway::{LedgerEntry, PaymentGateway, RefundEntry, Unconfirmed};
 use crate::payment::{
     booked_payments, unresolved_charges, BookedPayment, PaymentStatus, UnresolvedCharge,
 };
@@ -52,7 +54,18 @@ pub async fn audit(
     options: &AuditOptions,
 ) -> anyhow::Result<AuditReport> {
     let lease = tokens.policy().lease;
+    let prefix = options.key_prefix.as_deref().unwrap_or_default();
+    // Stuck refunds are settled before anything is read, so the report shows what
+    // is left of them (a refund the gateway does not show stays listed).
+    let refund_repairs = if options.repair {
+        repair_stuck_refunds(pool, gateway, prefix, lease)
+            .await
+            .context("settling stuck refunds")?
+    } else {
+        Vec::new()
+    };
     let sources = read_sources(pool, gateway, options, lease).await?;
+    let refunds = read_refunds(pool, gateway, prefix, lease).await?;
     let mut report = AuditReport {
         key_prefix: options.key_prefix.clone(),
         ledger_entries: sources.ledger.len(),
@@ -62,7 +75,13 @@ pub async fn audit(
 
     let books = reconcile(&sources.ledger, &sources.rows);
     report_books(&mut report, &books);
-    report_unresolved(&mut report, &sources.unresolved, &books.charges);
+    report_refunds(&mut report, &refunds, prefix, &sources.ledger);
+    report_unresolved(
+        &mut report,
+        &sources.unresolved,
+        &books.charges,
+        &refunds.entries,
+    );
 
     let orphans = list_orphans(gateway, options, lease).await?;
     report_orphans(&mut report, &orphans);
@@ -75,6 +94,11 @@ pub async fn audit(
         .await
         .context("reading the token table's size")?;
 
+    report.stuck_refunds_repaired = refund_repairs
+        .iter()
+        .filter(|r| r.action == super::RepairAction::Recorded)
+        .count();
+    report.repairs.extend(refund_repairs);
     if options.repair {
         repair_stuck_tokens(
             &mut report,
@@ -207,13 +231,21 @@ fn report_books(report: &mut AuditReport, books: &Books<'_>) {
 }
 
 /// Every command dead-lettered with its charge unknown, against what the ledger
-/// holds for its key.
+/// (a refund: the gateway's refunds) holds for its key.
 fn report_unresolved(
     report: &mut AuditReport,
     unresolved: &[UnresolvedCharge],
     charges: &Charges<'_>,
+    refunds: &[RefundEntry],
 ) {
     for given_up in unresolved {
+        if given_up.kind == crate::payment::CommandKind::Refund.as_str() {
+            report.unresolved_charges.push(
+                &given_up.idempotency_key,
+                describe_unresolved_refund(given_up, refunds),
+            );
+            continue;
+        }
         let ledger_side = charges
             .get(given_up.idempotency_key.as_str())
             .map(|entries| entries.as_slice())
