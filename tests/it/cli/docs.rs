@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 use payment_worker::cli::Cli;
-use payment_worker::payment::PaymentCommand;
+use payment_worker::payment::Command;
 use payment_worker_devtools::cli::DevCli;
 
 const BIN: &str = crate::support::procs::BINARY;
@@ -468,7 +468,7 @@ fn every_example_command_message_is_a_valid_command() {
             if !message.contains("\"idempotency_key\"") {
                 continue;
             }
-            if let Err(e) = PaymentCommand::parse(message.as_bytes()) {
+            if let Err(e) = Command::parse(message.as_bytes()) {
                 panic!(
                     "{}:{}: example message refused ({}): {message}",
                     block.file.display(),
