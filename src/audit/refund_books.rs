@@ -240,3 +240,113 @@ pub(super) fn describe_unresolved_refund(
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, txn: &str, amount: i64, status: ChargeStatus) -> RefundEntry {
+        RefundEntry {
+            idempotency_key: key.into(),
+            transaction_id: txn.into(),
+            payment_transaction_id: "txn_1".into(),
+            amount_minor: amount,
+            currency: "USD".into(),
+            status,
+            refunded_at: chrono::Utc::now(),
+            attempts: 1,
+            decline_code: None,
+        }
+    }
+
+    fn row(key: &str, status: RefundStatus, txn: Option<&str>, amount: i64) -> RefundRow {
+        RefundRow {
+            id: uuid::Uuid::now_v7(),
+            idempotency_key: key.into(),
+            payment_key: "pay".into(),
+            status,
+            gateway_transaction_id: txn.map(str::to_owned),
+            payment_transaction_id: Some("txn_1".into()),
+            amount_minor: amount,
+            currency: "USD".into(),
+            stale: false,
+        }
+    }
+
+    fn charge(amount: i64) -> LedgerEntry {
+        LedgerEntry {
+            idempotency_key: "pay".into(),
+            transaction_id: "txn_1".into(),
+            amount_minor: amount,
+            currency: "USD".into(),
+            status: ChargeStatus::Approved,
+            charged_at: chrono::Utc::now(),
+            attempts: 1,
+            decline_code: None,
+        }
+    }
+
+    fn reconciled(entries: Vec<RefundEntry>, rows: Vec<RefundRow>, charged: i64) -> AuditReport {
+        let sources = RefundSources {
+            entries,
+            rows,
+            overdrawn: Vec::new(),
+        };
+        let mut report = AuditReport::default();
+        report_refunds(&mut report, &sources, "", &[charge(charged)]);
+        report
+    }
+
+    #[test]
+    fn refunded_and_declined_rows_recording_their_refunds_balance() {
+        let report = reconciled(
+            vec![
+                entry("a", "r1", 40, ChargeStatus::Approved),
+                entry("b", "r2", 60, ChargeStatus::Declined),
+            ],
+            vec![
+                row("a", RefundStatus::Refunded, Some("r1"), 40),
+                row("b", RefundStatus::Declined, Some("r2"), 60),
+            ],
+            100,
+        );
+        assert!(report.is_clean(), "{}", report.to_table());
+        assert_eq!((report.refund_entries, report.refund_rows), (2, 2));
+    }
+
+    #[test]
+    fn a_row_of_another_amount_is_wrong_on_both_sides_and_a_declined_refund_gives_nothing_back() {
+        let report = reconciled(
+            vec![
+                entry("a", "r1", 80, ChargeStatus::Approved),
+                // Declined: not counted against the charge.
+                entry("b", "r2", 80, ChargeStatus::Declined),
+            ],
+            vec![
+                row("a", RefundStatus::Refunded, Some("r1"), 70),
+                row("b", RefundStatus::Declined, Some("r2"), 80),
+            ],
+            100,
+        );
+        assert_eq!(report.refunds_unbooked.keys(), ["a"]);
+        assert_eq!(report.refund_rows_unbacked.keys(), ["a"]);
+        assert_eq!(report.refunds_past_charge.count, 0);
+    }
+
+    #[test]
+    fn approved_refunds_past_the_charge_are_caught_whatever_their_keys() {
+        let report = reconciled(
+            vec![
+                entry("a", "r1", 60, ChargeStatus::Approved),
+                entry("b", "r2", 60, ChargeStatus::Approved),
+            ],
+            vec![
+                row("a", RefundStatus::Refunded, Some("r1"), 60),
+                row("b", RefundStatus::Refunded, Some("r2"), 60),
+            ],
+            100,
+        );
+        assert_eq!(report.refunds_past_charge.keys(), ["pay"]);
+        assert_eq!(report.violations(), 1);
+    }
+}

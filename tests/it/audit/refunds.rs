@@ -348,3 +348,51 @@ async fn a_stuck_processing_refund_is_listed_and_repair_records_only_what_the_ga
         (300, 300)
     );
 }
+
+async fn remember_unresolved_refund(stack: &Stack, key_raw: &str, amount: i64) {
+    sqlx::query(
+        "INSERT INTO unresolved_charges (idempotency_key, amount_minor, currency, reason,
+             attempts, kind)
+         VALUES ($1, $2, 'USD', 'retries_exhausted after 3 attempts: gateway timeout', 3, 'refund')",
+    )
+    .bind(key_raw)
+    .bind(amount)
+    .execute(&stack.db.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_given_up_on_is_looked_for_among_the_gateways_refunds() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let charge = charged(&stack, "pay-u", 1000).await;
+    // Its reservation committed, its POST landed, its answer lost; then given up on.
+    insert_refund_row(&stack, "rf-u1", "pay-u", 100, ("processing", None), 0.0).await;
+    refund_at_gateway(&stack, "rf-u1", &charge, 100).await;
+    remember_unresolved_refund(&stack, "rf-u1", 100).await;
+    // Given up on before anything reached the gateway.
+    insert_refund_row(&stack, "rf-u2", "pay-u", 200, ("processing", None), 0.0).await;
+    remember_unresolved_refund(&stack, "rf-u2", 200).await;
+
+    let report = audit_with(&stack, stack.gateway.as_ref(), false).await;
+    let details: Vec<(&str, &str)> = report
+        .unresolved_charges
+        .examples
+        .iter()
+        .map(|e| (e.idempotency_key.as_str(), e.detail.as_str()))
+        .collect();
+    assert_eq!(details.len(), 2, "{}", report.to_table());
+    assert_eq!(details[0].0, "rf-u1");
+    assert!(
+        details[0].1.contains("the gateway holds rfd_")
+            && details[0].1.contains("refunded 100 USD"),
+        "{details:?}"
+    );
+    assert_eq!(details[1].0, "rf-u2");
+    assert!(
+        details[1].1.contains("the gateway holds no refund for it"),
+        "{details:?}"
+    );
+    // The refund made without its row recorded is a violation on its own (R1).
+    assert_eq!(report.refunds_unbooked.keys(), ["rf-u1"]);
+}
