@@ -13,7 +13,8 @@ use super::repair::{cancel_orphan, repair_stuck_token};
 use super::report::AuditReport;
 use crate::gateway::{LedgerEntry, PaymentGateway, RefundEntry, Unconfirmed};
 use crate::payment::{
-    booked_payments, unresolved_charges, BookedPayment, PaymentStatus, UnresolvedCharge,
+    booked_payments, unresolved_charges, BookedPayment, PaymentStatus, RefundStatus,
+    UnresolvedCharge,
 };
 use crate::token::{IdempotencyKey, TokenState, TokenStore};
 
@@ -88,7 +89,7 @@ pub async fn audit(
     report_tombstones_without_row(&mut report, &books, tokens).await?;
 
     let stuck = list_stuck_tokens(&mut report, tokens, options).await?;
-    let unsafe_keys = report_stuck_tokens(&mut report, &stuck, &books.rows);
+    let unsafe_keys = report_stuck_tokens(&mut report, &stuck, &books.rows, &refunds.statuses());
     report.token_table = tokens
         .housekeeping()
         .await
@@ -346,29 +347,38 @@ fn report_stuck_tokens(
     report: &mut AuditReport,
     stuck: &[IdempotencyKey],
     rows_by_key: &Rows<'_>,
+    refunds_by_key: &HashMap<&str, RefundStatus>,
 ) -> HashSet<String> {
-    // A token left to its lease with a final row is harmless: the next delivery (or
-    // `--repair`) finds the row and completes it. Without a final row nobody knows
-    // yet whether a charge happened: that one is a violation until settled.
+    // A token left to its lease with a final row (a payment's, or a refund's) is
+    // harmless: the next delivery (or `--repair`) finds the row and settles it.
+    // Without a final row nobody knows yet whether a charge (or refund) happened:
+    // that one is a violation until settled.
     let mut unsafe_keys = HashSet::new();
     for key in stuck {
-        match rows_by_key.get(key.as_str()) {
-            Some(row) if row.status != PaymentStatus::Processing => report.lease_left_tokens.push(
+        let payment = rows_by_key.get(key.as_str()).map(|row| row.status);
+        let refund = refunds_by_key.get(key.as_str()).copied();
+        let final_row = match (payment, refund) {
+            (Some(status), _) if status != PaymentStatus::Processing => Some(status.as_str()),
+            (_, Some(status)) if status != RefundStatus::Processing => Some(status.as_str()),
+            _ => None,
+        };
+        if let Some(status) = final_row {
+            report.lease_left_tokens.push(
                 key.as_str(),
-                format!(
-                    "processing past its lease, {} row committed: settled on next touch",
-                    row.status.as_str()
-                ),
-            ),
-            row => {
-                let row = row.map_or("no payment row", |r| r.status.as_str());
-                unsafe_keys.insert(key.as_str().to_owned());
-                report.stuck_tokens.push(
-                    key.as_str(),
-                    format!("processing past its lease; row: {row}"),
-                );
-            }
+                format!("processing past its lease, {status} row committed: settled on next touch"),
+            );
+            continue;
         }
+        let row = match (payment, refund) {
+            (Some(status), _) => status.as_str(),
+            (None, Some(_)) => "refund processing",
+            (None, None) => "no payment row",
+        };
+        unsafe_keys.insert(key.as_str().to_owned());
+        report.stuck_tokens.push(
+            key.as_str(),
+            format!("processing past its lease; row: {row}"),
+        );
     }
     unsafe_keys
 }

@@ -22,6 +22,16 @@ pub(super) struct RefundSources {
     pub overdrawn: Vec<Overdrawn>,
 }
 
+impl RefundSources {
+    /// Each audited refund row's status, by its key.
+    pub fn statuses(&self) -> HashMap<&str, RefundStatus> {
+        self.rows
+            .iter()
+            .map(|row| (row.idempotency_key.as_str(), row.status))
+            .collect()
+    }
+}
+
 /// Reads the refund rows, then the gateway's refunds: a refund finishing during the
 /// audit shows up as a gateway refund without its row at worst, never as a row
 /// without its refund.

@@ -15,7 +15,9 @@ use payment_worker::payment::{
     refunded_of, Attempt, CommandContext, Outcome, PaymentCommand, Processor, RefundCommand,
     RejectionKind,
 };
-use payment_worker::token::IdempotencyKey;
+use payment_worker::token::{
+    IdempotencyKey, RedisTokenStore, Reservation, TokenPolicy, TokenStore,
+};
 use payment_worker_devtools::SimulatorConfig;
 use uuid::Uuid;
 
@@ -395,4 +397,63 @@ async fn a_refund_given_up_on_is_looked_for_among_the_gateways_refunds() {
     );
     // The refund made without its row recorded is a violation on its own (R1).
     assert_eq!(report.refunds_unbooked.keys(), ["rf-u1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refunds_token_left_to_its_lease_is_a_warning_once_its_row_is_final() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let charge = charged(&stack, "pay-t", 1000).await;
+    // rf-t1 refunded and booked, its token left processing by a worker that died
+    // before confirming it; rf-t2 reserved, its token left the same way.
+    let made = refund_at_gateway(&stack, "rf-t1", &charge, 100).await;
+    let booked = ("refunded", Some(made.transaction_id.as_str()));
+    insert_refund_row(&stack, "rf-t1", "pay-t", 100, booked, 0.0).await;
+    insert_refund_row(&stack, "rf-t2", "pay-t", 200, ("processing", None), 0.0).await;
+    let short: Arc<dyn TokenStore> = Arc::new(RedisTokenStore::new(
+        stack.redis.conn.clone(),
+        stack.redis.prefix.clone(),
+        TokenPolicy {
+            lease: Duration::from_millis(300),
+            ..TokenPolicy::default()
+        },
+    ));
+    for (raw, owner) in [("rf-t1", "gone:1"), ("rf-t2", "gone:2")] {
+        let reserved = short.reserve(&key(raw), owner).await.unwrap();
+        assert!(
+            matches!(reserved, Reservation::Reserved { .. }),
+            "{reserved:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let report = audit(
+        &stack.db.pool,
+        short.as_ref(),
+        stack.gateway.as_ref(),
+        &AuditOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        report.lease_left_tokens.keys(),
+        ["rf-t1"],
+        "{}",
+        report.to_table()
+    );
+    assert_eq!(
+        report.stuck_tokens.keys(),
+        ["rf-t2"],
+        "{}",
+        report.to_table()
+    );
+    assert!(
+        report.stuck_tokens.examples[0]
+            .detail
+            .ends_with("row: refund processing"),
+        "{}",
+        report.to_table()
+    );
+    // Its row is stale too under this lease: listed as a stuck refund as well.
+    assert_eq!(report.stuck_refunds.keys(), ["rf-t2"]);
+    assert_eq!(report.violations(), 2, "{}", report.to_table());
 }
