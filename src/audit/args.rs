@@ -21,8 +21,9 @@ pub struct AuditArgs {
     #[arg(long = "orphan-margin", default_value = "1m", value_parser = parse_duration)]
     pub orphan_margin: Duration,
     /// Settle tokens stuck in `processing` where it is safe (committed payment →
-    /// completed; no row and no charge → pending), and cancel orphaned unconfirmed
-    /// charges whose payment is not in progress.
+    /// completed; no row and no charge → pending), cancel orphaned unconfirmed
+    /// charges whose payment is not in progress, and record refunds stuck in
+    /// `processing` that the gateway shows (one it does not show stays reserved).
     #[arg(long)]
     pub repair: bool,
     /// Audit only idempotency keys that start with this.

@@ -7,11 +7,14 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::books::{reconcile, Books};
+use super::refund_books::{describe_unresolved_refund, read_refunds, report_refunds};
+use super::refund_repair::repair_stuck_refunds;
 use super::repair::{cancel_orphan, repair_stuck_token};
 use super::report::AuditReport;
-use crate::gateway::{LedgerEntry, PaymentGateway, Unconfirmed};
+use crate::gateway::{LedgerEntry, PaymentGateway, RefundEntry, Unconfirmed};
 use crate::payment::{
-    booked_payments, unresolved_charges, BookedPayment, PaymentStatus, UnresolvedCharge,
+    booked_payments, unresolved_charges, BookedPayment, PaymentStatus, RefundStatus,
+    UnresolvedCharge,
 };
 use crate::token::{IdempotencyKey, TokenState, TokenStore};
 
@@ -52,7 +55,18 @@ pub async fn audit(
     options: &AuditOptions,
 ) -> anyhow::Result<AuditReport> {
     let lease = tokens.policy().lease;
+    let prefix = options.key_prefix.as_deref().unwrap_or_default();
+    // Stuck refunds are settled before anything is read, so the report shows what
+    // is left of them (a refund the gateway does not show stays listed).
+    let refund_repairs = if options.repair {
+        repair_stuck_refunds(pool, gateway, prefix, lease)
+            .await
+            .context("settling stuck refunds")?
+    } else {
+        Vec::new()
+    };
     let sources = read_sources(pool, gateway, options, lease).await?;
+    let refunds = read_refunds(pool, gateway, prefix, lease).await?;
     let mut report = AuditReport {
         key_prefix: options.key_prefix.clone(),
         ledger_entries: sources.ledger.len(),
@@ -62,19 +76,30 @@ pub async fn audit(
 
     let books = reconcile(&sources.ledger, &sources.rows);
     report_books(&mut report, &books);
-    report_unresolved(&mut report, &sources.unresolved, &books.charges);
+    report_refunds(&mut report, &refunds, prefix, &sources.ledger);
+    report_unresolved(
+        &mut report,
+        &sources.unresolved,
+        &books.charges,
+        &refunds.entries,
+    );
 
     let orphans = list_orphans(gateway, options, lease).await?;
     report_orphans(&mut report, &orphans);
     report_tombstones_without_row(&mut report, &books, tokens).await?;
 
     let stuck = list_stuck_tokens(&mut report, tokens, options).await?;
-    let unsafe_keys = report_stuck_tokens(&mut report, &stuck, &books.rows);
+    let unsafe_keys = report_stuck_tokens(&mut report, &stuck, &books.rows, &refunds.statuses());
     report.token_table = tokens
         .housekeeping()
         .await
         .context("reading the token table's size")?;
 
+    report.stuck_refunds_repaired = refund_repairs
+        .iter()
+        .filter(|r| r.action == super::RepairAction::Recorded)
+        .count();
+    report.repairs.extend(refund_repairs);
     if options.repair {
         repair_stuck_tokens(
             &mut report,
@@ -207,13 +232,21 @@ fn report_books(report: &mut AuditReport, books: &Books<'_>) {
 }
 
 /// Every command dead-lettered with its charge unknown, against what the ledger
-/// holds for its key.
+/// (a refund: the gateway's refunds) holds for its key.
 fn report_unresolved(
     report: &mut AuditReport,
     unresolved: &[UnresolvedCharge],
     charges: &Charges<'_>,
+    refunds: &[RefundEntry],
 ) {
     for given_up in unresolved {
+        if given_up.kind == crate::payment::CommandKind::Refund.as_str() {
+            report.unresolved_charges.push(
+                &given_up.idempotency_key,
+                describe_unresolved_refund(given_up, refunds),
+            );
+            continue;
+        }
         let ledger_side = charges
             .get(given_up.idempotency_key.as_str())
             .map(|entries| entries.as_slice())
@@ -314,29 +347,38 @@ fn report_stuck_tokens(
     report: &mut AuditReport,
     stuck: &[IdempotencyKey],
     rows_by_key: &Rows<'_>,
+    refunds_by_key: &HashMap<&str, RefundStatus>,
 ) -> HashSet<String> {
-    // A token left to its lease with a final row is harmless: the next delivery (or
-    // `--repair`) finds the row and completes it. Without a final row nobody knows
-    // yet whether a charge happened: that one is a violation until settled.
+    // A token left to its lease with a final row (a payment's, or a refund's) is
+    // harmless: the next delivery (or `--repair`) finds the row and settles it.
+    // Without a final row nobody knows yet whether a charge (or refund) happened:
+    // that one is a violation until settled.
     let mut unsafe_keys = HashSet::new();
     for key in stuck {
-        match rows_by_key.get(key.as_str()) {
-            Some(row) if row.status != PaymentStatus::Processing => report.lease_left_tokens.push(
+        let payment = rows_by_key.get(key.as_str()).map(|row| row.status);
+        let refund = refunds_by_key.get(key.as_str()).copied();
+        let final_row = match (payment, refund) {
+            (Some(status), _) if status != PaymentStatus::Processing => Some(status.as_str()),
+            (_, Some(status)) if status != RefundStatus::Processing => Some(status.as_str()),
+            _ => None,
+        };
+        if let Some(status) = final_row {
+            report.lease_left_tokens.push(
                 key.as_str(),
-                format!(
-                    "processing past its lease, {} row committed: settled on next touch",
-                    row.status.as_str()
-                ),
-            ),
-            row => {
-                let row = row.map_or("no payment row", |r| r.status.as_str());
-                unsafe_keys.insert(key.as_str().to_owned());
-                report.stuck_tokens.push(
-                    key.as_str(),
-                    format!("processing past its lease; row: {row}"),
-                );
-            }
+                format!("processing past its lease, {status} row committed: settled on next touch"),
+            );
+            continue;
         }
+        let row = match (payment, refund) {
+            (Some(status), _) => status.as_str(),
+            (None, Some(_)) => "refund processing",
+            (None, None) => "no payment row",
+        };
+        unsafe_keys.insert(key.as_str().to_owned());
+        report.stuck_tokens.push(
+            key.as_str(),
+            format!("processing past its lease; row: {row}"),
+        );
     }
     unsafe_keys
 }

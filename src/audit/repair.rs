@@ -28,12 +28,18 @@ pub enum RepairAction {
     /// An orphaned unconfirmed charge (Stripe: a PaymentIntent never confirmed)
     /// was cancelled, so nothing can confirm it later.
     Cancelled,
+    /// A refund stuck in `processing` was settled from the gateway's refund under
+    /// its key (refunded or declined), as a worker would have recorded it.
+    Recorded,
 }
 
 impl RepairAction {
     /// The token no longer sits in `processing` without an owner working on it.
     pub fn resolves(self) -> bool {
-        matches!(self, Self::Completed | Self::Restored | Self::AlreadyMoved)
+        matches!(
+            self,
+            Self::Completed | Self::Restored | Self::AlreadyMoved | Self::Recorded
+        )
     }
 
     /// One line for the report: what was done to the token.
@@ -45,6 +51,7 @@ impl RepairAction {
             Self::LeftForWorker => "left to a worker or an operator",
             Self::Failed => "not repaired",
             Self::Cancelled => "orphaned unconfirmed charge cancelled",
+            Self::Recorded => "stuck refund recorded from the gateway's refund",
         }
     }
 }

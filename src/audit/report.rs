@@ -57,6 +57,10 @@ pub struct AuditReport {
     pub ledger_entries: usize,
     /// Payment rows read (within the key prefix).
     pub payment_rows: usize,
+    /// Gateway refunds read (their own key within the key prefix).
+    pub refund_entries: usize,
+    /// Refund rows read (their own key within the key prefix).
+    pub refund_rows: usize,
     /// I1: ledger entries per key > 1.
     pub double_charges: Finding,
     /// I7: a ledger entry whose key has no payment row at all.
@@ -93,6 +97,20 @@ pub struct AuditReport {
     pub orphaned_charges: Finding,
     /// Of `orphaned_charges`, how many `--repair` cancelled.
     pub orphans_cancelled: usize,
+    /// R1: a gateway refund no refund row records (no row, a row still
+    /// `processing`, or a row with another status, id, amount or charge).
+    pub refunds_unbooked: Finding,
+    /// R1: a final refund row (refunded / declined) whose gateway refund is missing
+    /// or differs in id, status, amount, currency or charge.
+    pub refund_rows_unbacked: Finding,
+    /// R2: a charge whose approved gateway refunds, or a payment whose refunded and
+    /// reserved rows, add up to more than it charged.
+    pub refunds_past_charge: Finding,
+    /// R3: refund rows `processing` longer than a lease (after `--repair`): their
+    /// outcome is unknown and their amount stays reserved until one is recorded.
+    pub stuck_refunds: Finding,
+    /// Of the stuck refunds found, how many `--repair` recorded from the gateway.
+    pub stuck_refunds_repaired: usize,
     /// What `--repair` did to each stuck token and orphaned charge (empty without it).
     pub repairs: Vec<TokenRepair>,
     /// Tokens whose state was corrected (the token-inconsistency count).
@@ -125,6 +143,10 @@ impl AuditReport {
             + self.unresolved_stuck_tokens()
             + self.tombstones_without_row.count
             + self.stale_processing_rows.count
+            + self.refunds_unbooked.count
+            + self.refund_rows_unbacked.count
+            + self.refunds_past_charge.count
+            + self.stuck_refunds.count
     }
 
     /// No violation found (warnings such as lease-left tokens do not count).
@@ -132,7 +154,7 @@ impl AuditReport {
         self.violations() == 0
     }
 
-    fn sections(&self) -> [(&'static str, &Finding); 8] {
+    fn sections(&self) -> [(&'static str, &Finding); 12] {
         [
             ("keys charged more than once (I1)", &self.double_charges),
             (
@@ -160,6 +182,19 @@ impl AuditReport {
                 &self.stale_processing_rows,
             ),
             (
+                "gateway refunds without their row (R1)",
+                &self.refunds_unbooked,
+            ),
+            (
+                "refund rows without their refund (R1)",
+                &self.refund_rows_unbacked,
+            ),
+            (
+                "refunded past the amount charged (R2)",
+                &self.refunds_past_charge,
+            ),
+            ("refunds processing past a lease (R3)", &self.stuck_refunds),
+            (
                 "dead-lettered with the charge unknown",
                 &self.unresolved_charges,
             ),
@@ -186,8 +221,8 @@ impl AuditReport {
         };
         let _ = writeln!(
             out,
-            "audit of {scope}: {} ledger entries, {} payment rows",
-            self.ledger_entries, self.payment_rows
+            "audit of {scope}: {} ledger entries, {} payment rows, {} gateway refunds, {} refund rows",
+            self.ledger_entries, self.payment_rows, self.refund_entries, self.refund_rows
         );
         let _ = writeln!(out, "{:<44} {:>7}  examples", "check", "count");
     }
@@ -256,19 +291,20 @@ impl AuditReport {
             }
             let _ = writeln!(
                 out,
-                "token inconsistencies repaired: {}, orphaned charges cancelled: {}",
-                self.token_inconsistencies_repaired, self.orphans_cancelled
+                "token inconsistencies repaired: {}, orphaned charges cancelled: {}, stuck refunds recorded: {}",
+                self.token_inconsistencies_repaired, self.orphans_cancelled, self.stuck_refunds_repaired
             );
         }
     }
 
     /// The verdict: clean or how many violations, and how many warnings.
     fn write_result(&self, out: &mut String) {
-        let repaired_note = if self
-            .repairs
-            .iter()
-            .any(|r| r.action == RepairAction::Completed || r.action == RepairAction::Restored)
-        {
+        let repaired_note = if self.repairs.iter().any(|r| {
+            matches!(
+                r.action,
+                RepairAction::Completed | RepairAction::Restored | RepairAction::Recorded
+            )
+        }) {
             " (after repairs)"
         } else {
             ""

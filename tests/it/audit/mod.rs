@@ -1,3 +1,4 @@
 //! `audit`: reconciling the gateway ledger, the payments table and the tokens.
 
 mod reconcile;
+mod refunds;

@@ -12,5 +12,6 @@ mod operator_tools;
 mod oversized_dead_letters;
 mod poison;
 mod rebalance;
+mod refund_replay;
 mod refused_answers;
 mod transaction_fencing;
