@@ -1,4 +1,7 @@
 -- Refunds: one row per refund key, tied to the payment it gives back (part of).
+-- A refund refused for good (no payment, a declined one, another currency, nothing
+-- left) keeps a `rejected` row too, so every later delivery of it (a replay, a
+-- redrive) gets the same answer instead of a refund that the first one refused.
 --
 -- A refund's row is committed 'processing' BEFORE the gateway is asked, in the same
 -- transaction that locked the payment's row and checked that the refunds already
@@ -12,12 +15,14 @@ CREATE TABLE refunds (
     id                     uuid        PRIMARY KEY,
     idempotency_key        text        NOT NULL UNIQUE
                                        CHECK (idempotency_key ~ '^[A-Za-z0-9._:-]{1,128}$'),
-    payment_id             uuid        NOT NULL REFERENCES payments (id) ON DELETE CASCADE,
+    -- NULL only on a refusal for want of a payment (`payment_unknown`).
+    payment_id             uuid        REFERENCES payments (id) ON DELETE CASCADE,
     fingerprint            text        NOT NULL CHECK (fingerprint ~ '^[0-9a-f]{64}$'),
     amount_minor           bigint      NOT NULL CHECK (amount_minor BETWEEN 1 AND 1000000000000),
     currency               text        NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
     reason                 text        CHECK (char_length(reason) <= 512),
-    status                 text        NOT NULL CHECK (status IN ('processing', 'refunded', 'declined')),
+    status                 text        NOT NULL
+                                       CHECK (status IN ('processing', 'refunded', 'declined', 'rejected')),
     gateway_transaction_id text,
     failure_reason         text        CHECK (char_length(failure_reason) <= 512),
     source_topic           text,
@@ -27,9 +32,13 @@ CREATE TABLE refunds (
     fence                  bigint      NOT NULL DEFAULT 0,
     created_at             timestamptz NOT NULL DEFAULT now(),
     updated_at             timestamptz NOT NULL DEFAULT now(),
-    -- A final refund always carries the gateway's id; one in flight never does.
-    CONSTRAINT final_refund_has_transaction
-        CHECK ((status = 'processing') = (gateway_transaction_id IS NULL))
+    -- A refund the gateway answered carries the gateway's id; one in flight, or one
+    -- refused before anything was sent (`rejected`, its reason in failure_reason),
+    -- never does.
+    CONSTRAINT answered_refund_has_transaction
+        CHECK ((status IN ('processing', 'rejected')) = (gateway_transaction_id IS NULL)),
+    CONSTRAINT only_a_refusal_lacks_its_payment
+        CHECK (payment_id IS NOT NULL OR status = 'rejected')
 );
 
 -- The sum of a payment's refunds is read under its row lock on every refund.

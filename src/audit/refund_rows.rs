@@ -54,7 +54,7 @@ fn parse_status(value: &str) -> Result<RefundStatus, sqlx::Error> {
     }
 }
 
-/// Every refund row whose own key starts with `key_prefix` (all for an empty
+/// Every refund row (but the refusals kept as `rejected`: nothing was sent for them) whose own key starts with `key_prefix` (all for an empty
 /// prefix), sorted by key; a `processing` row updated more than `lease` ago is
 /// `stale`.
 pub(super) async fn refund_rows(
@@ -73,6 +73,7 @@ pub(super) async fn refund_rows(
                       AS "stale!"
              FROM refunds r JOIN payments p ON p.id = r.payment_id
             WHERE left(r.idempotency_key, char_length($1)) = $1
+              AND r.status <> 'rejected'
             ORDER BY r.idempotency_key"#,
         key_prefix,
         lease.as_secs_f64(),

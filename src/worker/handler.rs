@@ -433,13 +433,16 @@ impl Handler {
         } = *attempts;
         // A refund whose payment never showed within the budget: nothing was
         // reserved or sent, and the answer says what the producer must fix.
-        if matches!(command, Command::Refund(_))
-            && last.reason == WAITING_FOR_PAYMENT
-            && !charge_unknown
+        if let (Command::Refund(refund), true, false) =
+            (command, last.reason == WAITING_FOR_PAYMENT, charge_unknown)
         {
+            let reason = format!("{WAITING_FOR_PAYMENT}, within {made} attempts");
+            // Kept, so that a replay after the charge arrived refunds nothing the
+            // first delivery refused.
+            self.processor.keep_refund_refusal(refund, &reason).await;
             let outcome = Outcome::Rejected {
                 kind: RejectionKind::Invalid,
-                reason: format!("{WAITING_FOR_PAYMENT}, within {made} attempts"),
+                reason,
             };
             return (outcome, made, false);
         }

@@ -22,9 +22,7 @@ impl Processor {
         }
         match self.find_refund(key).await {
             Ok(Some(row)) if row.fingerprint != *fingerprint => key_reused().into(),
-            Ok(Some(row)) if row.status != RefundStatus::Processing => {
-                refund_duplicate(&row).into()
-            }
+            Ok(Some(row)) if row.status != RefundStatus::Processing => final_answer_of(&row).into(),
             // Completed by a holder whose row is not visible: read again shortly.
             Ok(_) => retry("refund token completed before its row shows"),
             Err(error) => database_failure("refund look-up", &error),
@@ -42,9 +40,7 @@ impl Processor {
     ) -> Attempt {
         match self.find_refund(&command.idempotency_key).await {
             Ok(Some(row)) if row.fingerprint != *fingerprint => key_reused().into(),
-            Ok(Some(row)) if row.status != RefundStatus::Processing => {
-                refund_duplicate(&row).into()
-            }
+            Ok(Some(row)) if row.status != RefundStatus::Processing => final_answer_of(&row).into(),
             Ok(Some(_)) => Attempt::Unbooked(Outcome::Rejected {
                 kind: RejectionKind::TokenMissing,
                 reason:
@@ -65,6 +61,39 @@ impl Processor {
         }
     }
 
+    /// A refund refused for good outside an attempt (its payment never showed within
+    /// the retry budget), kept as a `rejected` row so that every later delivery gets
+    /// the same answer. A key that has a row already keeps it. Best effort: a
+    /// failure is logged, and a later delivery decides afresh.
+    pub async fn keep_refund_refusal(&self, command: &RefundCommand, reason: &str) {
+        let kept = async {
+            let _slot = self.slot().await;
+            let mut conn = self.pool.acquire().await?;
+            let stall = Stall::default();
+            let kept = stall
+                .bounded(
+                    "keeping the refund's refusal",
+                    refunds::record_rejection(
+                        &mut conn,
+                        command,
+                        &command.fingerprint(),
+                        None,
+                        reason,
+                    ),
+                )
+                .await;
+            stall.release(conn);
+            kept
+        }
+        .await;
+        if let Err(error) = kept {
+            tracing::warn!(
+                idempotency_key = %command.idempotency_key, %error,
+                "could not keep the refund's refusal; a later delivery decides afresh"
+            );
+        }
+    }
+
     async fn find_refund(&self, key: &IdempotencyKey) -> Result<Option<RefundRecord>, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let stall = Stall::default();
@@ -79,43 +108,46 @@ impl Processor {
     }
 }
 
-/// A refund refused before anything was reserved or sent: final, token restored
-/// (a later delivery, once the payment changed, is decided afresh).
-pub(super) fn refused(reason: String) -> Settlement {
-    Settlement::Restore(Attempt::Final(Outcome::Rejected {
-        kind: RejectionKind::Invalid,
-        reason,
-    }))
-}
-
 /// The final answer of a refund the gateway answered.
 pub(super) fn refund_outcome(row: &RefundRecord, answer: &Charge) -> Outcome {
     let transaction_id = answer.transaction_id.clone();
     match answer.status {
         ChargeStatus::Approved => Outcome::Refunded {
-            payment_id: row.payment_id,
+            payment_id: row.payment_id.unwrap_or_default(),
             refund_id: row.id,
             transaction_id,
         },
         ChargeStatus::Declined => Outcome::RefundDeclined {
-            payment_id: row.payment_id,
+            payment_id: row.payment_id.unwrap_or_default(),
             refund_id: row.id,
             transaction_id,
         },
     }
 }
 
-/// A final refund row's answer, repeated.
-pub(super) fn refund_duplicate(row: &RefundRecord) -> Outcome {
+/// A final refund row's answer, repeated: a duplicate of what the gateway answered,
+/// or the refusal it keeps.
+pub(super) fn final_answer_of(row: &RefundRecord) -> Outcome {
     let outcome = match row.status {
         RefundStatus::Refunded => "refunded",
-        _ => "refund_declined",
+        RefundStatus::Declined => "refund_declined",
+        RefundStatus::Rejected | RefundStatus::Processing => {
+            return Outcome::Rejected {
+                kind: RejectionKind::Invalid,
+                reason: row
+                    .failure_reason
+                    .clone()
+                    .unwrap_or_else(|| "refund refused".to_owned()),
+            }
+        }
     };
+    // Only a refund the gateway answered has its payment.
+    let payment_id = row.payment_id.unwrap_or_default();
     Outcome::Duplicate {
-        payment_id: row.payment_id,
+        payment_id,
         original: Some(Box::new(OriginalAnswer {
             outcome: outcome.to_owned(),
-            payment_id: row.payment_id,
+            payment_id,
             gateway_transaction_id: row.gateway_transaction_id.clone(),
             refund_id: Some(row.id),
         })),

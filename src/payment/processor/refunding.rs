@@ -20,7 +20,7 @@
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
 
-use super::refund_answers::{refund_duplicate, refund_outcome, refused, WAITING_FOR_PAYMENT};
+use super::refund_answers::{final_answer_of, refund_outcome, WAITING_FOR_PAYMENT};
 use super::refund_gateway::{RefundAsk, RefundEnd};
 use super::*;
 use crate::payment::refunds::{self, Locked, RefundRecord, RefundStatus, Reserving};
@@ -92,20 +92,33 @@ impl Processor {
                 let mut tx = sqlx::Acquire::begin(&mut *conn).await?;
                 let reserving =
                     refunds::reserve_refund(&mut tx, command, fingerprint, &row).await?;
-                if matches!(reserving, Reserving::Reserved(_)) {
+                // A refusal for good is kept, so that a replay answers it again.
+                let rejection = match refusal_of(&reserving) {
+                    Some((payment_id, reason)) => refunds::record_rejection(
+                        &mut tx,
+                        command,
+                        fingerprint,
+                        payment_id,
+                        &reason,
+                    )
+                    .await?
+                    .map(|id| (id, reason)),
+                    None => None,
+                };
+                if matches!(reserving, Reserving::Reserved(_)) || rejection.is_some() {
                     tx.commit().await?;
                 }
-                Ok::<_, sqlx::Error>(reserving)
+                Ok::<_, sqlx::Error>((reserving, rejection))
             })
             .instrument(persistence::statement_span("reserve refund"))
             .await;
         stall.release(conn);
         // Nothing was sent; a reservation whose COMMIT went unanswered is found by
         // the next attempt and looked up before any POST.
-        let reserving = reserved.map_err(|error| {
+        let (reserving, rejection) = reserved.map_err(|error| {
             Settlement::Restore(database_failure("reserving the refund", &error))
         })?;
-        settle_reserving(reserving, fingerprint)
+        settle_reserving(reserving, rejection, fingerprint)
     }
 
     /// Steps 2 and 3 in one transaction holding the refund's row lock, so that no
@@ -275,9 +288,11 @@ async fn lock_for_the_call(
     }
 }
 
-/// What step 1 came to, as the attempt goes on or ends.
+/// What step 1 came to, as the attempt goes on or ends; `rejection` is the row
+/// that keeps a refusal for good (`None` if another holder wrote the key's row first).
 fn settle_reserving(
     reserving: Reserving,
+    rejection: Option<(Uuid, String)>,
     fingerprint: &Fingerprint,
 ) -> Result<(RefundRecord, bool), Settlement> {
     match reserving {
@@ -289,21 +304,50 @@ fn settle_reserving(
         Reserving::Existing(row) => Err(Settlement::Confirm {
             payment_id: row.id,
             fingerprint: row.fingerprint.clone(),
-            outcome: refund_duplicate(&row),
+            outcome: final_answer_of(&row),
         }),
         Reserving::Raced => Err(Settlement::Restore(retry(
             "another holder of the key reserved the refund meanwhile",
         ))),
         Reserving::PaymentUnknown => Err(Settlement::Restore(retry(WAITING_FOR_PAYMENT))),
         Reserving::KeyOfAPayment => Err(Settlement::Restore(key_reused().into())),
-        Reserving::PaymentNotCharged => Err(refused(
+        Reserving::PaymentNotCharged { .. }
+        | Reserving::CurrencyMismatch { .. }
+        | Reserving::ExceedsCharge { .. } => match rejection {
+            Some((refund_id, reason)) => Err(Settlement::Confirm {
+                payment_id: refund_id,
+                fingerprint: fingerprint.clone(),
+                outcome: Outcome::Rejected {
+                    kind: RejectionKind::Invalid,
+                    reason,
+                },
+            }),
+            None => Err(Settlement::Restore(retry(
+                "another holder of the key wrote the refund's row meanwhile",
+            ))),
+        },
+    }
+}
+
+/// A refusal for good before anything is sent: the payment it was for (if any) and
+/// its reason.
+fn refusal_of(reserving: &Reserving) -> Option<(Option<Uuid>, String)> {
+    match reserving {
+        Reserving::PaymentNotCharged { payment_id } => Some((
+            Some(*payment_id),
             "payment_not_charged: the payment was declined; nothing to refund".to_owned(),
         )),
-        Reserving::CurrencyMismatch { payment_currency } => Err(refused(format!(
-            "currency_mismatch: the payment was made in {payment_currency}"
-        ))),
-        Reserving::ExceedsCharge { left } => Err(refused(format!(
-            "refund_exceeds_charge: {left} minor units of the payment are left to refund"
-        ))),
+        Reserving::CurrencyMismatch {
+            payment_id,
+            payment_currency,
+        } => Some((
+            Some(*payment_id),
+            format!("currency_mismatch: the payment was made in {payment_currency}"),
+        )),
+        Reserving::ExceedsCharge { payment_id, left } => Some((
+            Some(*payment_id),
+            format!("refund_exceeds_charge: {left} minor units of the payment are left to refund"),
+        )),
+        _ => None,
     }
 }

@@ -20,6 +20,9 @@ pub enum RefundStatus {
     Refunded,
     /// The gateway refused to refund; its amount is free again.
     Declined,
+    /// Refused before anything was sent (its reason in `failure_reason`): answered
+    /// the same to every later delivery.
+    Rejected,
 }
 
 impl RefundStatus {
@@ -29,14 +32,16 @@ impl RefundStatus {
             Self::Processing => "processing",
             Self::Refunded => "refunded",
             Self::Declined => "declined",
+            Self::Rejected => "rejected",
         }
     }
 
-    fn parse(value: &str) -> Result<Self, sqlx::Error> {
+    pub(crate) fn parse(value: &str) -> Result<Self, sqlx::Error> {
         match value {
             "processing" => Ok(Self::Processing),
             "refunded" => Ok(Self::Refunded),
             "declined" => Ok(Self::Declined),
+            "rejected" => Ok(Self::Rejected),
             other => Err(sqlx::Error::ColumnDecode {
                 index: "status".into(),
                 source: format!("unknown refund status {other:?}").into(),
@@ -59,8 +64,8 @@ impl From<ChargeStatus> for RefundStatus {
 pub struct RefundRecord {
     /// The refund's id.
     pub id: Uuid,
-    /// The payment refunded.
-    pub payment_id: Uuid,
+    /// The payment refunded (`None` on a refusal for want of one).
+    pub payment_id: Option<Uuid>,
     /// The refund's fingerprint.
     pub fingerprint: Fingerprint,
     /// The row's status.
@@ -73,6 +78,8 @@ pub struct RefundRecord {
     pub amount_minor: i64,
     /// ISO 4217 code.
     pub currency: String,
+    /// Why a `rejected` refund was refused (the gateway's code for a declined one).
+    pub failure_reason: Option<String>,
 }
 
 /// What reserving a refund's amount came to.
@@ -88,14 +95,21 @@ pub enum Reserving {
     /// No payment is booked under the refund's payment key (yet).
     PaymentUnknown,
     /// The payment was declined: nothing to refund.
-    PaymentNotCharged,
+    PaymentNotCharged {
+        /// The payment's id.
+        payment_id: Uuid,
+    },
     /// The refund's currency is not the payment's.
     CurrencyMismatch {
+        /// The payment's id.
+        payment_id: Uuid,
         /// The payment's currency.
         payment_currency: String,
     },
     /// Refunds booked or in flight plus this one would exceed the charge.
     ExceedsCharge {
+        /// The payment's id.
+        payment_id: Uuid,
         /// What is left of the charge to refund.
         left: i64,
     },
@@ -110,9 +124,9 @@ pub async fn find_refund(
 ) -> Result<Option<RefundRecord>, sqlx::Error> {
     let row = sqlx::query!(
         r#"SELECT r.id, r.payment_id, r.fingerprint, r.status, r.gateway_transaction_id,
-                  r.amount_minor, r.currency,
+                  r.amount_minor, r.currency, r.failure_reason,
                   p.gateway_transaction_id AS "payment_transaction_id?"
-             FROM refunds r JOIN payments p ON p.id = r.payment_id
+             FROM refunds r LEFT JOIN payments p ON p.id = r.payment_id
             WHERE r.idempotency_key = $1"#,
         key
     )
@@ -128,6 +142,7 @@ pub async fn find_refund(
             payment_transaction_id: row.payment_transaction_id,
             amount_minor: row.amount_minor,
             currency: row.currency,
+            failure_reason: row.failure_reason,
         })
     })
     .transpose()
@@ -172,11 +187,14 @@ pub async fn reserve_refund(
         return Ok(match payment.status.as_str() {
             // Only inside its own transaction, never committed: not booked yet.
             "processing" => Reserving::PaymentUnknown,
-            _ => Reserving::PaymentNotCharged,
+            _ => Reserving::PaymentNotCharged {
+                payment_id: payment.id,
+            },
         });
     }
     if payment.currency != command.currency {
         return Ok(Reserving::CurrencyMismatch {
+            payment_id: payment.id,
             payment_currency: payment.currency,
         });
     }
@@ -190,20 +208,24 @@ pub async fn reserve_refund(
     .await?;
     let left = payment.amount_minor - taken;
     if command.amount_minor > left {
-        return Ok(Reserving::ExceedsCharge { left: left.max(0) });
+        return Ok(Reserving::ExceedsCharge {
+            payment_id: payment.id,
+            left: left.max(0),
+        });
     }
     let inserted = insert_processing(conn, command, fingerprint, row, payment.id).await?;
     Ok(match inserted {
         None => Reserving::Raced,
         Some(id) => Reserving::Reserved(RefundRecord {
             id,
-            payment_id: payment.id,
+            payment_id: Some(payment.id),
             fingerprint: fingerprint.clone(),
             status: RefundStatus::Processing,
             gateway_transaction_id: None,
             payment_transaction_id: payment.gateway_transaction_id,
             amount_minor: command.amount_minor,
             currency: command.currency.clone(),
+            failure_reason: None,
         }),
     })
 }
@@ -335,5 +357,34 @@ pub async fn settled_refund_keys(
         keys
     )
     .fetch_all(pool)
+    .await
+}
+
+/// A refund refused for good before anything was sent, kept as a `rejected` row with
+/// its reason: its id, or `None` when the key has a row already.
+pub async fn record_rejection(
+    conn: &mut PgConnection,
+    command: &RefundCommand,
+    fingerprint: &Fingerprint,
+    payment_id: Option<Uuid>,
+    reason: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    let reason: String = reason.chars().take(512).collect();
+    sqlx::query_scalar!(
+        "INSERT INTO refunds (id, idempotency_key, payment_id, fingerprint, amount_minor,
+                              currency, reason, status, failure_reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'rejected', $8)
+         ON CONFLICT (idempotency_key) DO NOTHING
+         RETURNING id",
+        Uuid::now_v7(),
+        command.idempotency_key.as_str(),
+        payment_id,
+        fingerprint.as_str(),
+        command.amount_minor,
+        command.currency,
+        command.reason.as_deref(),
+        reason,
+    )
+    .fetch_optional(&mut *conn)
     .await
 }

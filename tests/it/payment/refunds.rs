@@ -117,9 +117,9 @@ async fn partial_refunds_add_up_and_never_pass_the_charge() {
     assert_eq!(refunded_total(&at_gateway), 1000, "{at_gateway:?}");
     assert_eq!(at_gateway.len(), 2, "the refused refunds were never sent");
     assert_eq!(refunded_of(&rig.db.pool, "pay-1").await.unwrap(), (1000, 0));
-    // The refused one left no reservation and no token completed.
+    // The refused one reserved nothing; its refusal is kept, its token completed.
     let token = rig.token("rf-1b").await.unwrap();
-    assert_eq!(token.state, TokenState::Pending);
+    assert_eq!(token.state, TokenState::Completed);
 
     // The same refund again: its first answer, nothing sent.
     let posts = rig

@@ -216,10 +216,9 @@ async fn replaying_every_refund_from_offset_zero_sends_nothing() {
 
 /// A refund produced before its charge on its payment's key holds the charge back
 /// (one key runs in order) until its retry budget runs out: rejected
-/// `payment_unknown`, nothing reserved. Nothing remembers that answer, so a replay,
-/// which finds the payment charged by then, refunds it.
+/// `payment_unknown`, nothing reserved. The refusal is kept, so a replay, which
+/// finds the payment charged by then, refuses it again and refunds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known: a refund rejected payment_unknown is refunded on replay (the worker keeps no record of the rejection)"]
 async fn a_refund_rejected_before_its_charge_is_not_refunded_on_replay() {
     let stack = Stack::new(1, SimulatorConfig::default()).await;
     let records = vec![refund("pay-4", "rf-4a", "pay-4", 100), charge("pay-4", 300)];
@@ -243,7 +242,6 @@ async fn a_refund_rejected_before_its_charge_is_not_refunded_on_replay() {
 /// refund may exist (`charge_unknown`), nor `audit` list it as given up on with
 /// its outcome unknown ("redrive to refund", which would only be refused again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known: a refused refund replayed (its token reserved before) is answered charge_unknown and remembered in unresolved_charges"]
 async fn a_refused_refund_replayed_is_not_flagged_as_possibly_refunded() {
     let stack = Stack::new(1, SimulatorConfig::default()).await;
     let records = vec![
