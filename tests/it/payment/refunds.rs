@@ -402,3 +402,44 @@ async fn a_second_holder_of_a_refund_key_never_asks_the_gateway_while_the_first_
     let at_gateway = gateway_refunds(&rig, "pay-h").await;
     assert_eq!(at_gateway.len(), 1, "{at_gateway:?}");
 }
+
+/// The same refund path over the Postgres token store, which completes the token
+/// inside the refund's recording transaction (one atomic step with the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_over_the_postgres_token_store_complete_their_token_with_the_answer() {
+    let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
+    charged(&rig, "pay-pg", 1000).await;
+    let token_pool =
+        payment_worker::startup::connect(&payment_worker::configuration::DatabaseSettings {
+            max_connections: 4,
+            ..payment_worker::configuration::DatabaseSettings::with_url(&rig.db.url)
+        })
+        .await
+        .unwrap();
+    let tokens: Arc<dyn payment_worker::token::TokenStore> = Arc::new(
+        payment_worker::token::PostgresTokenStore::new(token_pool, TokenPolicy::default()),
+    );
+    let p = rig.processor_with(
+        Arc::clone(&tokens),
+        payment_worker::payment::GatewayLookup::Uncertain,
+        "pg",
+    );
+    let first = refund_until_final(&p, &refund("rf-pg-a", "pay-pg", 700)).await;
+    let Outcome::Refunded { refund_id, .. } = first else {
+        panic!("{first:?}")
+    };
+    let token = tokens.show(&ikey("rf-pg-a")).await.unwrap().unwrap();
+    assert_eq!(
+        (token.state, token.payment_id),
+        (TokenState::Completed, Some(refund_id))
+    );
+    let too_much = refund_until_final(&p, &refund("rf-pg-b", "pay-pg", 400)).await;
+    assert!(
+        rejected_with(&too_much, "refund_exceeds_charge"),
+        "{too_much:?}"
+    );
+    let again = refund_until_final(&p, &refund("rf-pg-a", "pay-pg", 700)).await;
+    assert!(matches!(again, Outcome::Duplicate { .. }), "{again:?}");
+    assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-pg").await), 700);
+    assert_eq!(refunded_of(&rig.db.pool, "pay-pg").await.unwrap(), (700, 0));
+}
