@@ -8,9 +8,10 @@
 
 use sqlx::PgPool;
 
-use super::refund_rows::{lock_processing, record_answer, refund_rows, Held, RefundRow};
+use super::refund_rows::{refund_rows, RefundRow};
 use super::repair::{RepairAction, TokenRepair};
 use crate::gateway::{PaymentGateway, RefundRequest};
+use crate::payment::{lock_refund, record_refund, Locked, RefundStatus};
 use crate::token::IdempotencyKey;
 
 fn repair(row: &RefundRow, action: RepairAction, detail: impl Into<String>) -> TokenRepair {
@@ -75,7 +76,9 @@ async fn settle_locked(
     request: &RefundRequest,
 ) -> anyhow::Result<TokenRepair> {
     let mut tx = pool.begin().await?;
-    if let Held::NotOurs = lock_processing(&mut tx, row.id).await? {
+    // Locked the way a worker locks it before asking the gateway, without waiting:
+    // the audit and a worker never settle one refund at once.
+    if lock_refund(&mut tx, row.id).await? != Locked::Status(RefundStatus::Processing) {
         return Ok(repair(
             row,
             RepairAction::AlreadyMoved,
@@ -101,7 +104,7 @@ async fn settle_locked(
         ));
     }
     let answer = entry.answer();
-    if !record_answer(&mut tx, row.id, &answer).await? {
+    if !record_refund(&mut tx, row.id, &answer).await? {
         return Ok(repair(row, RepairAction::AlreadyMoved, "settled meanwhile"));
     }
     tx.commit().await?;

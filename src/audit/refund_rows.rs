@@ -5,7 +5,6 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::gateway::{Charge, ChargeStatus};
 use crate::payment::RefundStatus;
 
 /// One refund row as the audit compares it with the gateway's refunds.
@@ -126,63 +125,4 @@ pub(super) async fn overdrawn_payments(
             taken: row.taken,
         })
         .collect())
-}
-
-/// What locking a stuck refund's row for `--repair` found.
-pub(super) enum Held {
-    /// Ours, still `processing`.
-    Processing,
-    /// A worker holds it (its gateway call in flight), or it is no longer
-    /// `processing` (settled or released meanwhile).
-    NotOurs,
-}
-
-/// Inside the caller's transaction: the refund row locked without waiting, the
-/// way a worker locks it before asking the gateway, so the audit and a worker never
-/// settle one refund at the same time.
-pub(super) async fn lock_processing(
-    conn: &mut sqlx::PgConnection,
-    refund_id: Uuid,
-) -> Result<Held, sqlx::Error> {
-    let locked = sqlx::query_scalar!(
-        "SELECT status FROM refunds WHERE id = $1 FOR UPDATE NOWAIT",
-        refund_id
-    )
-    .fetch_optional(&mut *conn)
-    .await;
-    match locked {
-        Ok(Some(status)) if status == "processing" => Ok(Held::Processing),
-        Ok(_) => Ok(Held::NotOurs),
-        // lock_not_available: a worker holds the row.
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
-            Ok(Held::NotOurs)
-        }
-        Err(error) => Err(error),
-    }
-}
-
-/// Inside the caller's transaction, the gateway's answer recorded on a row still
-/// `processing`, as the worker records it; `false` if the row was not.
-pub(super) async fn record_answer(
-    conn: &mut sqlx::PgConnection,
-    refund_id: Uuid,
-    answer: &Charge,
-) -> Result<bool, sqlx::Error> {
-    let status = match answer.status {
-        ChargeStatus::Approved => RefundStatus::Refunded,
-        ChargeStatus::Declined => RefundStatus::Declined,
-    };
-    let done = sqlx::query!(
-        "UPDATE refunds
-            SET status = $2, gateway_transaction_id = $3, failure_reason = $4,
-                updated_at = now()
-          WHERE id = $1 AND status = 'processing'",
-        refund_id,
-        status.as_str(),
-        answer.transaction_id,
-        answer.decline_code.as_deref(),
-    )
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
 }

@@ -21,5 +21,7 @@ pub use persistence::{
     BookedPayment, PaymentRecord, PaymentStatus, SourcePosition,
 };
 pub use processor::{ChargeAtStake, CommandContext, Processor, Watched, WAITING_FOR_PAYMENT};
-pub use refunds::{find_refund, refunded_of, RefundRecord, RefundStatus};
+pub use refunds::{
+    find_refund, lock_refund, record_refund, refunded_of, Locked, RefundRecord, RefundStatus,
+};
 pub use unresolved::{record_unresolved_stake, unresolved_charges, UnresolvedCharge};

@@ -122,21 +122,7 @@ impl Processor {
         cause: UnknownCause,
     ) -> Result<Charge, Settlement> {
         let key = &command.idempotency_key;
-        let lookup = || async { self.gateway.lookup(key).await };
-        let found = lookup
-            .retry(
-                backon::ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_times(4)
-                    .with_jitter(),
-            )
-            .when(GatewayError::is_retryable)
-            .await;
-        let answer = match &found {
-            Ok(Some(_)) => LookupAnswer::Found,
-            Ok(None) => LookupAnswer::NoneYet,
-            Err(_) => LookupAnswer::Failed,
-        };
+        let (found, answer) = looked_up(|| async { self.gateway.lookup(key).await }).await;
         match (decisions::settle_unknown(cause, answer), found) {
             (SettleBy::Book, Ok(Some(found))) => charge_for(found, command),
             // The gateway is still working on a request with this key (a 409), or it
@@ -235,4 +221,30 @@ pub(super) fn checked_charge(
         kind: RejectionKind::Internal,
         reason: format!("gateway_charge_mismatch: {mismatch}"),
     }))
+}
+
+/// A look-up after an unknown outcome, retried briefly while the gateway cannot
+/// answer, and what it came to.
+pub(super) async fn looked_up<T, F, Fut>(
+    lookup: F,
+) -> (Result<Option<T>, GatewayError>, LookupAnswer)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, GatewayError>>,
+{
+    let found = lookup
+        .retry(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_times(4)
+                .with_jitter(),
+        )
+        .when(GatewayError::is_retryable)
+        .await;
+    let answer = match &found {
+        Ok(Some(_)) => LookupAnswer::Found,
+        Ok(None) => LookupAnswer::NoneYet,
+        Err(_) => LookupAnswer::Failed,
+    };
+    (found, answer)
 }

@@ -2,9 +2,10 @@
 //! resolve an unknown outcome by look-up, keep the lease alive meanwhile. The same
 //! rules as a charge's (`charging.rs`), over the refund half of the gateway.
 
+use super::charging::looked_up;
 use super::*;
 use crate::gateway::{RefundEntry, RefundRequest};
-use crate::payment::decisions::{LookupAnswer, UnknownCause};
+use crate::payment::decisions::UnknownCause;
 
 /// How the gateway step ends when it brings no answer to record.
 pub(super) enum RefundEnd {
@@ -127,21 +128,8 @@ impl Processor {
         cause: UnknownCause,
     ) -> Result<Charge, RefundEnd> {
         let key = &ask.command.idempotency_key;
-        let lookup = || async { self.gateway.lookup_refund(key, &ask.request).await };
-        let found = lookup
-            .retry(
-                backon::ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(50))
-                    .with_max_times(4)
-                    .with_jitter(),
-            )
-            .when(GatewayError::is_retryable)
-            .await;
-        let answer = match &found {
-            Ok(Some(_)) => LookupAnswer::Found,
-            Ok(None) => LookupAnswer::NoneYet,
-            Err(_) => LookupAnswer::Failed,
-        };
+        let (found, answer) =
+            looked_up(|| async { self.gateway.lookup_refund(key, &ask.request).await }).await;
         let settlement = match (decisions::settle_unknown(cause, answer), found) {
             (SettleBy::Book, Ok(Some(found))) => {
                 return checked_refund(found, ask).map_err(RefundEnd::Settle)
