@@ -41,18 +41,6 @@ pub(super) struct Overdrawn {
     pub taken: i64,
 }
 
-fn parse_status(value: &str) -> Result<RefundStatus, sqlx::Error> {
-    match value {
-        "processing" => Ok(RefundStatus::Processing),
-        "refunded" => Ok(RefundStatus::Refunded),
-        "declined" => Ok(RefundStatus::Declined),
-        other => Err(sqlx::Error::ColumnDecode {
-            index: "status".into(),
-            source: format!("unknown refund status {other:?}").into(),
-        }),
-    }
-}
-
 /// Every refund row (but the refusals kept as `rejected`: nothing was sent for them) whose own key starts with `key_prefix` (all for an empty
 /// prefix), sorted by key; a `processing` row updated more than `lease` ago is
 /// `stale`.
@@ -85,7 +73,7 @@ pub(super) async fn refund_rows(
                 id: row.id,
                 idempotency_key: row.idempotency_key,
                 payment_key: row.payment_key,
-                status: parse_status(&row.status)?,
+                status: RefundStatus::parse(&row.status)?,
                 gateway_transaction_id: row.gateway_transaction_id,
                 payment_transaction_id: row.payment_transaction_id,
                 amount_minor: row.amount_minor,

@@ -46,22 +46,6 @@ impl Command {
         }
     }
 
-    /// The amount charged or refunded, in minor units.
-    pub fn amount_minor(&self) -> i64 {
-        match self {
-            Self::Charge(charge) => charge.amount_minor,
-            Self::Refund(refund) => refund.amount_minor,
-        }
-    }
-
-    /// The command's currency.
-    pub fn currency(&self) -> &str {
-        match self {
-            Self::Charge(charge) => &charge.currency,
-            Self::Refund(refund) => &refund.currency,
-        }
-    }
-
     /// What makes two commands under one key the same request.
     pub fn fingerprint(&self) -> Fingerprint {
         match self {

@@ -24,11 +24,9 @@ pub struct ChargeAtStake {
 impl ChargeAtStake {
     /// What is kept of `command` while its charge (or refund) is at stake.
     pub fn of(command: &Command) -> Self {
-        Self {
-            idempotency_key: command.idempotency_key().clone(),
-            amount_minor: command.amount_minor(),
-            currency: command.currency().to_owned(),
-            kind: command.kind(),
+        match command {
+            Command::Charge(charge) => Self::of_charge(charge),
+            Command::Refund(refund) => Self::of_refund(refund),
         }
     }
 

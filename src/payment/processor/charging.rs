@@ -98,18 +98,9 @@ impl Processor {
                 "gateway: {error}"
             )))),
             OnChargeError::KeyReused => Err(Settlement::Restore(key_reused().into())),
-            OnChargeError::Rejected => {
-                let reason = match &error {
-                    GatewayError::Rejected { status, reason } => {
-                        format!("gateway_rejected: HTTP {status}: {reason}")
-                    }
-                    other => format!("gateway_rejected: {other}"),
-                };
-                Err(Settlement::Restore(Attempt::Final(Outcome::Rejected {
-                    kind: RejectionKind::Invalid,
-                    reason,
-                })))
-            }
+            OnChargeError::Rejected => Err(Settlement::Restore(Attempt::Final(gateway_rejected(
+                &error,
+            )))),
         }
     }
 
@@ -247,4 +238,18 @@ where
         Err(_) => LookupAnswer::Failed,
     };
     (found, answer)
+}
+
+/// The answer to a request the gateway refused for good (a charge or a refund).
+pub(super) fn gateway_rejected(error: &GatewayError) -> Outcome {
+    let reason = match error {
+        GatewayError::Rejected { status, reason } => {
+            format!("gateway_rejected: HTTP {status}: {reason}")
+        }
+        other => format!("gateway_rejected: {other}"),
+    };
+    Outcome::Rejected {
+        kind: RejectionKind::Invalid,
+        reason,
+    }
 }

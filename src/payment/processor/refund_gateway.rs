@@ -2,7 +2,7 @@
 //! resolve an unknown outcome by look-up, keep the lease alive meanwhile. The same
 //! rules as a charge's (`charging.rs`), over the refund half of the gateway.
 
-use super::charging::looked_up;
+use super::charging::{gateway_rejected, looked_up};
 use super::*;
 use crate::gateway::{RefundEntry, RefundRequest};
 use crate::payment::decisions::UnknownCause;
@@ -107,15 +107,7 @@ impl Processor {
                 Err(RefundEnd::Release(Settlement::Restore(key_reused().into())))
             }
             OnChargeError::Rejected => Err(RefundEnd::Release(Settlement::Restore(
-                Attempt::Final(Outcome::Rejected {
-                    kind: RejectionKind::Invalid,
-                    reason: match &error {
-                        GatewayError::Rejected { status, reason } => {
-                            format!("gateway_rejected: HTTP {status}: {reason}")
-                        }
-                        other => format!("gateway_rejected: {other}"),
-                    },
-                }),
+                Attempt::Final(gateway_rejected(&error)),
             ))),
         }
     }

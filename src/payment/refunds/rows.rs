@@ -36,7 +36,8 @@ impl RefundStatus {
         }
     }
 
-    pub(crate) fn parse(value: &str) -> Result<Self, sqlx::Error> {
+    /// The status a row spells as `value`; anything else is a decode error.
+    pub fn parse(value: &str) -> Result<Self, sqlx::Error> {
         match value {
             "processing" => Ok(Self::Processing),
             "refunded" => Ok(Self::Refunded),
