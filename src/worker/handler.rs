@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::answer_sink::{AnswerHold, AnswerPlace, AnswerSink};
 use super::inbound::{charge_flag, record_key, source_of, Inbound};
 use super::publisher::{Publisher, Verdict};
+use super::record_echo::KeyScan;
 use crate::fault::FaultPoint;
 use crate::payment::{
     record_unresolved_stake, Attempt, ChargeAtStake, ChargeEvidence, Command, CommandContext,
@@ -173,6 +174,7 @@ impl Handler {
             key,
             command,
             flagged,
+            key_scan,
         } = Inbound::read(message);
         let verdict = match command {
             Ok(command) => {
@@ -184,6 +186,7 @@ impl Handler {
                     key,
                     attempts,
                     charge_unknown,
+                    key_scan,
                 }
             }
             // A flagged record keeps its flag: nothing here settles its charge.
@@ -195,6 +198,7 @@ impl Handler {
                 key,
                 attempts: 1,
                 charge_unknown: flagged == ChargeEvidence::MayHaveCharged,
+                key_scan,
             },
         };
         let answer = self.answer(message, source, verdict, started, place).await;
@@ -239,6 +243,7 @@ impl Handler {
             // A record flagged so keeps its flag whatever happened to it here.
             charge_unknown: stake.is_some()
                 || charge_flag(message) == ChargeEvidence::MayHaveCharged,
+            key_scan: KeyScan::of_record(message.key()),
         };
         // Not decoded again: whatever made it panic may be in the value.
         self.answer(message, source, verdict, Instant::now(), place)

@@ -4,6 +4,7 @@
 
 use rdkafka::message::{Message, OwnedMessage};
 
+use super::record_echo::KeyScan;
 use crate::payment::{ChargeEvidence, Command, InvalidCommand, SourcePosition};
 
 /// Why a record is not a payment command. `Display` is `code: explanation`, the
@@ -40,13 +41,16 @@ pub struct Inbound {
     pub command: Result<Command, Undecodable>,
     /// What the record itself says of an earlier charge ([`charge_flag`]).
     pub flagged: ChargeEvidence,
+    /// Whether the record key holds a card number: found once here, and reused by
+    /// the answer's echo of the key.
+    pub key_scan: KeyScan,
 }
 
 impl Inbound {
     /// Reads `message`. Total: any key, value and headers end as a command or a
     /// reason; of the headers only `x-charge-unknown` is read.
     pub fn read(message: &OwnedMessage) -> Self {
-        let command = decode(message);
+        let (command, key_scan) = decode(message);
         let key = match &command {
             Ok(command) => Some(command.idempotency_key().as_str().to_owned()),
             Err(_) => record_key(message),
@@ -56,6 +60,7 @@ impl Inbound {
             key,
             command,
             flagged: charge_flag(message),
+            key_scan,
         }
     }
 }
@@ -86,30 +91,61 @@ pub fn source_of(message: &OwnedMessage) -> SourcePosition {
     }
 }
 
-/// Parses the record value and checks it against the record key.
-fn decode(message: &OwnedMessage) -> Result<Command, Undecodable> {
-    // First: whatever else is wrong with the record, its key is echoed on its
-    // answer, and one that holds a card number is refused for that.
-    if message
-        .key()
-        .is_some_and(crate::redaction::holds_card_number)
-    {
-        return Err(Undecodable::Command(InvalidCommand::CardNumberAsKey));
-    }
-    let command =
-        Command::parse(message.payload().unwrap_or_default()).map_err(Undecodable::Command)?;
-    if let Some(key) = message.key() {
-        // A refund may be keyed by its payment's key, so that it shares the
-        // payment's partition and follows its charge (the recommended keying).
-        let keyed_by_payment = match &command {
-            Command::Refund(refund) => key == refund.payment_key.as_str().as_bytes(),
-            Command::Charge(_) => false,
-        };
-        if key != command.idempotency_key().as_str().as_bytes() && !keyed_by_payment {
-            return Err(Undecodable::KeyMismatch);
+/// Parses the record value and checks it against the record key; says whether the
+/// record key holds a card number.
+fn decode(message: &OwnedMessage) -> (Result<Command, Undecodable>, KeyScan) {
+    let key = message.key();
+    let command = Command::parse(message.payload().unwrap_or_default());
+    // A record key equal to a key the command holds was scanned by the parse, which
+    // refuses a command whose key holds a card number: it is not scanned again (the
+    // keys of the usual record, scanned once instead of twice).
+    let scan = match (&command, key) {
+        (_, None) => KeyScan::Clean,
+        (Ok(command), Some(key)) if key_of_command(command, key) != KeyRole::Foreign => {
+            KeyScan::Clean
         }
+        (_, Some(key)) => KeyScan::of(key),
+    };
+    // Whatever else is wrong with the record, its key is echoed on its answer, and
+    // one that holds a card number is refused for that.
+    if scan == KeyScan::HoldsCardNumber {
+        return (
+            Err(Undecodable::Command(InvalidCommand::CardNumberAsKey)),
+            scan,
+        );
     }
-    Ok(command)
+    let checked = command.map_err(Undecodable::Command).and_then(|command| {
+        match key.map(|key| key_of_command(&command, key)) {
+            Some(KeyRole::Foreign) => Err(Undecodable::KeyMismatch),
+            _ => Ok(command),
+        }
+    });
+    (checked, scan)
+}
+
+/// What a record key is to the command it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyRole {
+    /// The command's own `idempotency_key`.
+    Own,
+    /// A refund's `payment_idempotency_key`: a refund may be keyed by its payment's
+    /// key, so that it shares the payment's partition and follows its charge (the
+    /// recommended keying).
+    Payment,
+    /// Neither: the record is refused (`kafka_key_mismatch`).
+    Foreign,
+}
+
+fn key_of_command(command: &Command, key: &[u8]) -> KeyRole {
+    if key == command.idempotency_key().as_str().as_bytes() {
+        return KeyRole::Own;
+    }
+    match command {
+        Command::Refund(refund) if key == refund.payment_key.as_str().as_bytes() => {
+            KeyRole::Payment
+        }
+        _ => KeyRole::Foreign,
+    }
 }
 
 /// The idempotency key of a record, when it can be told without trusting the payload.
@@ -119,4 +155,90 @@ pub fn record_key(message: &OwnedMessage) -> Option<String> {
         .and_then(|k| std::str::from_utf8(k).ok())
         .filter(|k| crate::token::IdempotencyKey::try_from(*k).is_ok())
         .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::Timestamp;
+
+    use super::*;
+
+    const CARD: &str = "4111111111111111";
+
+    fn charge(key: &str) -> Vec<u8> {
+        format!(
+            r#"{{"idempotency_key":"{key}","account_id":"acct_1","amount_minor":100,"currency":"USD","payment_method":"pm_card_visa"}}"#
+        )
+        .into_bytes()
+    }
+
+    fn refund(key: &str, payment_key: &str) -> Vec<u8> {
+        format!(
+            r#"{{"type":"refund","idempotency_key":"{key}","payment_idempotency_key":"{payment_key}","amount_minor":50,"currency":"USD","reason":"returned"}}"#
+        )
+        .into_bytes()
+    }
+
+    fn read(key: Option<&str>, value: Vec<u8>) -> Inbound {
+        let message = OwnedMessage::new(
+            Some(value),
+            key.map(|key| key.as_bytes().to_vec()),
+            "payments.commands".into(),
+            Timestamp::now(),
+            0,
+            7,
+            None,
+        );
+        Inbound::read(&message)
+    }
+
+    fn code(inbound: &Inbound) -> Option<&'static str> {
+        inbound.command.as_ref().err().map(Undecodable::code)
+    }
+
+    /// The record key is scanned once, by the parse when it is a key the command
+    /// holds, and by itself otherwise; the verdict reaches the echo either way.
+    #[test]
+    fn a_record_key_with_a_card_number_is_refused_and_marked_for_masking() {
+        let cases = [
+            // The command's own key: refused by the parse.
+            (read(Some(CARD), charge(CARD)), Some("card_number_as_key")),
+            // Another key than the command's: refused before the mismatch.
+            (
+                read(Some(CARD), charge("ord-1")),
+                Some("card_number_as_key"),
+            ),
+            // A value that is no command at all.
+            (
+                read(Some(CARD), b"not json".to_vec()),
+                Some("card_number_as_key"),
+            ),
+            // A refund keyed by its payment's key.
+            (
+                read(Some(CARD), refund("ref-1", CARD)),
+                Some("card_number_as_key"),
+            ),
+        ];
+        for (inbound, expected) in cases {
+            assert_eq!(code(&inbound), expected);
+            assert_eq!(inbound.key_scan, KeyScan::HoldsCardNumber);
+        }
+    }
+
+    #[test]
+    fn a_clean_record_key_is_its_commands_or_refused_as_a_mismatch() {
+        let own = read(Some("ord-1"), charge("ord-1"));
+        assert_eq!(code(&own), None);
+        let by_payment = read(Some("ord-1"), refund("ref-1", "ord-1"));
+        assert_eq!(code(&by_payment), None);
+        let refunds_own = read(Some("ref-1"), refund("ref-1", "ord-1"));
+        assert_eq!(code(&refunds_own), None);
+        let foreign = read(Some("ord-2"), charge("ord-1"));
+        assert_eq!(code(&foreign), Some("kafka_key_mismatch"));
+        let keyless = read(None, charge("ord-1"));
+        assert_eq!(code(&keyless), None);
+        for inbound in [own, by_payment, refunds_own, foreign, keyless] {
+            assert_eq!(inbound.key_scan, KeyScan::Clean);
+        }
+    }
 }

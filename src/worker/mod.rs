@@ -41,6 +41,7 @@ pub use messages::{
 pub use offsets::OffsetTracker;
 pub use partition::lane_of;
 pub use publisher::Publisher;
+pub use record_echo::KeyScan;
 pub use spans::command_span;
 pub use supervision::WorkerFailure;
 pub use transactions::{AnswerGuard, TransactionFailure, Transactions};

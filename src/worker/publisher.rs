@@ -19,7 +19,7 @@ use super::answer_sink::AnswerSink;
 use super::dead_letter::{DeadLetter, Letter};
 use super::messages::{ResultRecord, KEY_HMAC_SHA256};
 use super::oversized::LetterForm;
-use super::record_echo::EchoedKey;
+use super::record_echo::{EchoedKey, KeyScan};
 use super::spans::{produce_span, produce_span_name};
 use super::transactions::Transactions;
 use crate::configuration::{KafkaSettings, ResultsMode, WorkerSettings};
@@ -70,6 +70,8 @@ pub(super) struct Verdict {
     pub attempts: u32,
     /// An earlier attempt may have charged and no look-up resolved it.
     pub charge_unknown: bool,
+    /// Whether the record key holds a card number (`KeyScan::of_record`).
+    pub key_scan: KeyScan,
 }
 
 /// The result record of `outcome` for the command at `source`.
@@ -277,10 +279,11 @@ impl Publisher {
             outcome,
             attempts,
             charge_unknown,
+            key_scan,
         } = verdict;
         // The record key as every answer echoes it; a masked one also replaces the
         // result's `idempotency_key`.
-        let echoed = EchoedKey::of(original.key(), &self.key_hasher);
+        let echoed = EchoedKey::scanned(original.key(), key_scan, &self.key_hasher);
         let key = if echoed.is_masked() {
             echoed.masked_text()
         } else {
