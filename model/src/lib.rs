@@ -8,11 +8,15 @@
 //! `Reservation`/`Predecessor`/`Transition`), so a change to them changes, or
 //! breaks the build of, this model. docs/ARCHITECTURE.md maps each action to the
 //! code it mirrors.
+//!
+//! The refund path has a model of its own (`refunds`): several refund keys of one
+//! payment, their holders kept apart by Postgres alone.
 
 pub mod actions;
 pub mod config;
 pub mod gateway;
 pub mod properties;
+pub mod refunds;
 pub mod retry_loop;
 pub mod run;
 pub mod state;

@@ -70,7 +70,7 @@ pub(super) struct Verdict {
     pub attempts: u32,
     /// An earlier attempt may have charged and no look-up resolved it.
     pub charge_unknown: bool,
-    /// Whether the record key holds a card number (`KeyScan::of_record`).
+    /// Whether the record key holds a card number, as `Inbound::read` found it.
     pub key_scan: KeyScan,
 }
 

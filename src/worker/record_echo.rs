@@ -61,6 +61,9 @@ impl EchoedKey {
 
     /// The echo of `key`, whose scan (`KeyScan::of_record(key)`) is `scan`.
     pub(super) fn scanned(key: Option<&[u8]>, scan: KeyScan, hasher: &KeyHasher) -> Self {
+        // The verdict comes from the parse for a key the command holds: a key that
+        // escaped it would be echoed as it came. The debug builds (every test) check.
+        debug_assert_eq!(scan, KeyScan::of_record(key), "a record key's scan");
         match key {
             Some(key) if scan == KeyScan::HoldsCardNumber => Self {
                 key: masked_for_echo(key).map(String::into_bytes),
