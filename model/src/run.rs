@@ -49,16 +49,23 @@ pub fn check(config: &Config, search: Search, threads: usize, stop_at_failure: b
         builder = builder.finish_when(HasDiscoveries::AnyFailures);
     }
     match search {
-        Search::Dfs => report(builder.spawn_dfs().join(), &properties, started),
-        Search::Bfs => report(builder.spawn_bfs().join(), &properties, started),
+        Search::Dfs => report(builder.spawn_dfs().join(), &properties, started, summary),
+        Search::Bfs => report(builder.spawn_bfs().join(), &properties, started, summary),
     }
 }
 
-fn report(
-    checker: impl Checker<PaymentModel>,
-    properties: &[stateright::Property<PaymentModel>],
+/// What `checker` found of `properties`, each step of a counterexample shown with
+/// the state after it (`summary`).
+pub fn report<M: Model>(
+    checker: impl Checker<M>,
+    properties: &[stateright::Property<M>],
     started: Instant,
-) -> Report {
+    summary: impl Fn(&M::State) -> String,
+) -> Report
+where
+    M::State: Clone + PartialEq,
+    M::Action: Clone + PartialEq + std::fmt::Debug,
+{
     let elapsed = started.elapsed();
     let mut counterexamples = Vec::new();
     let mut unreached = Vec::new();

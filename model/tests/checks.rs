@@ -9,6 +9,9 @@ use payment_worker_model::properties::{
 use payment_worker_model::run::{check, Report, Search};
 use payment_worker_model::{Config, GatewayKind, Mutant, StoreKind};
 
+mod support;
+use support::{assert_no_counterexample, counterexample_to};
+
 fn holds(config: Config) -> Report {
     let report = holds_safety(config);
     assert!(
@@ -22,23 +25,7 @@ fn holds(config: Config) -> Report {
 /// Every safety property holds (some `sometimes` may be out of the system's reach).
 fn holds_safety(config: Config) -> Report {
     let report = check(&config, Search::Dfs, 1, false);
-    println!(
-        "{config:?}: {} unique states in {:.1} s",
-        report.unique_states,
-        report.elapsed.as_secs_f64()
-    );
-    for counterexample in &report.counterexamples {
-        println!("{}: {:#?}", counterexample.property, counterexample.trace);
-    }
-    assert!(
-        report.counterexamples.is_empty(),
-        "counterexamples: {:?}",
-        report
-            .counterexamples
-            .iter()
-            .map(|c| c.property)
-            .collect::<Vec<_>>()
-    );
+    assert_no_counterexample(&config, &report);
     report
 }
 
@@ -46,29 +33,7 @@ fn holds_safety(config: Config) -> Report {
 /// asserts it breaks `property` and returns its trace length.
 fn fails(config: Config, property: &str) -> usize {
     let report = check(&config, Search::Bfs, 1, true);
-    let found = report
-        .counterexamples
-        .iter()
-        .find(|c| c.property == property)
-        .unwrap_or_else(|| {
-            panic!(
-                "no counterexample to {property:?} ({} states; found: {:?})",
-                report.unique_states,
-                report
-                    .counterexamples
-                    .iter()
-                    .map(|c| c.property)
-                    .collect::<Vec<_>>()
-            )
-        });
-    println!(
-        "counterexample to {property:?} in {} steps ({} states, {:.1} s):\n{}",
-        found.trace.len(),
-        report.unique_states,
-        report.elapsed.as_secs_f64(),
-        found.trace.join("\n")
-    );
-    found.trace.len()
+    counterexample_to(&config, &report, property).trace.len()
 }
 
 /// The CI system without overlapping deliveries (see `overlapping_deliveries_*`).

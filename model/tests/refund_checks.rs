@@ -7,29 +7,12 @@ use payment_worker_model::refunds::{
     check_refunds, RefundConfig, RefundMutant, NEVER_PAST_THE_CHARGE, ONE_REFUND_PER_KEY,
 };
 
+mod support;
+use support::{assert_no_counterexample, counterexample_to};
+
 fn holds(config: RefundConfig) {
     let report = check_refunds(&config, false);
-    println!(
-        "{config:?}: {} unique states in {:.1} s",
-        report.unique_states,
-        report.elapsed.as_secs_f64()
-    );
-    for counterexample in &report.counterexamples {
-        println!(
-            "{}:\n{}",
-            counterexample.property,
-            counterexample.trace.join("\n")
-        );
-    }
-    assert!(
-        report.counterexamples.is_empty(),
-        "counterexamples: {:?}",
-        report
-            .counterexamples
-            .iter()
-            .map(|c| c.property)
-            .collect::<Vec<_>>()
-    );
+    assert_no_counterexample(&config, &report);
     assert!(
         report.unreached.is_empty(),
         "never reached: {:?}",
@@ -39,27 +22,7 @@ fn holds(config: RefundConfig) {
 
 /// `config` yields a counterexample to `property`.
 fn fails(config: RefundConfig, property: &str) {
-    let report = check_refunds(&config, true);
-    let found = report
-        .counterexamples
-        .iter()
-        .find(|c| c.property == property)
-        .unwrap_or_else(|| {
-            panic!(
-                "{config:?}: no counterexample to {property:?} ({} states; found: {:?})",
-                report.unique_states,
-                report
-                    .counterexamples
-                    .iter()
-                    .map(|c| c.property)
-                    .collect::<Vec<_>>()
-            )
-        });
-    println!(
-        "{:?}: counterexample to {property:?}:\n{}",
-        config.mutant,
-        found.trace.join("\n")
-    );
+    counterexample_to(&config, &check_refunds(&config, true), property);
 }
 
 #[test]

@@ -1,12 +1,12 @@
 //! The refund model as a stateright model, its invariants, and a check of it.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 use super::state::{RefundConfig, RowStatus, State};
 use super::steps::{self, Action};
-use crate::run::Counterexample;
+use crate::run::{report, Report};
 
 /// No payment is refunded past its charge: by the gateway's count.
 pub const NEVER_PAST_THE_CHARGE: &str = "R2: never refunded past the charge";
@@ -72,18 +72,9 @@ impl Model for RefundModel {
     }
 }
 
-#[derive(Debug)]
-pub struct RefundReport {
-    pub unique_states: usize,
-    pub elapsed: Duration,
-    pub counterexamples: Vec<Counterexample>,
-    /// `sometimes` properties never met.
-    pub unreached: Vec<&'static str>,
-}
-
 /// Checks `config` breadth-first (the shortest counterexample first); with
 /// `stop_at_failure`, stops at the first failure.
-pub fn check_refunds(config: &RefundConfig, stop_at_failure: bool) -> RefundReport {
+pub fn check_refunds(config: &RefundConfig, stop_at_failure: bool) -> Report {
     let model = RefundModel {
         config: config.clone(),
     };
@@ -93,44 +84,23 @@ pub fn check_refunds(config: &RefundConfig, stop_at_failure: bool) -> RefundRepo
     if stop_at_failure {
         builder = builder.finish_when(HasDiscoveries::AnyFailures);
     }
-    let checker = builder.spawn_bfs().join();
-    let mut counterexamples = Vec::new();
-    let mut unreached = Vec::new();
-    for property in &properties {
-        match (&property.expectation, checker.discovery(property.name)) {
-            (stateright::Expectation::Sometimes, None) => unreached.push(property.name),
-            (stateright::Expectation::Sometimes, Some(_)) | (_, None) => {}
-            (_, Some(path)) => counterexamples.push(Counterexample {
-                property: property.name,
-                trace: path
-                    .into_vec()
-                    .windows(2)
-                    .filter_map(|pair| {
-                        let action = pair[0].1.as_ref()?;
-                        let s = &pair[1].0;
-                        Some(format!(
-                            "{action:?} -> rows {:?}, locks {:?}, refunds {:?}, [{}]",
-                            s.rows
-                                .iter()
-                                .map(|r| r.map(|r| r.status))
-                                .collect::<Vec<_>>(),
-                            s.locks,
-                            s.refunds,
-                            s.workers
-                                .iter()
-                                .map(|w| format!("k{} {:?}", w.key, w.phase))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ))
-                    })
-                    .collect(),
-            }),
-        }
-    }
-    RefundReport {
-        unique_states: checker.unique_state_count(),
-        elapsed: started.elapsed(),
-        counterexamples,
-        unreached,
-    }
+    report(builder.spawn_bfs().join(), &properties, started, summary)
+}
+
+/// A state in one line: each key's row, lock holder and refunds, each worker's step.
+fn summary(s: &State) -> String {
+    format!(
+        "rows {:?}, locks {:?}, refunds {:?}, [{}]",
+        s.rows
+            .iter()
+            .map(|r| r.map(|r| r.status))
+            .collect::<Vec<_>>(),
+        s.locks,
+        s.refunds,
+        s.workers
+            .iter()
+            .map(|w| format!("k{} {:?}", w.key, w.phase))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }

@@ -9,7 +9,6 @@ mod state;
 mod steps;
 
 pub use check::{
-    check_refunds, RefundModel, RefundReport, BOOKS_AGREE, NEVER_PAST_THE_CHARGE,
-    ONE_REFUND_PER_KEY,
+    check_refunds, RefundModel, BOOKS_AGREE, NEVER_PAST_THE_CHARGE, ONE_REFUND_PER_KEY,
 };
 pub use state::{RefundConfig, RefundGateway, RefundMutant};
