@@ -96,15 +96,18 @@ pub fn source_of(message: &OwnedMessage) -> SourcePosition {
 fn decode(message: &OwnedMessage) -> (Result<Command, Undecodable>, KeyScan) {
     let key = message.key();
     let command = Command::parse(message.payload().unwrap_or_default());
+    // What the record key is to the command, when both are there.
+    let role = match (&command, key) {
+        (Ok(command), Some(key)) => Some(key_of_command(command, key)),
+        _ => None,
+    };
     // A record key equal to a key the command holds was scanned by the parse, which
     // refuses a command whose key holds a card number: it is not scanned again (the
     // keys of the usual record, scanned once instead of twice).
-    let scan = match (&command, key) {
-        (_, None) => KeyScan::Clean,
-        (Ok(command), Some(key)) if key_of_command(command, key) != KeyRole::Foreign => {
-            KeyScan::Clean
-        }
-        (_, Some(key)) => KeyScan::of(key),
+    let scan = match (key, role) {
+        (None, _) => KeyScan::Clean,
+        (Some(_), Some(KeyRole::Own | KeyRole::Payment)) => KeyScan::Clean,
+        (Some(key), _) => KeyScan::of(key),
     };
     // Whatever else is wrong with the record, its key is echoed on its answer, and
     // one that holds a card number is refused for that.
@@ -114,12 +117,11 @@ fn decode(message: &OwnedMessage) -> (Result<Command, Undecodable>, KeyScan) {
             scan,
         );
     }
-    let checked = command.map_err(Undecodable::Command).and_then(|command| {
-        match key.map(|key| key_of_command(&command, key)) {
-            Some(KeyRole::Foreign) => Err(Undecodable::KeyMismatch),
-            _ => Ok(command),
-        }
-    });
+    let checked = match (command, role) {
+        (Err(invalid), _) => Err(Undecodable::Command(invalid)),
+        (Ok(_), Some(KeyRole::Foreign)) => Err(Undecodable::KeyMismatch),
+        (Ok(command), _) => Ok(command),
+    };
     (checked, scan)
 }
 
