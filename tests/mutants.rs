@@ -457,7 +457,15 @@ fn schema_database() -> String {
 /// `.cargo/config.toml`, and no `SQLX_OFFLINE_DIR` lets the build write a cache file.
 fn build(scratch: &Path, target_dir: &Path, work: &Path, schema: &str) -> Result<(), String> {
     let log = work.join("last-run.log");
-    let mut build = cargo(scratch, target_dir, &["test", "--test", "it", "--no-run"]);
+    // `--workspace`: the features every member asks for, as the suite's own build
+    // resolves them. The root package alone resolves fewer (no model checker's
+    // `model-testing`, fewer of a dependency's), so its first build here would
+    // compile the crate and a dozen dependencies anew instead of one incremental step.
+    let mut build = cargo(
+        scratch,
+        target_dir,
+        &["test", "--workspace", "--test", "it", "--no-run"],
+    );
     build
         .env("SQLX_OFFLINE", "false")
         .env("DATABASE_URL", schema)
@@ -493,7 +501,15 @@ fn run_named(scratch: &Path, target_dir: &Path, work: &Path, tests: &[&str]) -> 
     let log = work.join("last-run.log");
     // One test at a time: on a loaded machine the timing-sensitive ones flake when run
     // side by side, and a flake would count as a catch.
-    let mut args = vec!["test", "--test", "it", "--", "--exact", "--test-threads=1"];
+    let mut args = vec![
+        "test",
+        "--workspace",
+        "--test",
+        "it",
+        "--",
+        "--exact",
+        "--test-threads=1",
+    ];
     args.extend_from_slice(tests);
     let mut run = cargo(scratch, target_dir, &args);
     run.env("PW_TEST_DEVTOOLS", suite_devtools());
