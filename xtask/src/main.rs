@@ -56,7 +56,34 @@ fn test(args: Vec<OsString>) -> ExitCode {
         .args(["nextest", "run", "--workspace"])
         .args(args)
         .current_dir(&root);
+    without_cargo_run_variables(&mut command);
     exit_code_of(command, "cargo nextest run")
+}
+
+/// `cargo run` gives this process its own package's variables (`CARGO_MANIFEST_DIR`
+/// is `xtask/`, `CARGO_PKG_NAME` is `xtask`, …). Passed on, they would reach the
+/// build that nextest starts, where build scripts that watch them (ring's watches
+/// `CARGO_MANIFEST_DIR`) would see them change between `cargo xtask test` and a plain
+/// `cargo nextest run` or `cargo test`, and rebuild: ring, rustls, sqlx, tonic and
+/// everything above them, each time one follows the other. Cargo sets the right
+/// values for every crate it builds; none of these is this task's to pass on.
+fn without_cargo_run_variables(command: &mut Command) {
+    for (name, _) in env::vars_os() {
+        let name = name.to_string_lossy();
+        let from_cargo_run = name == "OUT_DIR"
+            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&name.as_ref());
+        if from_cargo_run {
+            command.env_remove(name.as_ref());
+        }
+    }
 }
 
 /// A cargo-nextest to run: the one on the PATH (as `cargo nextest`), else the
@@ -92,6 +119,7 @@ fn nextest(root: &Path) -> Option<PathBuf> {
             "--root",
         ])
         .arg(&tools);
+    without_cargo_run_variables(&mut install);
     (exit_code_of(install, "cargo install cargo-nextest") == ExitCode::SUCCESS).then_some(binary)
 }
 
@@ -109,6 +137,41 @@ fn exit_code_of(mut command: Command, what: &str) -> ExitCode {
         Err(error) => {
             eprintln!("xtask: {what} could not start: {error}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variables_cargo_gave_this_process_are_not_passed_on() {
+        // Cargo gives a test process the same package variables `cargo run` gives the
+        // task, and `CARGO` (the cargo to run), which stays.
+        assert!(env::var_os("CARGO_MANIFEST_DIR").is_some());
+        assert!(env::var_os("CARGO_PKG_NAME").is_some());
+        let mut command = Command::new("cargo");
+        without_cargo_run_variables(&mut command);
+        let removed: Vec<String> = command
+            .get_envs()
+            .filter(|(_, value)| value.is_none())
+            .map(|(name, _)| name.to_string_lossy().into_owned())
+            .collect();
+        for name in ["CARGO_MANIFEST_DIR", "CARGO_PKG_NAME"] {
+            assert!(
+                removed.iter().any(|r| r == name),
+                "{name} kept: {removed:?}"
+            );
+        }
+        for kept in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "RUSTFLAGS",
+            "PATH",
+        ] {
+            assert!(!removed.iter().any(|r| r == kept), "{kept} removed");
         }
     }
 }
