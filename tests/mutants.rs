@@ -54,6 +54,12 @@ const COPIED: &[&str] = &[
     "model",
     "xtask",
 ];
+/// `cargo test` of the `it` target, for both its build and its runs. `--workspace`:
+/// the features every member asks for, as the suite's own build resolves them. The
+/// root package alone resolves fewer (no model checker's `model-testing`, fewer of a
+/// dependency's), so the first build here would compile the crate and a dozen
+/// dependencies anew instead of one incremental step.
+const IT_TESTS: &[&str] = &["test", "--workspace", "--test", "it"];
 const BUILD_LIMIT: Duration = Duration::from_secs(30 * 60);
 const TEST_LIMIT: Duration = Duration::from_secs(5 * 60);
 
@@ -457,15 +463,7 @@ fn schema_database() -> String {
 /// `.cargo/config.toml`, and no `SQLX_OFFLINE_DIR` lets the build write a cache file.
 fn build(scratch: &Path, target_dir: &Path, work: &Path, schema: &str) -> Result<(), String> {
     let log = work.join("last-run.log");
-    // `--workspace`: the features every member asks for, as the suite's own build
-    // resolves them. The root package alone resolves fewer (no model checker's
-    // `model-testing`, fewer of a dependency's), so its first build here would
-    // compile the crate and a dozen dependencies anew instead of one incremental step.
-    let mut build = cargo(
-        scratch,
-        target_dir,
-        &["test", "--workspace", "--test", "it", "--no-run"],
-    );
+    let mut build = cargo(scratch, target_dir, &[IT_TESTS, &["--no-run"]].concat());
     build
         .env("SQLX_OFFLINE", "false")
         .env("DATABASE_URL", schema)
@@ -501,15 +499,7 @@ fn run_named(scratch: &Path, target_dir: &Path, work: &Path, tests: &[&str]) -> 
     let log = work.join("last-run.log");
     // One test at a time: on a loaded machine the timing-sensitive ones flake when run
     // side by side, and a flake would count as a catch.
-    let mut args = vec![
-        "test",
-        "--workspace",
-        "--test",
-        "it",
-        "--",
-        "--exact",
-        "--test-threads=1",
-    ];
+    let mut args = [IT_TESTS, &["--", "--exact", "--test-threads=1"]].concat();
     args.extend_from_slice(tests);
     let mut run = cargo(scratch, target_dir, &args);
     run.env("PW_TEST_DEVTOOLS", suite_devtools());
