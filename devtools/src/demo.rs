@@ -1,4 +1,4 @@
-//! `payment-worker demo`: the whole product on one machine. A local Kafka (mock
+//! `payment-worker-devtools demo`: the whole product on one machine. A local Kafka (mock
 //! cluster), the gateway simulator, Redis and Postgres at their default URLs; a
 //! workload with duplicates and bad input; a worker group; a full replay; a report.
 
@@ -26,7 +26,7 @@ use payment_worker::retry::RetryPolicy;
 use payment_worker::startup;
 use payment_worker::worker::{self, Handler, Publisher, ResultRecord};
 
-/// `payment-worker demo`: the workload's size and the services to use.
+/// `payment-worker-devtools demo`: the workload's size and the services to use.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Commands in the workload.

@@ -1,4 +1,4 @@
-//! `payment-worker dev-kafka`, and the local Kafka behind it, the demo, the bench
+//! `payment-worker-devtools dev-kafka`, and the local Kafka behind it, the demo, the bench
 //! and the tests: librdkafka's mock cluster in this process.
 
 use std::io::Write;
@@ -95,7 +95,7 @@ pub struct DevKafkaArgs {
     pub kafka: KafkaSettings,
 }
 
-/// `payment-worker dev-kafka`: starts the mock cluster with the three payment
+/// `payment-worker-devtools dev-kafka`: starts the mock cluster with the three payment
 /// topics, prints (and writes) its bootstrap address, and runs until SIGTERM/Ctrl-C.
 pub async fn run_dev_kafka(args: DevKafkaArgs) -> anyhow::Result<()> {
     let shutdown = payment_worker::startup::shutdown_signal()?;

@@ -1,4 +1,4 @@
-//! `payment-worker bench` (docs/CONTRACT.md, "Performance targets"): throughput, latency and memory of the whole
+//! `payment-worker-devtools bench` (docs/CONTRACT.md, "Performance targets"): throughput, latency and memory of the whole
 //! path, against a Postgres ceiling measured in the same run so the ratios hold on
 //! a noisy machine.
 mod audit;

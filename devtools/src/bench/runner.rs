@@ -1,4 +1,4 @@
-//! `payment-worker bench`: runs the phases in order, audits, prints the table and
+//! `payment-worker-devtools bench`: runs the phases in order, audits, prints the table and
 //! writes the JSON report.
 
 use std::path::PathBuf;
@@ -36,7 +36,7 @@ const SLOW_GATEWAY_MS: u64 = 20;
 /// Commands waiting when the backlog phase's worker starts, fixed by the targets.
 const BACKLOG_PHASE_COMMANDS: usize = 5_000;
 
-/// `payment-worker bench`: how long, how much, and where.
+/// `payment-worker-devtools bench`: how long, how much, and where.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Also write the report as JSON to this file.

@@ -222,7 +222,7 @@ impl std::fmt::Debug for RunningSimulator {
     }
 }
 
-/// `payment-worker gateway-sim --listen ADDR`: binds, prints
+/// `payment-worker-devtools gateway-sim --listen ADDR`: binds, prints
 /// `gateway-sim listening on ADDR` as the first line on stdout (scripts and tests
 /// read the port from it), and serves until SIGTERM or Ctrl-C.
 pub async fn run_cli(listen: SocketAddr, config: SimulatorConfig) -> anyhow::Result<()> {
