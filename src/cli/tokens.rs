@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use super::{CommandFailure, TokensCommand};
+use crate::redaction::contains_card_number;
 use crate::startup;
 use crate::token::{IdempotencyKey, IssueOutcome};
 
@@ -28,6 +29,15 @@ pub(super) async fn run(command: TokensCommand) -> anyhow::Result<()> {
             } else {
                 keys
             };
+            // The worker refuses such a key (`card_number_as_key`): a token for it
+            // could never be used, and would keep the card number in the store.
+            if let Some(key) = keys.iter().find(|key| contains_card_number(key.as_str())) {
+                // (A key's Display masks the card number.)
+                return Err(CommandFailure::InvalidInput(format!(
+                    "the key {key} holds a card number; no token issued"
+                ))
+                .into());
+            }
             for key in keys {
                 match store.issue(&key, ttl).await? {
                     IssueOutcome::Created => writeln!(out, "{}", key.as_str())?,

@@ -207,7 +207,16 @@ pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
     response: reqwest::Response,
 ) -> Result<T, ReadError> {
     let bytes = response.bytes().await.map_err(ReadError::Transport)?;
-    serde_json::from_slice(&bytes).map_err(|e| ReadError::Decode(e.to_string()))
+    serde_json::from_slice(&bytes).map_err(|error| ReadError::Decode(unreadable_json(&error)))
+}
+
+/// What an answer that is not the expected JSON is reported as: serde_json's message,
+/// with any card number in it masked. The message quotes the value it could not read
+/// (an unknown status, a number where a string was due), a gateway that echoes the
+/// request may put a card number there, and the text travels on: retry reasons, a
+/// dead letter's `x-error-reason`, log lines, `unresolved_charges.reason`.
+pub(super) fn unreadable_json(error: &serde_json::Error) -> String {
+    masked_text(&error.to_string()).into_owned()
 }
 
 /// For the idempotent GETs: no answer means nothing changed, so try again later.
@@ -430,6 +439,41 @@ impl PaymentGateway for HttpGateway {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_answer_is_reported_without_the_card_number_it_quotes() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Status {
+            Approved,
+            Declined,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Answer {
+            transaction_id: String,
+            status: Status,
+        }
+        for body in [
+            r#"{"transaction_id":"t","status":"card 4111111111111111"}"#,
+            r#"{"transaction_id":4111111111111111,"status":"approved"}"#,
+            r#"{"transaction_id":"t","status":"４１１１ １１１１ １１１１ １１１１"}"#,
+        ] {
+            let Err(error) = serde_json::from_str::<Answer>(body) else {
+                panic!("{body} was read");
+            };
+            assert!(
+                crate::redaction::contains_card_number(&error.to_string()),
+                "serde_json quotes it: {error}"
+            );
+            let reported = unreadable_json(&error);
+            assert!(
+                !crate::redaction::holds_card_number(reported.as_bytes()),
+                "{reported}"
+            );
+            assert!(reported.contains("****"), "masked, not dropped: {reported}");
+        }
+    }
 
     #[test]
     fn base_url_is_normalised_and_checked() {

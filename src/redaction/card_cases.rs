@@ -1,5 +1,5 @@
 //! Generated card numbers for the property tests: valid-Luhn numbers of 13–19
-//! digits, in every grouping (random group sizes, any of the five separators),
+//! digits, in every grouping (random group sizes, any form of the five separators),
 //! inside random text, in every encoding a receiver may read bytes in. Shared by
 //! the detector's properties here and those of the output paths (`worker/record_echo.rs`).
 
@@ -38,24 +38,39 @@ pub(crate) fn card_digits() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// The digits written in groups of random sizes, each join one of the five
-/// separators (the same one throughout, or mixed).
+/// Separators: the five, and forms a reader shows as one of them (a no-break and an
+/// ideographic space, a tab, a line break, an en dash, a minus sign, the fullwidth
+/// hyphen, dot, slash and underscore).
+const SEPARATORS: [char; 15] = [
+    ' ', '-', '.', '/', '_', '\u{A0}', '\u{3000}', '\t', '\n', '\u{2013}', '\u{2212}', '\u{FF0D}',
+    '\u{FF0E}', '\u{FF0F}', '\u{FF3F}',
+];
+
+/// Characters that show as nothing: a soft hyphen, a zero-width space, a word
+/// joiner, a byte order mark.
+const INVISIBLE: [char; 4] = ['\u{AD}', '\u{200B}', '\u{2060}', '\u{FEFF}'];
+
+/// The digits written in groups of random sizes, each join one separator (the same
+/// one throughout, or mixed), with now and then a character that shows as nothing
+/// between two digits or beside a separator.
 pub(crate) fn grouped(digits: Vec<u8>) -> impl Strategy<Value = String> {
     let joins = digits.len().saturating_sub(1);
+    let invisible = proptest::option::weighted(0.1, proptest::sample::select(INVISIBLE.to_vec()));
     (
         proptest::collection::vec(proptest::bool::weighted(0.3), joins),
-        proptest::sample::select(vec![' ', '-', '.', '/', '_']),
-        proptest::collection::vec(
-            proptest::sample::select(vec![' ', '-', '.', '/', '_']),
-            joins,
-        ),
+        proptest::sample::select(SEPARATORS.to_vec()),
+        proptest::collection::vec(proptest::sample::select(SEPARATORS.to_vec()), joins),
         any::<bool>(),
+        proptest::collection::vec(invisible, joins),
     )
-        .prop_map(move |(cuts, one, mixed, mix)| {
+        .prop_map(move |(cuts, one, mixed, mix, hidden)| {
             let mut text = String::new();
             for (at, digit) in digits.iter().enumerate() {
                 if at > 0 && cuts[at - 1] {
                     text.push(if mix { mixed[at - 1] } else { one });
+                }
+                if let Some(hidden) = at.checked_sub(1).and_then(|gap| hidden[gap]) {
+                    text.push(hidden);
                 }
                 text.push(char::from(b'0' + digit));
             }

@@ -6,7 +6,11 @@
 // digits or in groups of any sizes joined by single separators (space, dash, dot,
 // slash, underscore: "4111 1111 1111 1111", "41111111-11111111", "4-111111111111111",
 // "4111.1111.1111.1111"), alone or inside a longer value ("card:4111111111111111").
-// Digits of any script count (`digits.rs`). A number is made of whole groups: any
+// Each separator in any form a reader shows as one: any space (no-break, ideographic,
+// a tab or a line break), any dash (en dash, minus sign, fullwidth hyphen), the
+// fullwidth and small dot, slash and underscore. Characters that show nothing (a soft
+// hyphen, a zero-width space, a byte order mark) are passed over: "4111\u{200B}1111…"
+// reads as one unbroken number. Digits of any script count (`digits.rs`). A number is made of whole groups: any
 // run of consecutive groups is tried, so a card followed or preceded by more
 // groups ("4111 1111 1111 1111 123") is still caught, but a single unbroken run
 // longer than 19 digits is not a card (it is some other identifier, and one in
@@ -20,9 +24,80 @@ use super::digits::digit_value;
 /// The digits a card number has, at least and at most.
 const CARD_DIGITS: std::ops::RangeInclusive<usize> = 13..=19;
 
-/// Whether `c` joins the digit groups of one written number.
+/// Whether `c` joins the digit groups of one written number: one of the five, in any
+/// form a reader shows as one of them.
 fn is_separator(c: char) -> bool {
-    matches!(c, ' ' | '-' | '.' | '/' | '_')
+    match c {
+        ' ' | '-' | '.' | '/' | '_' => true,
+        // A tab or a line break: as good a space as any to a reader.
+        c if c.is_ascii() => c.is_ascii_whitespace(),
+        c => c.is_whitespace() || is_dash(c) || is_wide_dot_slash_or_underscore(c),
+    }
+}
+
+/// The dashes (Unicode's Dash_Punctuation, every one of them) and the minus sign.
+fn is_dash(c: char) -> bool {
+    matches!(
+        c,
+        '\u{058A}' | '\u{05BE}' | '\u{1400}' | '\u{1806}' | '\u{2010}'
+            ..='\u{2015}'
+                | '\u{2212}'
+                | '\u{2E17}'
+                | '\u{2E1A}'
+                | '\u{2E3A}'
+                | '\u{2E3B}'
+                | '\u{2E40}'
+                | '\u{2E5D}'
+                | '\u{301C}'
+                | '\u{3030}'
+                | '\u{30A0}'
+                | '\u{FE31}'
+                | '\u{FE32}'
+                | '\u{FE58}'
+                | '\u{FE63}'
+                | '\u{FF0D}'
+                | '\u{10EAD}'
+    )
+}
+
+/// The other forms of dot, slash and underscore: fullwidth and small ones (NFKC folds
+/// them to the ASCII three), the one-dot leader, the ideographic full stop, the
+/// division and fraction slashes, the low lines of vertical text.
+fn is_wide_dot_slash_or_underscore(c: char) -> bool {
+    matches!(
+        c,
+        '\u{FF0E}'
+            | '\u{FE52}'
+            | '\u{2024}'
+            | '\u{3002}'
+            | '\u{FF61}'
+            | '\u{FF0F}'
+            | '\u{2215}'
+            | '\u{2044}'
+            | '\u{FF3F}'
+            | '\u{FE33}'
+            | '\u{FE34}'
+            | '\u{FE4D}'..='\u{FE4F}'
+    )
+}
+
+/// Characters a reader does not see (Unicode's format characters and variation
+/// selectors that render as nothing, and a carriage return: "\r\n" is one line
+/// break): between two digits they join, not separate.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\r' | '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
 }
 
 /// Luhn mod-10 check over digit values (0–9).
@@ -134,6 +209,10 @@ fn each_card_run(text: &str, mut found: impl FnMut(Range<usize>) -> bool) {
             span.end = at + c.len_utf8();
             run.digits.push(value);
             after_separator = false;
+            continue;
+        }
+        if is_invisible(c) {
+            // Shown as nothing: neither ends a group nor joins two.
             continue;
         }
         run.close_group();
@@ -313,6 +392,65 @@ mod tests {
             "1234567890123",
         ] {
             assert_eq!(mask_card_numbers(value), value, "{value}");
+        }
+    }
+
+    /// What a reader shows as a space, a dash, a dot, a slash or an underscore
+    /// joins groups as they do; what it shows as nothing joins digits.
+    #[test]
+    fn every_form_of_the_five_separators_joins_groups_and_invisible_characters_join_digits() {
+        for (value, masked) in [
+            (
+                "４１１１－１１１１－１１１１－１１１１",
+                "****－****－****－１１１１",
+            ),
+            (
+                "４１１１　１１１１　１１１１　１１１１",
+                "****　****　****　１１１１",
+            ),
+            (
+                "4111\u{A0}1111\u{A0}1111\u{A0}1111",
+                "****\u{A0}****\u{A0}****\u{A0}1111",
+            ),
+            (
+                "4111\u{202F}1111\u{2009}1111\u{2007}1111",
+                "****\u{202F}****\u{2009}****\u{2007}1111",
+            ),
+            (
+                "4111\u{2013}1111\u{2014}1111\u{2212}1111",
+                "****\u{2013}****\u{2014}****\u{2212}1111",
+            ),
+            ("4111\t1111\t1111\t1111", "****\t****\t****\t1111"),
+            (
+                "4111\r\n1111\r\n1111\r\n1111",
+                "****\r\n****\r\n****\r\n1111",
+            ),
+            ("4111\n1111\n1111\n1111", "****\n****\n****\n1111"),
+            ("4111．1111／1111＿1111", "****．****／****＿1111"),
+            (
+                "4111\u{AD}1111\u{AD}1111\u{AD}1111",
+                "****\u{AD}****\u{AD}****\u{AD}1111",
+            ),
+            (
+                "4111\u{200B}1111\u{2060}1111\u{FEFF}1111",
+                "****\u{200B}****\u{2060}****\u{FEFF}1111",
+            ),
+            // An invisible character beside a separator is still one separator.
+            ("4111-\u{200B}1111 1111 1111", "****-\u{200B}**** **** 1111"),
+        ] {
+            assert_eq!(mask_card_numbers(value), masked, "{value:?}");
+        }
+        for value in [
+            // Two separators in a row, whatever their forms, end the number.
+            "4111\u{A0}\u{A0}1111\u{A0}\u{A0}1111\u{A0}\u{A0}1111",
+            "4111 \u{2013} 1111 \u{2013} 1111 \u{2013} 1111",
+            // Commas and colons, fullwidth or not, are no separators.
+            "4111，1111，1111，1111",
+            "4111：1111：1111：1111",
+            // An invisible character does not make 20 digits a card number.
+            "4111111111\u{200B}1111111111",
+        ] {
+            assert_eq!(mask_card_numbers(value), value, "{value:?}");
         }
     }
 

@@ -32,9 +32,48 @@ pub fn redact_url(raw: &str) -> String {
     parsed.to_string()
 }
 
+/// A query parameter whose value is a credential: a password, a secret, a token, a
+/// key (`api_key`, `apikey`, `key`; Postgres' `sslkey` names a file, masked all the
+/// same), a signature (`sig`, `X-Amz-Signature`), or anything named after
+/// authentication or credentials.
 fn is_secret_parameter(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    ["pass", "secret", "token"]
-        .iter()
-        .any(|word| name.contains(word))
+    [
+        "pass",
+        "secret",
+        "token",
+        "key",
+        "sig",
+        "auth",
+        "credential",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_the_query_are_masked_and_the_rest_kept() {
+        let shown = redact_url(
+            "https://gw.example/v1?api_key=k1&X-Amz-Signature=s2&sig=s3&auth=a4\
+             &client_credentials=c5&sslpassword=p6&access_token=t7&region=eu&sslmode=require",
+        );
+        for secret in ["k1", "s2", "s3", "a4", "c5", "p6", "t7"] {
+            assert!(
+                !shown.contains(&format!("={secret}")),
+                "{secret} in {shown}"
+            );
+        }
+        assert!(
+            shown.contains("region=eu") && shown.contains("sslmode=require"),
+            "{shown}"
+        );
+        assert_eq!(
+            redact_url("postgres://app:hunter2@db:5432/payments?application_name=w"),
+            "postgres://app:***@db:5432/payments?application_name=w"
+        );
+    }
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
-use super::super::client::{describe, reason_from_body, record_status, trace_headers};
+use super::super::client::{
+    describe, reason_from_body, record_status, trace_headers, unreadable_json,
+};
 use super::super::transport::GatewayTransport;
 
 /// Stripe-compatible servers that lack parts of Stripe's API.
@@ -467,8 +469,8 @@ async fn send_dated<T: serde::de::DeserializeOwned>(
         let bytes = response.bytes().await.map_err(|error| {
             Failure::NoAnswer(format!("the body broke off: {}", describe(&error)))
         })?;
-        let body =
-            serde_json::from_slice(&bytes).map_err(|e| Failure::Unreadable(e.to_string()))?;
+        let body = serde_json::from_slice(&bytes)
+            .map_err(|error| Failure::Unreadable(unreadable_json(&error)))?;
         return Ok((body, date));
     }
     Err(Failure::Answered(read_error(status, response).await))

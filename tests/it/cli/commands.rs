@@ -79,6 +79,37 @@ async fn tokens_are_issued_and_shown_through_the_command_line() {
     assert!(!ok && out.contains("missing"), "{out}");
     let (ok, _, err) = run(&db, &redis, &["tokens", "show", "bad key!"]);
     assert!(!ok && err.contains("idempotency_key"), "{err}");
+
+    // A key the worker would refuse (`card_number_as_key`) gets no token, in no
+    // store, and the refusal shows it masked.
+    for backend in ["redis", "postgres"] {
+        let (ok, out, err) = run(
+            &db,
+            &redis,
+            &[
+                "tokens",
+                "issue",
+                "--token-store",
+                backend,
+                "ok-1",
+                "4111-1111-1111-1111",
+            ],
+        );
+        assert!(!ok && out.is_empty(), "{backend}: {out} {err}");
+        assert!(
+            err.contains("****-****-****-1111") && !err.contains("4111-1111"),
+            "{backend}: {err}"
+        );
+        for key in ["ok-1", "4111-1111-1111-1111"] {
+            let (ok, out, err) = run(
+                &db,
+                &redis,
+                &["tokens", "show", "--token-store", backend, key],
+            );
+            assert!(!ok && out.contains("missing"), "{backend} {key}: {out}");
+            assert!(!err.contains("4111-1111"), "{backend}: {err}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

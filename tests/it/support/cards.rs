@@ -157,8 +157,30 @@ pub(crate) fn hidden_card_numbers(value: &[u8]) -> Vec<String> {
         found.extend(card_like_numbers(&decode_json_escapes(text)));
         found.extend(card_like_numbers(&decode_percent(text)));
         found.extend(card_like_numbers(&ascii_digits(text)));
+        found.extend(card_like_numbers(&ascii_digits(&as_seen(text))));
     }
     found
+}
+
+/// `text` as a reader sees it: other spaces as a space, other dashes as a hyphen,
+/// fullwidth and small dots, slashes and underscores as ASCII ones, and what shows as
+/// nothing (soft hyphen, zero-width characters, word joiner, byte order mark) left
+/// out. ASCII control characters stay: in binary bodies (OTLP) they are bytes, not
+/// separators.
+fn as_seen(text: &str) -> String {
+    text.chars()
+        .filter_map(|c| match c {
+            '\u{AD}' | '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' => None,
+            c if !c.is_ascii() && c.is_whitespace() => Some(' '),
+            '\u{2010}'..='\u{2015}' | '\u{2212}' | '\u{FE58}' | '\u{FE63}' | '\u{FF0D}' => {
+                Some('-')
+            }
+            '\u{FF0E}' | '\u{FE52}' => Some('.'),
+            '\u{FF0F}' | '\u{2215}' => Some('/'),
+            '\u{FF3F}' => Some('_'),
+            c => Some(c),
+        })
+        .collect()
 }
 
 /// `text` with `%XX` decoded (and `+` read as a space), as URLs and forms are.
@@ -278,6 +300,9 @@ fn hidden_card_numbers_are_found_behind_escapes_and_zero_bytes() {
     // Fields padded with zero bytes are not one number.
     assert!(hidden_card_numbers(b"4000123\x00456789017\x00").is_empty());
     assert!(!hidden_card_numbers(b"%34%31%31%31%31%31%31%31%31%31%31%31%31%31%31%31").is_empty());
+    // Grouped by no-break spaces, or joined by zero-width spaces.
+    assert!(!hidden_card_numbers("4111\u{A0}1111\u{A0}1111\u{A0}1111".as_bytes()).is_empty());
+    assert!(!hidden_card_numbers("4111\u{200B}1111\u{200B}1111\u{200B}1111".as_bytes()).is_empty());
     assert!(!hidden_card_numbers("\u{FF14}111111111111111".as_bytes()).is_empty());
     let utf32: Vec<u8> = "4111111111111111"
         .chars()

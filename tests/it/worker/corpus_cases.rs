@@ -546,7 +546,7 @@ pub(crate) fn corpus() -> Vec<Case> {
 /// Header names and values of the corpus that hold a card number, each in its own
 /// case (a command refused for its currency, so its headers go to the dead-letter
 /// topic) and all together on one valid command.
-pub(crate) const CARD_HEADERS: [(&str, &[u8]); 7] = [
+pub(crate) const CARD_HEADERS: [(&str, &[u8]); 9] = [
     // Kafka's header name `note`, as an upstream writes a memo.
     ("note", b"card 4111-1111-1111-1111"),
     ("x-memo", b"note: card 4111 1111 1111 1111"),
@@ -555,6 +555,13 @@ pub(crate) const CARD_HEADERS: [(&str, &[u8]); 7] = [
     ("x-plain", b"4111111111111111"),
     // Any grouping, any encoding a receiver decodes.
     ("x-dotted", b"4111.1111.1111.1111"),
+    // Grouped by no-break spaces, as a copy from a web page brings it; and joined
+    // by zero-width spaces, which show as nothing.
+    ("x-copied", b"4111\xc2\xa01111\xc2\xa01111\xc2\xa01111"),
+    (
+        "x-zero-width",
+        b"4111\xe2\x80\x8b1111\xe2\x80\x8b1111\xe2\x80\x8b1111",
+    ),
     (
         "x-percent",
         b"%34%31%31%31%31%31%31%31%31%31%31%31%31%31%31%31",
@@ -565,7 +572,7 @@ pub(crate) const CARD_HEADERS: [(&str, &[u8]); 7] = [
 
 /// Card numbers in the parts of a record the worker echoes: its key (the record
 /// key or the command's `idempotency_key`) and its headers, in every writing the
-/// contract names (plain, grouped by any of the five separators in any group sizes,
+/// contract names (plain, grouped by separators in any group sizes,
 /// inside longer text, in a header's name, UTF-16). None of them may reach an output
 /// topic in clear.
 fn card_numbers_where_records_are_echoed_from(c: &mut Corpus) {
