@@ -212,6 +212,17 @@ fn parse_properties(text: &str) -> Result<Vec<(String, String)>, String> {
         if key.is_empty() {
             return Err(format!("line {at} has no key"));
         }
+        // A Java-style `name: value` or `name value` line would otherwise make its
+        // value part of the key, and keys are shown (settings' Debug, librdkafka's
+        // refusals): a key is a property name or the line is refused unshown.
+        if !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(format!(
+                "line {at}: the part before '=' is no Kafka property name (letters, digits,                  '.', '_', '-'); write key=value (the line is not shown: it may hold a secret)"
+            ));
+        }
         check_passthrough_key(key).map_err(|e| format!("line {at}: {e}"))?;
         if settings.iter().any(|(k, _)| k.eq_ignore_ascii_case(key)) {
             return Err(format!("line {at}: {key:?} is given twice"));
@@ -284,6 +295,9 @@ mod tests {
                 "given twice",
             ),
             ("=hunter2-secret", "no key"),
+            // Java's other separators: the secret would be read as part of the key.
+            ("sasl.password: hunter2-secret==", "no Kafka property name"),
+            ("sasl.password hunter2-secret=", "no Kafka property name"),
         ] {
             let error = parse_properties(bad).unwrap_err();
             assert!(error.contains(expected), "{error}");

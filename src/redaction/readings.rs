@@ -207,11 +207,23 @@ pub(crate) fn triage(bytes: &[u8]) -> Triage<'_> {
         return Triage::Every;
     }
     // Only bytes outside ASCII: one reading when they are UTF-8 (its digits of other
-    // scripts are counted by the detector itself).
+    // scripts are counted by the detector itself), unless they may as well be UTF-16
+    // of a card number's length (`may_be_utf16_without_ascii`).
     match std::str::from_utf8(bytes) {
+        Ok(_) if may_be_utf16_without_ascii(bytes) => Triage::Every,
         Ok(text) => Triage::OneReading(text),
         Err(_) => Triage::Every,
     }
+}
+
+/// Whether `bytes`, valid UTF-8 with no ASCII byte, may also be UTF-16 holding a card
+/// number: digits of some scripts are UTF-16 code units whose two bytes make a valid
+/// UTF-8 character (Saurashtra's four, U+A8D4, is `D4 A8` in little-endian order: the
+/// Cyrillic U+0528 in UTF-8), so a number written in them has no zero or control byte
+/// to tell it by. At least 13 code units (the wide readings also try a start one
+/// byte in).
+fn may_be_utf16_without_ascii(bytes: &[u8]) -> bool {
+    bytes.len() >= 2 * 13 && !bytes.iter().any(u8::is_ascii)
 }
 
 /// Every reading of `bytes` (see the module's documentation).
@@ -220,7 +232,9 @@ pub(crate) fn readings(bytes: &[u8]) -> Vec<String> {
     // UTF-16 and UTF-32 write ASCII digits beside a zero byte, and the digits of
     // other scripts beside a control byte (U+0966 is 09 66) or as bytes UTF-8 has no
     // use for.
-    let wide = std::str::from_utf8(bytes).is_err() || bytes.iter().any(u8::is_ascii_control);
+    let wide = std::str::from_utf8(bytes).is_err()
+        || bytes.iter().any(u8::is_ascii_control)
+        || may_be_utf16_without_ascii(bytes);
     let mut texts = vec![utf8.into_owned()];
     if wide {
         texts.extend(wide_readings(bytes));
@@ -303,6 +317,24 @@ mod tests {
         ] {
             assert!(matches!(triage(every), Triage::Every), "{every:?}");
         }
+    }
+
+    #[test]
+    fn utf16_digits_whose_bytes_are_valid_utf8_are_read_as_utf16_too() {
+        for zero in [0xA8D0u32, 0xA9D0] {
+            let digits: String = "4111111111111111"
+                .bytes()
+                .filter_map(|d| char::from_u32(zero + u32::from(d - b'0')))
+                .collect();
+            let bytes: Vec<u8> = digits.encode_utf16().flat_map(u16::to_le_bytes).collect();
+            assert!(
+                std::str::from_utf8(&bytes).is_ok(),
+                "{zero:x}: valid UTF-8 as well"
+            );
+            assert!(crate::redaction::holds_card_number(&bytes), "{zero:x}");
+        }
+        // Text of another script stays on the one-reading path.
+        assert!(matches!(triage("Оплата".as_bytes()), Triage::OneReading(_)));
     }
 
     #[test]
