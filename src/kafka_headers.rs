@@ -78,6 +78,15 @@ pub fn last_value<'a>(headers: &'a OwnedHeaders, name: &str) -> Option<&'a [u8]>
         .and_then(|h| h.value)
 }
 
+/// Whether any header called `name` (ASCII case-insensitive) has exactly `value`.
+/// For a flag that is evidence (`x-charge-unknown: true`): a later header saying
+/// otherwise, or carrying no value, does not take it back.
+pub fn any_value_is(headers: &OwnedHeaders, name: &str, value: &[u8]) -> bool {
+    raw(headers)
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case(name.as_bytes()) && h.value == Some(value))
+}
+
 /// `headers` plus one header whose name may be any bytes (the safe
 /// `OwnedHeaders::insert` only takes `&str` names).
 pub fn append_raw(headers: OwnedHeaders, name: &[u8], value: Option<&[u8]>) -> OwnedHeaders {
@@ -119,6 +128,22 @@ pub fn copy_without(headers: &OwnedHeaders, names: &[&str]) -> OwnedHeaders {
 mod tests {
     use super::*;
     use rdkafka::message::Header;
+
+    #[test]
+    fn a_flag_set_by_any_copy_of_its_header_stays_set() {
+        let flag = |values: &[Option<&[u8]>]| {
+            let headers = values.iter().fold(OwnedHeaders::new(), |headers, value| {
+                append_raw(headers, b"X-Charge-Unknown", *value)
+            });
+            any_value_is(&headers, "x-charge-unknown", b"true")
+        };
+        assert!(flag(&[Some(b"true")]));
+        assert!(flag(&[Some(b"true"), Some(b"false")]), "a later false");
+        assert!(flag(&[Some(b"true"), None]), "a later valueless copy");
+        assert!(flag(&[None, Some(b"true")]));
+        assert!(!flag(&[Some(b"false"), None, Some(b"TRUE ")]));
+        assert!(!flag(&[]));
+    }
 
     #[test]
     fn non_utf8_names_are_read_copied_and_filtered_without_panicking() {

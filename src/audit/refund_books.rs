@@ -194,9 +194,12 @@ fn report_past_charge(
         .iter()
         .filter(|e| e.status == ChargeStatus::Approved)
     {
-        *refunded
+        // The gateway's amounts are not ours to trust: a sum past i64 stays the
+        // largest, still past any charge, instead of wrapping below it.
+        let sum = refunded
             .entry(entry.payment_transaction_id.as_str())
-            .or_default() += entry.amount_minor;
+            .or_default();
+        *sum = sum.saturating_add(entry.amount_minor);
     }
     for charge in audited {
         let given_back = refunded

@@ -29,13 +29,13 @@ pub struct ProduceArgs {
     #[arg(long, default_value_t = 1000)]
     pub count: usize,
     /// Share of records that repeat an earlier command exactly.
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = 0.25, value_parser = parse_share)]
     pub duplicate_ratio: f64,
     /// Share of records that are invalid (each breaks a different rule).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = parse_share)]
     pub invalid_ratio: f64,
     /// Share of commands whose payment method the simulator declines.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = parse_share)]
     pub decline_ratio: f64,
     /// Share (0 to 1) of the generated workload's valid, approved charges that are
     /// also refunded: refund commands keyed by the payment's key, sent after the
@@ -232,6 +232,21 @@ mod tests {
     fn args(extra: &[&str]) -> Result<ProduceArgs, clap::Error> {
         use clap::Parser as _;
         Cli::try_parse_from(["produce"].iter().chain(extra)).map(|cli| cli.produce)
+    }
+
+    #[test]
+    fn every_ratio_is_a_share_from_0_to_1() {
+        for bad in [
+            "--decline-ratio=NaN",
+            "--duplicate-ratio=1.5",
+            "--invalid-ratio=-0.1",
+            "--refund-share=inf",
+        ] {
+            let error = args(&[bad]).expect_err(bad).to_string();
+            assert!(error.contains("not a share from 0 to 1"), "{bad}: {error}");
+        }
+        let edges = args(&["--duplicate-ratio=0", "--decline-ratio=1"]).unwrap();
+        assert_eq!((edges.duplicate_ratio, edges.decline_ratio), (0.0, 1.0));
     }
 
     #[test]

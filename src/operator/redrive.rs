@@ -317,10 +317,9 @@ impl Progress {
 /// the commands topic sees that this one is being settled, not charged afresh (the
 /// worker itself looks the charge up because `unresolved_charges` holds the key).
 fn redriven_headers(record: &rdkafka::message::OwnedMessage) -> Option<OwnedHeaders> {
-    let flagged = record
-        .headers()
-        .and_then(|headers| crate::kafka_headers::last_value(headers, CHARGE_UNKNOWN))
-        == Some(b"true".as_slice());
+    let flagged = record.headers().is_some_and(|headers| {
+        crate::kafka_headers::any_value_is(headers, CHARGE_UNKNOWN, b"true")
+    });
     let kept = without_dead_letter_headers(record);
     if !flagged {
         return kept;

@@ -325,6 +325,10 @@ pub(crate) enum Insertion {
     /// Another transaction committed the key while this statement waited on the
     /// unique index: the row exists but this statement's snapshot cannot see it.
     Raced,
+    /// The key is a refund's: a charge may not share it (`key_reused`), whatever the
+    /// refund's token says (a token back to `pending`, or expired, keeps no
+    /// fingerprint to tell the two requests apart).
+    KeyOfARefund,
 }
 
 /// What the database remembers of a key that has no payment row yet.
@@ -339,8 +343,8 @@ pub(crate) enum Remembered {
 
 /// The pre-existing check and the insert of the `processing` row in one round trip:
 /// inserts the row, or returns the row already there. A new row also says whether
-/// the key is in `unresolved_charges`, in the same statement (no extra round trip
-/// on the path of a fresh payment).
+/// the key is in `unresolved_charges` and whether a refund holds it, in the same
+/// statement (no extra round trip on the path of a fresh payment).
 pub(crate) async fn insert_or_find(
     conn: &mut PgConnection,
     command: &PaymentCommand,
@@ -365,11 +369,13 @@ pub(crate) async fn insert_or_find(
                 NULL::text AS "status?", NULL::text AS "gateway_transaction_id?",
                 NULL::text AS "trace_id?", NULL::text AS "span_id?",
                 EXISTS (SELECT 1 FROM unresolved_charges
-                         WHERE idempotency_key = $2) AS "charge_unknown?"
+                         WHERE idempotency_key = $2) AS "charge_unknown?",
+                EXISTS (SELECT 1 FROM refunds
+                         WHERE idempotency_key = $2) AS "key_of_a_refund?"
          FROM inserted
          UNION ALL
          SELECT false, id, fingerprint, status, gateway_transaction_id, trace_id, span_id,
-                false
+                false, false
          FROM payments
          WHERE idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM inserted)"#,
         row.id,
@@ -394,6 +400,10 @@ pub(crate) async fn insert_or_find(
     };
     let id = present(found.id, "id")?;
     if present(found.inserted, "inserted")? {
+        if present(found.key_of_a_refund, "key_of_a_refund")? {
+            // The row just inserted goes with the caller's transaction, rolled back.
+            return Ok(Insertion::KeyOfARefund);
+        }
         let remembered = if present(found.charge_unknown, "charge_unknown")? {
             Remembered::ChargeUnknown
         } else {

@@ -73,12 +73,10 @@ impl Inbound {
 /// stays on the answer unless one is booked. A producer setting it costs only a
 /// look-up.
 pub fn charge_flag(message: &OwnedMessage) -> ChargeEvidence {
-    let flagged = message
-        .headers()
-        .and_then(|headers| {
-            crate::kafka_headers::last_value(headers, super::messages::CHARGE_UNKNOWN)
-        })
-        .is_some_and(|value| value == b"true");
+    // Any `true` counts: a later copy of the header cannot take the evidence back.
+    let flagged = message.headers().is_some_and(|headers| {
+        crate::kafka_headers::any_value_is(headers, super::messages::CHARGE_UNKNOWN, b"true")
+    });
     ChargeEvidence::from_unknown(flagged)
 }
 

@@ -451,6 +451,13 @@ pub const MUTANTS: &[Mutant] = &[
         to: "false AS \"charge_unknown?\"",
         tests: &["gateway::unknown_outcomes::a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges_again"],
     },
+    Mutant {
+        file: PAYMENT_SQL,
+        breaks: "the row insert reports a key a refund holds (a charge never shares it)",
+        from: "EXISTS (SELECT 1 FROM refunds\n                         WHERE idempotency_key = $2) AS \"key_of_a_refund?\"",
+        to: "false AS \"key_of_a_refund?\"",
+        tests: &["payment::refunds::a_charge_and_a_refund_never_share_a_key_whatever_the_token_says"],
+    },
     // ---- SQL of the payments table: the unique key serialises two holders (I6).
     Mutant {
         file: PAYMENT_SQL,

@@ -155,6 +155,8 @@ impl Processor {
                 Err(self.settle_existing(existing, fingerprint).into())
             }
             Ok(Insertion::Raced) => Err(Transacted::Raced),
+            // Nothing charged: the token goes back, the answer is final.
+            Ok(Insertion::KeyOfARefund) => Err(Settlement::Restore(key_reused().into()).into()),
             Err(error) => Err(before_charge("insert", error)),
         }
     }

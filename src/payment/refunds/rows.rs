@@ -165,8 +165,12 @@ pub async fn reserve_refund(
     if let Some(existing) = find_refund(conn, key).await? {
         return Ok(Reserving::Existing(existing));
     }
+    // A charge's key, booked or not: a charge whose outcome is unknown has no row
+    // (rolled back) but is remembered in `unresolved_charges`, and may be booked yet.
     let key_of_a_payment = sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM payments WHERE idempotency_key = $1) AS "exists!""#,
+        r#"SELECT EXISTS (SELECT 1 FROM payments WHERE idempotency_key = $1)
+               OR EXISTS (SELECT 1 FROM unresolved_charges
+                           WHERE idempotency_key = $1 AND kind = 'charge') AS "exists!""#,
         key
     )
     .fetch_one(&mut *conn)

@@ -114,7 +114,8 @@ pub(super) fn parse_view(
     let lease_left = match state {
         TokenState::Processing => {
             let until = integer(&items[3]).ok_or_else(bad)?;
-            Some(non_negative_millis(until - now))
+            // A corrupt hash could hold any integer: out of range is corrupt too.
+            Some(non_negative_millis(until.checked_sub(now).ok_or_else(bad)?))
         }
         _ => None,
     };

@@ -228,6 +228,59 @@ async fn a_declined_payment_another_currency_or_a_reused_key_is_refused() {
     assert!(gateway_refunds(&rig, "pay-d").await.is_empty());
 }
 
+/// A charge and a refund never share a key, whatever the token says: once the
+/// refund's token is gone (Redis lost it, or its completed record expired), a charge
+/// under its key is refused by the refund's row, not charged; and a refund under the
+/// key of a charge whose outcome is unknown (no row yet, remembered in
+/// `unresolved_charges`) is refused before that charge can be booked under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_and_a_refund_never_share_a_key_whatever_the_token_says() {
+    let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
+    charged(&rig, "pay-s", 1000).await;
+    let p = rig.processor("p");
+    let first = refund_until_final(&p, &refund("rf-s", "pay-s", 100)).await;
+    assert!(matches!(first, Outcome::Refunded { .. }), "{first:?}");
+    rig.forget_token("rf-s").await;
+
+    let (outcome, _) = until_final(&p, &command("rf-s", 500, "pm_card_visa")).await;
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Rejected {
+                kind: RejectionKind::KeyReused,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(
+        rig.ledger_for("rf-s").is_empty(),
+        "nothing charged under a refund's key"
+    );
+    assert!(rig.rows("rf-s").await.is_empty(), "no payment row under it");
+
+    // The charge `pay-u` ended unknown: rolled back, remembered, not booked yet.
+    sqlx::query(
+        "INSERT INTO unresolved_charges (idempotency_key, amount_minor, currency, reason, attempts, kind)
+         VALUES ('pay-u', 700, 'USD', 'gateway timed out', 3, 'charge')",
+    )
+    .execute(&rig.db.pool)
+    .await
+    .unwrap();
+    let outcome = refund_until_final(&p, &refund("pay-u", "pay-s", 100)).await;
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Rejected {
+                kind: RejectionKind::KeyReused,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-s").await), 100);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_whose_answer_comes_too_late_is_looked_up_not_sent_again() {
     // Every POST, the charge's too, is answered too late; each is looked up.
