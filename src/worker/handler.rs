@@ -443,11 +443,14 @@ impl Handler {
         {
             let reason = format!("{WAITING_FOR_PAYMENT}, within {made} attempts");
             // Kept, so that a replay after the charge arrived refunds nothing the
-            // first delivery refused.
-            self.processor.keep_refund_refusal(refund, &reason).await;
-            let outcome = Outcome::Rejected {
-                kind: RejectionKind::Invalid,
-                reason,
+            // first delivery refused; unless the key has a row already (another
+            // delivery got there after the payment was booked): that row answers.
+            let outcome = match self.processor.keep_refund_refusal(refund, &reason).await {
+                Some(answered) => answered,
+                None => Outcome::Rejected {
+                    kind: RejectionKind::Invalid,
+                    reason,
+                },
             };
             return (outcome, made, false);
         }

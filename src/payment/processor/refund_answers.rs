@@ -63,34 +63,56 @@ impl Processor {
 
     /// A refund refused for good outside an attempt (its payment never showed within
     /// the retry budget), kept as a `rejected` row so that every later delivery gets
-    /// the same answer. A key that has a row already keeps it. Best effort: a
-    /// failure is logged, and a later delivery decides afresh.
-    pub async fn keep_refund_refusal(&self, command: &RefundCommand, reason: &str) {
+    /// the same answer. A key that has a row already keeps it, and that row answers
+    /// instead: another delivery may have refunded it meanwhile (the payment booked
+    /// just after this one's last attempt), and "no payment" would then be false
+    /// (`Some` is that answer). Best effort: a failure is logged, and a later
+    /// delivery decides afresh.
+    pub async fn keep_refund_refusal(
+        &self,
+        command: &RefundCommand,
+        reason: &str,
+    ) -> Option<Outcome> {
+        let fingerprint = command.fingerprint();
         let kept = async {
             let _slot = self.slot().await;
             let mut conn = self.pool.acquire().await?;
             let stall = Stall::default();
             let kept = stall
-                .bounded(
-                    "keeping the refund's refusal",
-                    refunds::record_rejection(
-                        &mut conn,
-                        command,
-                        &command.fingerprint(),
-                        None,
-                        reason,
-                    ),
-                )
+                .bounded("keeping the refund's refusal", async {
+                    let kept =
+                        refunds::record_rejection(&mut conn, command, &fingerprint, None, reason)
+                            .await?;
+                    match kept {
+                        Some(_) => Ok(None),
+                        None => {
+                            refunds::find_refund(&mut conn, command.idempotency_key.as_str()).await
+                        }
+                    }
+                })
                 .await;
             stall.release(conn);
             kept
         }
         .await;
-        if let Err(error) = kept {
-            tracing::warn!(
-                idempotency_key = %command.idempotency_key, %error,
-                "could not keep the refund's refusal; a later delivery decides afresh"
-            );
+        match kept {
+            Ok(None) => None,
+            Ok(Some(row)) if row.fingerprint != fingerprint => Some(key_reused()),
+            Ok(Some(row)) if row.status == RefundStatus::Processing => Some(Outcome::Rejected {
+                kind: RejectionKind::RetriesExhausted,
+                reason: format!(
+                    "retries_exhausted: {reason}; another delivery of this refund holds it \
+                     now, and its answer is the refund's"
+                ),
+            }),
+            Ok(Some(row)) => Some(final_answer_of(&row)),
+            Err(error) => {
+                tracing::warn!(
+                    idempotency_key = %command.idempotency_key, %error,
+                    "could not keep the refund's refusal; a later delivery decides afresh"
+                );
+                None
+            }
         }
     }
 

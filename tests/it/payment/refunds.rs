@@ -281,6 +281,37 @@ async fn a_charge_and_a_refund_never_share_a_key_whatever_the_token_says() {
     assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-s").await), 100);
 }
 
+/// A refund whose retries ran out waiting for its payment keeps its refusal only
+/// where the key has no row: another delivery that refunded it meanwhile (the
+/// payment booked just after this one's last attempt) answers instead of "no
+/// payment"; where nothing was written the refusal is kept and answers later
+/// deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_for_want_of_a_payment_yields_to_a_refund_made_meanwhile() {
+    let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
+    charged(&rig, "pay-m", 1000).await;
+    let p = rig.processor("p");
+    let made = refund("rf-m", "pay-m", 100);
+    let first = refund_until_final(&p, &made).await;
+    assert!(matches!(first, Outcome::Refunded { .. }), "{first:?}");
+    let answer = p.keep_refund_refusal(&made, WAITING_FOR_PAYMENT).await;
+    let Some(Outcome::Duplicate {
+        original: Some(original),
+        ..
+    }) = answer
+    else {
+        panic!("{answer:?}")
+    };
+    assert_eq!(original.outcome, "refunded");
+
+    let never = refund("rf-n", "pay-none", 100);
+    let answer = p.keep_refund_refusal(&never, WAITING_FOR_PAYMENT).await;
+    assert!(answer.is_none(), "{answer:?}");
+    let again = refund_until_final(&p, &never).await;
+    assert!(rejected_with(&again, "payment_unknown"), "{again:?}");
+    assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-m").await), 100);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_whose_answer_comes_too_late_is_looked_up_not_sent_again() {
     // Every POST, the charge's too, is answered too late; each is looked up.
