@@ -433,7 +433,7 @@ fn replay_ranges(
 /// Shortens the ranges so that at most `limit` records are read in all, shared
 /// evenly: a partition with fewer records than its share leaves the rest to others.
 fn share_limit(ranges: &mut [PartitionRange], limit: usize) {
-    let mut left = limit as i64;
+    let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut taken = vec![0i64; ranges.len()];
     loop {
         let open: Vec<usize> = (0..ranges.len())

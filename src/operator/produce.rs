@@ -26,7 +26,8 @@ pub struct ProduceArgs {
     #[arg(long)]
     pub file: Option<PathBuf>,
     /// Records in a generated workload (without --file).
-    #[arg(long, default_value_t = 1000)]
+    // Generated in memory before they are sent: ten million is about 3 GB already.
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=10_000_000))]
     pub count: usize,
     /// Share of records that repeat an earlier command exactly.
     #[arg(long, default_value_t = 0.25, value_parser = parse_share)]
@@ -235,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn every_ratio_is_a_share_from_0_to_1() {
+    fn every_ratio_is_a_share_from_0_to_1_and_the_count_is_bounded() {
         for bad in [
             "--decline-ratio=NaN",
             "--duplicate-ratio=1.5",
@@ -244,6 +245,10 @@ mod tests {
         ] {
             let error = args(&[bad]).expect_err(bad).to_string();
             assert!(error.contains("not a share from 0 to 1"), "{bad}: {error}");
+        }
+        for bad in ["--count=18446744073709551615", "--count=10000001"] {
+            let error = args(&[bad]).expect_err(bad).to_string();
+            assert!(error.contains("0..=10000000"), "{bad}: {error}");
         }
         let edges = args(&["--duplicate-ratio=0", "--decline-ratio=1"]).unwrap();
         assert_eq!((edges.duplicate_ratio, edges.decline_ratio), (0.0, 1.0));
