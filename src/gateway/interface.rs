@@ -65,12 +65,17 @@ impl ChargeStatus {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Charge {
     /// The gateway's id of the charge.
+    #[serde(deserialize_with = "super::ids::gateway_id")]
     pub transaction_id: String,
     /// Approved or declined.
     pub status: ChargeStatus,
     /// Why a declined charge was declined, when the gateway says (Stripe's
     /// `decline_code`, else its `code`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::ids::decline_code",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub decline_code: Option<String>,
 }
 
@@ -80,6 +85,7 @@ pub struct LedgerEntry {
     /// The key the charge was made under.
     pub idempotency_key: String,
     /// The gateway's id of the charge.
+    #[serde(deserialize_with = "super::ids::gateway_id")]
     pub transaction_id: String,
     /// Amount in minor units.
     pub amount_minor: i64,
@@ -92,7 +98,11 @@ pub struct LedgerEntry {
     /// POST requests this entry received (the first included).
     pub attempts: u64,
     /// Why a declined charge was declined, when the gateway says.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::ids::decline_code",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub decline_code: Option<String>,
 }
 

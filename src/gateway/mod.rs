@@ -4,6 +4,7 @@
 mod client;
 mod client_reads;
 mod client_refunds;
+mod ids;
 mod interface;
 mod refunds;
 mod stripe;

@@ -33,8 +33,10 @@ pub struct RefundEntry {
     /// The key the refund was made under.
     pub idempotency_key: String,
     /// The gateway's id of the refund.
+    #[serde(deserialize_with = "super::ids::gateway_id")]
     pub transaction_id: String,
     /// The gateway's id of the charge it refunds.
+    #[serde(deserialize_with = "super::ids::gateway_id")]
     pub payment_transaction_id: String,
     /// Amount refunded, in minor units.
     pub amount_minor: i64,
@@ -47,7 +49,11 @@ pub struct RefundEntry {
     /// POST requests this entry received (the first included).
     pub attempts: u64,
     /// Why a declined refund was declined, when the gateway says.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "super::ids::decline_code",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub decline_code: Option<String>,
 }
 
