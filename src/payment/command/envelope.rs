@@ -126,7 +126,18 @@ impl<'de> Visitor<'de> for EnvelopeVisitor {
 pub(super) fn malformed(error: &serde_json::Error) -> InvalidCommand {
     let problem = match error.classify() {
         serde_json::error::Category::Eof => "unexpected end of input",
-        serde_json::error::Category::Syntax => "syntax error",
+        // Two of serde_json's syntax errors are about well-formed JSON the worker
+        // will not read; their messages are fixed texts, quoting nothing.
+        serde_json::error::Category::Syntax => {
+            let message = error.to_string();
+            if message.starts_with("number out of range") {
+                "number out of range"
+            } else if message.starts_with("recursion limit exceeded") {
+                "nested more than 128 levels deep"
+            } else {
+                "syntax error"
+            }
+        }
         serde_json::error::Category::Data => "unreadable value",
         serde_json::error::Category::Io => "read error",
     };

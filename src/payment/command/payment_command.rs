@@ -477,6 +477,17 @@ mod tests {
                 assert!(!text.contains("1111"), "{field}: {text}");
             }
         }
+        // Well-formed JSON the worker will not read says so, not "syntax error".
+        let huge = VALID.replace("1999", "1e400");
+        let err = PaymentCommand::parse(huge.as_bytes()).unwrap_err();
+        assert_eq!(err.code(), "malformed_json");
+        assert!(err.to_string().contains("number out of range"), "{err}");
+        let deep = VALID.replace(
+            "\"optional\"",
+            &format!("{}1{}", "[".repeat(200), "]".repeat(200)),
+        );
+        let err = PaymentCommand::parse(deep.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("nested more than 128"), "{err}");
         // A PAN inside malformed JSON is not quoted back either.
         let broken = br#"{"payment_method":"4111111111111111" "#;
         let err = PaymentCommand::parse(broken).unwrap_err();
