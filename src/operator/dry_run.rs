@@ -308,6 +308,19 @@ impl Examiner<'_> {
                             WOULD_LOOK_UP,
                             format!("refund {} reserved, its answer unknown", row.id),
                         ),
+                        // A refusal kept before anything was sent: the replay answers
+                        // it again, as the refusal it was.
+                        RefundStatus::Rejected => (
+                            "invalid",
+                            format!(
+                                "refund {} refused before anything was sent ({})",
+                                row.id,
+                                row.failure_reason
+                                    .as_deref()
+                                    .and_then(|reason| reason.split(':').next())
+                                    .unwrap_or("refused")
+                            ),
+                        ),
                         _ => ("duplicate", format!("refund {}", row.id)),
                     };
                     (row.fingerprint, same)

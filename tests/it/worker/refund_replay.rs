@@ -178,8 +178,9 @@ async fn replaying_every_refund_from_offset_zero_sends_nothing() {
     ] {
         assert_eq!(verdicts[key], "duplicate", "{key}: {verdicts:?}");
     }
-    // The refused refund left no row; its token's earlier reservation makes a
-    // replay ask the gateway first, which holds nothing for it: never a POST.
+    // The refusal is kept: the replay answers it again as the refusal it was.
+    assert_eq!(verdicts["rf-1c"], "invalid", "{verdicts:?}");
+    // Nothing would be sent again: never a POST.
     assert!(
         !verdicts
             .values()
