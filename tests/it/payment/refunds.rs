@@ -74,6 +74,16 @@ fn refunded_total(entries: &[RefundEntry]) -> i64 {
         .sum()
 }
 
+fn is_key_reused(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Rejected {
+            kind: RejectionKind::KeyReused,
+            ..
+        }
+    )
+}
+
 fn rejected_with(outcome: &Outcome, code: &str) -> bool {
     matches!(outcome, Outcome::Rejected { kind: RejectionKind::Invalid, reason } if reason.starts_with(code))
 }
@@ -201,29 +211,11 @@ async fn a_declined_payment_another_currency_or_a_reused_key_is_refused() {
 
     // A refund under a charge's key, and a refund key reused for another amount.
     let outcome = refund_until_final(&p, &refund("pay-d", "pay-c", 100)).await;
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Rejected {
-                kind: RejectionKind::KeyReused,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
+    assert!(is_key_reused(&outcome), "{outcome:?}");
     let first = refund_until_final(&p, &refund("rf-k", "pay-c", 100)).await;
     assert!(matches!(first, Outcome::Refunded { .. }), "{first:?}");
     let other = refund_until_final(&p, &refund("rf-k", "pay-c", 200)).await;
-    assert!(
-        matches!(
-            other,
-            Outcome::Rejected {
-                kind: RejectionKind::KeyReused,
-                ..
-            }
-        ),
-        "{other:?}"
-    );
+    assert!(is_key_reused(&other), "{other:?}");
     assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-c").await), 100);
     assert!(gateway_refunds(&rig, "pay-d").await.is_empty());
 }
@@ -243,16 +235,7 @@ async fn a_charge_and_a_refund_never_share_a_key_whatever_the_token_says() {
     rig.forget_token("rf-s").await;
 
     let (outcome, _) = until_final(&p, &command("rf-s", 500, "pm_card_visa")).await;
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Rejected {
-                kind: RejectionKind::KeyReused,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
+    assert!(is_key_reused(&outcome), "{outcome:?}");
     assert!(
         rig.ledger_for("rf-s").is_empty(),
         "nothing charged under a refund's key"
@@ -268,16 +251,7 @@ async fn a_charge_and_a_refund_never_share_a_key_whatever_the_token_says() {
     .await
     .unwrap();
     let outcome = refund_until_final(&p, &refund("pay-u", "pay-s", 100)).await;
-    assert!(
-        matches!(
-            outcome,
-            Outcome::Rejected {
-                kind: RejectionKind::KeyReused,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
+    assert!(is_key_reused(&outcome), "{outcome:?}");
     assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-s").await), 100);
 }
 
