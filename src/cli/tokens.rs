@@ -12,6 +12,18 @@ pub(super) async fn run(command: TokensCommand) -> anyhow::Result<()> {
     let settings = match &command {
         TokensCommand::Issue { store, .. } | TokensCommand::Show { store, .. } => store,
     };
+    if let TokensCommand::Issue { keys, .. } = &command {
+        // The worker refuses such a key (`card_number_as_key`): a token for it could
+        // never be used, and would keep the card number in the store. Refused before
+        // any store is opened (or migrated).
+        if let Some(key) = keys.iter().find(|key| contains_card_number(key.as_str())) {
+            // (A key's Display masks the card number.)
+            return Err(CommandFailure::InvalidInput(format!(
+                "the key {key} holds a card number; no token issued"
+            ))
+            .into());
+        }
+    }
     // Showing a token never migrates; issuing one may prepare the database.
     let (_pool, store) = match &command {
         TokensCommand::Show { .. } => startup::open_existing_stores(settings).await?,
@@ -29,15 +41,6 @@ pub(super) async fn run(command: TokensCommand) -> anyhow::Result<()> {
             } else {
                 keys
             };
-            // The worker refuses such a key (`card_number_as_key`): a token for it
-            // could never be used, and would keep the card number in the store.
-            if let Some(key) = keys.iter().find(|key| contains_card_number(key.as_str())) {
-                // (A key's Display masks the card number.)
-                return Err(CommandFailure::InvalidInput(format!(
-                    "the key {key} holds a card number; no token issued"
-                ))
-                .into());
-            }
             for key in keys {
                 match store.issue(&key, ttl).await? {
                     IssueOutcome::Created => writeln!(out, "{}", key.as_str())?,

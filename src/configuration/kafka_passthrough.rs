@@ -220,7 +220,8 @@ fn parse_properties(text: &str) -> Result<Vec<(String, String)>, String> {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         {
             return Err(format!(
-                "line {at}: the part before '=' is no Kafka property name (letters, digits,                  '.', '_', '-'); write key=value (the line is not shown: it may hold a secret)"
+                "line {at}: the part before '=' is no Kafka property name (letters, digits, \
+                 '.', '_', '-'); write key=value (the line is not shown: it may hold a secret)"
             ));
         }
         check_passthrough_key(key).map_err(|e| format!("line {at}: {e}"))?;

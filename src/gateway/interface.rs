@@ -85,7 +85,6 @@ pub struct LedgerEntry {
     /// The key the charge was made under.
     pub idempotency_key: String,
     /// The gateway's id of the charge.
-    #[serde(deserialize_with = "super::ids::gateway_id")]
     pub transaction_id: String,
     /// Amount in minor units.
     pub amount_minor: i64,

@@ -33,10 +33,8 @@ pub struct RefundEntry {
     /// The key the refund was made under.
     pub idempotency_key: String,
     /// The gateway's id of the refund.
-    #[serde(deserialize_with = "super::ids::gateway_id")]
     pub transaction_id: String,
     /// The gateway's id of the charge it refunds.
-    #[serde(deserialize_with = "super::ids::gateway_id")]
     pub payment_transaction_id: String,
     /// Amount refunded, in minor units.
     pub amount_minor: i64,

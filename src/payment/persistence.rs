@@ -400,15 +400,17 @@ pub(crate) async fn insert_or_find(
     };
     let id = present(found.id, "id")?;
     if present(found.inserted, "inserted")? {
-        if present(found.key_of_a_refund, "key_of_a_refund")? {
-            // The row just inserted goes with the caller's transaction, rolled back.
-            return Ok(Insertion::KeyOfARefund);
-        }
         let remembered = if present(found.charge_unknown, "charge_unknown")? {
             Remembered::ChargeUnknown
         } else {
             Remembered::Nothing
         };
+        // A charge may already exist under a key remembered unknown: it is looked up
+        // whatever else holds the key, never refused unasked.
+        if present(found.key_of_a_refund, "key_of_a_refund")? && remembered == Remembered::Nothing {
+            // The row just inserted goes with the caller's transaction, rolled back.
+            return Ok(Insertion::KeyOfARefund);
+        }
         return Ok(Insertion::Inserted(id, remembered));
     }
     let status = present(found.status, "status")?;

@@ -39,10 +39,10 @@ pub(crate) fn card_digits() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// Separators: the five, and forms a reader shows as one of them (a no-break and an
-/// ideographic space, a tab, a line break, an en dash, a minus sign, the fullwidth
+/// ideographic space, a tab, a line break, the Unicode hyphen, a minus sign, the fullwidth
 /// hyphen, dot, slash and underscore).
 const SEPARATORS: [char; 15] = [
-    ' ', '-', '.', '/', '_', '\u{A0}', '\u{3000}', '\t', '\n', '\u{2013}', '\u{2212}', '\u{FF0D}',
+    ' ', '-', '.', '/', '_', '\u{A0}', '\u{3000}', '\t', '\n', '\u{2010}', '\u{2212}', '\u{FF0D}',
     '\u{FF0E}', '\u{FF0F}', '\u{FF3F}',
 ];
 

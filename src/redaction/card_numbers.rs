@@ -7,7 +7,8 @@
 // slash, underscore: "4111 1111 1111 1111", "41111111-11111111", "4-111111111111111",
 // "4111.1111.1111.1111"), alone or inside a longer value ("card:4111111111111111").
 // Each separator in any form a reader shows as one: any space (no-break, ideographic,
-// a tab or a line break), any dash (en dash, minus sign, fullwidth hyphen), the
+// a tab or a line break), any hyphen (the Unicode hyphens, the figure dash, the minus
+// sign, the fullwidth hyphen-minus; not the en and em dashes of a range), the
 // fullwidth and small dot, slash and underscore. Characters that show nothing (a soft
 // hyphen, a zero-width space, a byte order mark) are passed over: "4111\u{200B}1111…"
 // reads as one unbroken number. Digits of any script count (`digits.rs`). A number is made of whole groups: any
@@ -35,25 +36,20 @@ fn is_separator(c: char) -> bool {
     }
 }
 
-/// The dashes (Unicode's Dash_Punctuation, every one of them) and the minus sign.
+/// The hyphens (Unicode's Dash_Punctuation that join, not the en and em dashes,
+/// bars and wave dashes that stand between two numbers in a range: "2026-01-18–
+/// 2026-01-21" is two dates, and joined its digits pass Luhn one time in ten) and
+/// the minus sign.
 fn is_dash(c: char) -> bool {
     matches!(
         c,
         '\u{058A}' | '\u{05BE}' | '\u{1400}' | '\u{1806}' | '\u{2010}'
-            ..='\u{2015}'
+            ..='\u{2012}'
                 | '\u{2212}'
                 | '\u{2E17}'
                 | '\u{2E1A}'
-                | '\u{2E3A}'
-                | '\u{2E3B}'
                 | '\u{2E40}'
                 | '\u{2E5D}'
-                | '\u{301C}'
-                | '\u{3030}'
-                | '\u{30A0}'
-                | '\u{FE31}'
-                | '\u{FE32}'
-                | '\u{FE58}'
                 | '\u{FE63}'
                 | '\u{FF0D}'
                 | '\u{10EAD}'
@@ -61,16 +57,15 @@ fn is_dash(c: char) -> bool {
 }
 
 /// The other forms of dot, slash and underscore: fullwidth and small ones (NFKC folds
-/// them to the ASCII three), the one-dot leader, the ideographic full stop, the
-/// division and fraction slashes, the low lines of vertical text.
+/// them to the ASCII three), the one-dot leader, the division and fraction slashes,
+/// the low lines of vertical text. (Not the ideographic full stop: it ends a
+/// sentence, it does not group digits.)
 fn is_wide_dot_slash_or_underscore(c: char) -> bool {
     matches!(
         c,
         '\u{FF0E}'
             | '\u{FE52}'
             | '\u{2024}'
-            | '\u{3002}'
-            | '\u{FF61}'
             | '\u{FF0F}'
             | '\u{2215}'
             | '\u{2044}'
@@ -427,8 +422,8 @@ mod tests {
                 "****\u{202F}****\u{2009}****\u{2007}1111",
             ),
             (
-                "4111\u{2013}1111\u{2014}1111\u{2212}1111",
-                "****\u{2013}****\u{2014}****\u{2212}1111",
+                "4111\u{2010}1111\u{2012}1111\u{2212}1111",
+                "****\u{2010}****\u{2012}****\u{2212}1111",
             ),
             ("4111\t1111\t1111\t1111", "****\t****\t****\t1111"),
             (
@@ -451,7 +446,11 @@ mod tests {
         assert_untouched(&[
             // Two separators in a row, whatever their forms, end the number.
             "4111\u{A0}\u{A0}1111\u{A0}\u{A0}1111\u{A0}\u{A0}1111",
-            "4111 \u{2013} 1111 \u{2013} 1111 \u{2013} 1111",
+            "4111 \u{2010} 1111 \u{2010} 1111 \u{2010} 1111",
+            // The dashes of a range do not join: two dates, not one number.
+            "2026-01-18\u{2013}2026-01-21",
+            "15.01.2026\u{2014}18.01.2026",
+            "2026/01/18\u{301C}2026/01/21",
             // Commas and colons, fullwidth or not, are no separators.
             "4111，1111，1111，1111",
             "4111：1111：1111：1111",

@@ -206,24 +206,28 @@ pub(crate) fn triage(bytes: &[u8]) -> Triage<'_> {
     if bytes.iter().copied().any(opens_another_reading) {
         return Triage::Every;
     }
-    // Only bytes outside ASCII: one reading when they are UTF-8 (its digits of other
+    // Bytes outside ASCII: one reading when they are UTF-8 (its digits of other
     // scripts are counted by the detector itself), unless they may as well be UTF-16
-    // of a card number's length (`may_be_utf16_without_ascii`).
+    // digits of a card number's length (`may_hold_utf16_digits_as_utf8`).
     match std::str::from_utf8(bytes) {
-        Ok(_) if may_be_utf16_without_ascii(bytes) => Triage::Every,
+        Ok(_) if may_hold_utf16_digits_as_utf8(bytes) => Triage::Every,
         Ok(text) => Triage::OneReading(text),
         Err(_) => Triage::Every,
     }
 }
 
-/// Whether `bytes`, valid UTF-8 with no ASCII byte, may also be UTF-16 holding a card
-/// number: digits of some scripts are UTF-16 code units whose two bytes make a valid
-/// UTF-8 character (Saurashtra's four, U+A8D4, is `D4 A8` in little-endian order: the
-/// Cyrillic U+0528 in UTF-8), so a number written in them has no zero or control byte
-/// to tell it by. At least 13 code units (the wide readings also try a start one
-/// byte in).
-fn may_be_utf16_without_ascii(bytes: &[u8]) -> bool {
-    bytes.len() >= 2 * 13 && !bytes.iter().any(u8::is_ascii)
+/// Whether valid UTF-8 `bytes` may also be UTF-16 holding a card number in digits
+/// whose code units are valid UTF-8 too: of all decimal digits only Saurashtra's
+/// (U+A8D0–A8D9) and Javanese (U+A9D0–A9D9) are, in little-endian order (the four,
+/// U+A8D4, is `D4 A8`: the Cyrillic U+0528 in UTF-8), so a number written in them has
+/// no zero or control byte to tell it by. At least 13 such units; any other text,
+/// Cyrillic included, keeps its one reading.
+fn may_hold_utf16_digits_as_utf8(bytes: &[u8]) -> bool {
+    bytes
+        .windows(2)
+        .filter(|pair| (0xD0..=0xD9).contains(&pair[0]) && (0xA8..=0xA9).contains(&pair[1]))
+        .count()
+        >= 13
 }
 
 /// Every reading of `bytes` (see the module's documentation).
@@ -234,7 +238,7 @@ pub(crate) fn readings(bytes: &[u8]) -> Vec<String> {
     // use for.
     let wide = std::str::from_utf8(bytes).is_err()
         || bytes.iter().any(u8::is_ascii_control)
-        || may_be_utf16_without_ascii(bytes);
+        || may_hold_utf16_digits_as_utf8(bytes);
     let mut texts = vec![utf8.into_owned()];
     if wide {
         texts.extend(wide_readings(bytes));
@@ -332,9 +336,16 @@ mod tests {
                 "{zero:x}: valid UTF-8 as well"
             );
             assert!(crate::redaction::holds_card_number(&bytes), "{zero:x}");
+            // Behind ASCII text too.
+            let prefixed = [b"ref ".as_slice(), &bytes].concat();
+            assert!(crate::redaction::holds_card_number(&prefixed), "{zero:x}");
         }
-        // Text of another script stays on the one-reading path.
-        assert!(matches!(triage("Оплата".as_bytes()), Triage::OneReading(_)));
+        // Long text of another script, without spaces, stays on the one-reading path.
+        let cjk = "支付已完成请稍候再试谢谢您的耐心等待支付已完成";
+        assert!(cjk.len() >= 26 && !cjk.is_ascii());
+        assert!(matches!(triage(cjk.as_bytes()), Triage::OneReading(_)));
+        let cyrillic = "Оплата заказа прошла успешно, спасибо";
+        assert!(matches!(triage(cyrillic.as_bytes()), Triage::OneReading(_)));
     }
 
     #[test]

@@ -456,7 +456,7 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "the row insert reports a key a refund holds (a charge never shares it)",
         from: "EXISTS (SELECT 1 FROM refunds\n                         WHERE idempotency_key = $2) AS \"key_of_a_refund?\"",
         to: "false AS \"key_of_a_refund?\"",
-        tests: &["payment::refunds::a_charge_and_a_refund_never_share_a_key_whatever_the_token_says"],
+        tests: &["payment::refunds::a_charge_and_a_refund_never_share_a_key_once_the_token_is_gone"],
     },
     // ---- SQL of the payments table: the unique key serialises two holders (I6).
     Mutant {

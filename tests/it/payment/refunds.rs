@@ -220,13 +220,14 @@ async fn a_declined_payment_another_currency_or_a_reused_key_is_refused() {
     assert!(gateway_refunds(&rig, "pay-d").await.is_empty());
 }
 
-/// A charge and a refund never share a key, whatever the token says: once the
-/// refund's token is gone (Redis lost it, or its completed record expired), a charge
+/// A charge and a refund never share a key once the token that serialised them is
+/// gone (while it lives, a charge and a refund under one key reserve the same token,
+/// so they never run at once): once the refund's token is gone (Redis lost it, or its completed record expired), a charge
 /// under its key is refused by the refund's row, not charged; and a refund under the
 /// key of a charge whose outcome is unknown (no row yet, remembered in
 /// `unresolved_charges`) is refused before that charge can be booked under it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_charge_and_a_refund_never_share_a_key_whatever_the_token_says() {
+async fn a_charge_and_a_refund_never_share_a_key_once_the_token_is_gone() {
     let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
     charged(&rig, "pay-s", 1000).await;
     let p = rig.processor("p");
