@@ -325,9 +325,8 @@ pub(crate) enum Insertion {
     /// Another transaction committed the key while this statement waited on the
     /// unique index: the row exists but this statement's snapshot cannot see it.
     Raced,
-    /// The key is a refund's: a charge may not share it (`key_reused`), whatever the
-    /// refund's token says (a token back to `pending`, or expired, keeps no
-    /// fingerprint to tell the two requests apart).
+    /// The key is a refund's: a charge may not share it (`key_reused`), also once the
+    /// refund's token no longer tells (lost, or its completed record expired).
     KeyOfARefund,
 }
 

@@ -11,11 +11,11 @@
 // sign, the fullwidth hyphen-minus; not the en and em dashes of a range), the
 // fullwidth and small dot, slash and underscore. Characters that show nothing (a soft
 // hyphen, a zero-width space, a byte order mark) are passed over: "4111\u{200B}1111…"
-// reads as one unbroken number. Digits of any script count (`digits.rs`). A number is made of whole groups: any
-// run of consecutive groups is tried, so a card followed or preceded by more
-// groups ("4111 1111 1111 1111 123") is still caught, but a single unbroken run
-// longer than 19 digits is not a card (it is some other identifier, and one in
-// ten of its 13-digit windows would pass Luhn by chance).
+// reads as one unbroken number. Digits of any script count (`digits.rs`). A number
+// is made of whole groups: any run of consecutive groups is tried, so a card
+// followed or preceded by more groups ("4111 1111 1111 1111 123") is still caught,
+// but a single unbroken run longer than 19 digits is not a card (it is some other
+// identifier, and one in ten of its 13-digit windows would pass Luhn by chance).
 
 use std::borrow::Cow;
 use std::ops::Range;

@@ -12,6 +12,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod package_variables;
+
 /// The cargo-nextest the suite is run with where none is installed.
 const NEXTEST_VERSION: &str = "0.9.143";
 
@@ -70,17 +72,7 @@ fn test(args: Vec<OsString>) -> ExitCode {
 fn without_cargo_run_variables(command: &mut Command) {
     for (name, _) in env::vars_os() {
         let name = name.to_string_lossy();
-        let from_cargo_run = name == "OUT_DIR"
-            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_"]
-                .iter()
-                .any(|prefix| name.starts_with(prefix))
-            || [
-                "CARGO_CRATE_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_RUSTC_CURRENT_DIR",
-            ]
-            .contains(&name.as_ref());
-        if from_cargo_run {
+        if package_variables::set_for_one_package(&name) {
             command.env_remove(name.as_ref());
         }
     }

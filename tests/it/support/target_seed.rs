@@ -9,6 +9,10 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
+// The one list of cargo's per-package variables, shared with `cargo xtask test`.
+#[path = "../../../xtask/src/package_variables.rs"]
+mod package_variables;
+
 /// Seeds `own` (a target directory) once with what `shared`'s `debug` profile built,
 /// leaving out this crate's own artifacts; cargo then finds every dependency fresh.
 pub fn seed_target(shared: &Path, own: &Path) {
@@ -73,18 +77,11 @@ pub fn cargo(dir: &Path, target_dir: &Path, args: &[&str]) -> Command {
     // worktree afterwards.
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
-        let injected = name == "CARGO"
-            || name == "OUT_DIR"
-            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_BIN_"]
-                .iter()
-                .any(|prefix| name.starts_with(prefix))
-            || [
-                "CARGO_CRATE_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-                "CARGO_RUSTC_CURRENT_DIR",
-            ]
-            .contains(&name.as_ref());
+        // And those cargo sets for a test process: the cargo that ran it (the one
+        // to run is chosen above) and its scratch directory.
+        let injected = package_variables::set_for_one_package(&name)
+            || name == "CARGO"
+            || name == "CARGO_TARGET_TMPDIR";
         if injected {
             command.env_remove(name.as_ref());
         }
