@@ -41,7 +41,7 @@ pub(super) struct Overdrawn {
     pub taken: i64,
 }
 
-/// Every refund row (but the refusals kept as `rejected`: nothing was sent for them) whose own key starts with `key_prefix` (all for an empty
+/// Every refund row (but the refusals kept as `rejected`: nothing was refunded for them) whose own key starts with `key_prefix` (all for an empty
 /// prefix), sorted by key; a `processing` row updated more than `lease` ago is
 /// `stale`.
 pub(super) async fn refund_rows(

@@ -31,10 +31,12 @@
 //! proven finished by Stripe. A key Stripe no longer remembers (older than a
 //! day) is run afresh, which is safe because no request older than a day can
 //! still land and step 1 found no refund. A definite answer ends the walk: a
-//! refund (approved, or declined when Stripe marks it failed), a 402 (declined),
-//! or a refusal (`Rejected`: `charge_already_refunded` and `amount_too_large`
-//! are never caused by this worker, which refunds only what is left, and are
-//! logged as errors if they come).
+//! refund (approved, or declined when Stripe marks it failed) or a refusal
+//! (`Rejected`, a 402 included: no Refund object, so nothing to record as a
+//! decline; `charge_already_refunded` and `amount_too_large` are never caused by
+//! this worker, which refunds only what is left, and are logged as errors if
+//! they come). The processor keeps a refusal on the refund's row, so a later
+//! delivery of the command is answered from there and nothing is sent again.
 
 use super::adapter::{status_of, StripeGateway};
 use super::amount::{minor_units, stripe_amount};
@@ -53,8 +55,8 @@ const MAX_ATTEMPT_KEYS: u32 = 16;
 enum Step {
     /// The request under this key finished without refunding: try the next key.
     NextKey,
-    /// The call ends with this answer.
-    Done(Result<Charge, GatewayError>),
+    /// The call ends with this failure.
+    Done(GatewayError),
 }
 
 /// The gateway's answer a refund object gives.
@@ -109,7 +111,7 @@ fn refused(reason: String) -> GatewayError {
 }
 
 /// The failure of `POST /v1/refunds` under one attempt key (the module's rule).
-fn step_after(key: &IdempotencyKey, intent: &str, failure: Failure) -> Step {
+fn step_after(key: &IdempotencyKey, failure: Failure) -> Step {
     let error = match failure {
         Failure::NotSent(text) => GatewayError::Unavailable(text),
         Failure::NoAnswer(_) => GatewayError::Timeout,
@@ -122,14 +124,13 @@ fn step_after(key: &IdempotencyKey, intent: &str, failure: Failure) -> Step {
                 _ if answer.replayed && (answer.status >= 500 || retry_advised) => {
                     return Step::NextKey
                 }
-                402 => {
-                    let decline = answer.error.decline_code.clone();
-                    return Step::Done(Ok(Charge {
-                        transaction_id: intent.to_owned(),
-                        status: ChargeStatus::Declined,
-                        decline_code: Some(decline.or(answer.error.code).unwrap_or_default()),
-                    }));
-                }
+                // No Refund object was made, so no refund id exists to record a
+                // decline under (the PaymentIntent's is the charge's): a refusal
+                // for good, its decline code in the reason.
+                402 => GatewayError::Rejected {
+                    status: 402,
+                    reason: answer.reason,
+                },
                 409 => GatewayError::InFlight,
                 400 if answer.is_idempotency_error() => GatewayError::Rejected {
                     status: 422,
@@ -160,7 +161,7 @@ fn step_after(key: &IdempotencyKey, intent: &str, failure: Failure) -> Step {
             }
         }
     };
-    Step::Done(Err(error))
+    Step::Done(error)
 }
 
 impl StripeGateway {
@@ -259,13 +260,12 @@ impl StripeGateway {
                 Ok(refund) => return Ok(answer_of(&refund)),
                 Err(failure) => {
                     let status = status_of(&failure);
-                    match step_after(key, intent, failure) {
+                    match step_after(key, failure) {
                         Step::NextKey => continue,
-                        Step::Done(Err(error)) => {
+                        Step::Done(error) => {
                             note_failure("refund", key, status, &error);
                             return Err(error);
                         }
-                        Step::Done(Ok(declined)) => return Ok(declined),
                     }
                 }
             }

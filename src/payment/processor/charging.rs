@@ -242,14 +242,18 @@ where
 
 /// The answer to a request the gateway refused for good (a charge or a refund).
 pub(super) fn gateway_rejected(error: &GatewayError) -> Outcome {
-    let reason = match error {
+    Outcome::Rejected {
+        kind: RejectionKind::Invalid,
+        reason: gateway_rejection_reason(error),
+    }
+}
+
+/// The reason of [`gateway_rejected`]'s outcome.
+pub(super) fn gateway_rejection_reason(error: &GatewayError) -> String {
+    match error {
         GatewayError::Rejected { status, reason } => {
             format!("gateway_rejected: HTTP {status}: {reason}")
         }
         other => format!("gateway_rejected: {other}"),
-    };
-    Outcome::Rejected {
-        kind: RejectionKind::Invalid,
-        reason,
     }
 }

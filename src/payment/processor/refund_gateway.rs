@@ -2,7 +2,7 @@
 //! resolve an unknown outcome by look-up, keep the lease alive meanwhile. The same
 //! rules as a charge's (`charging.rs`), over the refund half of the gateway.
 
-use super::charging::{gateway_rejected, looked_up};
+use super::charging::{gateway_rejection_reason, looked_up};
 use super::*;
 use crate::gateway::{RefundEntry, RefundRequest};
 use crate::payment::decisions::UnknownCause;
@@ -11,8 +11,15 @@ use crate::payment::decisions::UnknownCause;
 pub(super) enum RefundEnd {
     /// Settle so; the reservation stays (the refund may exist, or is asked again).
     Settle(Settlement),
-    /// The gateway refused for good: free the reservation, then settle so.
+    /// The key was used at the gateway for another request: free the reservation,
+    /// then settle so (the key is not this refund's to keep).
     Release(Settlement),
+    /// The gateway refused this refund for good, nothing refunded: the row keeps the
+    /// refusal (`rejected`, its amount freed), so that every later delivery of the
+    /// command is answered the same from the row, without asking the gateway again
+    /// (where Stripe, asked again with another row's id, would answer with an
+    /// idempotency error instead of its refusal). Its reason, as answered.
+    Refused(String),
 }
 
 /// A refund as the gateway is asked for it.
@@ -106,9 +113,7 @@ impl Processor {
             OnChargeError::KeyReused => {
                 Err(RefundEnd::Release(Settlement::Restore(key_reused().into())))
             }
-            OnChargeError::Rejected => Err(RefundEnd::Release(Settlement::Restore(
-                Attempt::Final(gateway_rejected(&error)),
-            ))),
+            OnChargeError::Rejected => Err(RefundEnd::Refused(gateway_rejection_reason(&error))),
         }
     }
 

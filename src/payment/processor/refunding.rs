@@ -25,6 +25,25 @@ use super::refund_gateway::{RefundAsk, RefundEnd};
 use super::*;
 use crate::payment::refunds::{self, Locked, RefundRecord, RefundStatus, Reserving};
 
+/// What the gateway answered a refund, to be recorded on its row.
+enum Answered {
+    /// A refund (approved or declined), or the one an earlier attempt made.
+    Refund(Charge),
+    /// Refused for good, nothing refunded: the refusal's reason, cut to what a row
+    /// holds.
+    Refused(String),
+}
+
+impl Answered {
+    /// Recorded on the row still `processing`; `false` when it no longer was.
+    async fn record(&self, conn: &mut PgConnection, row: Uuid) -> Result<bool, sqlx::Error> {
+        match self {
+            Self::Refund(charge) => refunds::record_refund(conn, row, charge).await,
+            Self::Refused(reason) => refunds::record_gateway_refusal(conn, row, reason).await,
+        }
+    }
+}
+
 /// What steps 2 and 3 work on.
 #[derive(Clone, Copy)]
 struct RefundStep<'a> {
@@ -146,7 +165,10 @@ impl Processor {
             return Settlement::Restore(retry(fault.to_string()));
         }
         let answer = match self.ask_gateway(step).await {
-            Ok(answer) => answer,
+            Ok(answer) => Answered::Refund(answer),
+            Err(RefundEnd::Refused(reason)) => {
+                Answered::Refused(reason.chars().take(refunds::MAX_FAILURE_REASON).collect())
+            }
             Err(RefundEnd::Settle(settlement)) => return settlement,
             Err(RefundEnd::Release(settlement)) => {
                 // Nothing refunded: the reservation is freed with the refusal.
@@ -164,7 +186,7 @@ impl Processor {
                 };
             }
         };
-        self.record_and_commit(tx, stall, step, &answer).await
+        self.record_and_commit(tx, stall, step, answer).await
     }
 
     /// Step 2: the gateway asked for the refund (or for the one an earlier attempt
@@ -197,7 +219,7 @@ impl Processor {
         mut tx: sqlx::Transaction<'_, Postgres>,
         stall: &Stall,
         step: RefundStep<'_>,
-        answer: &Charge,
+        answer: Answered,
     ) -> Settlement {
         let RefundStep {
             row,
@@ -206,10 +228,7 @@ impl Processor {
             ..
         } = step;
         let recorded = stall
-            .bounded(
-                "recording the refund",
-                refunds::record_refund(&mut tx, row.id, answer),
-            )
+            .bounded("recording the refund", answer.record(&mut tx, row.id))
             .await;
         match recorded {
             Ok(true) => {}
@@ -250,7 +269,14 @@ impl Processor {
             // A failed COMMIT may still have committed: only the next owner can tell.
             return Settlement::LeaveToLease(retry_unknown(format!("commit failed: {error}")));
         }
-        let outcome = refund_outcome(row, answer);
+        let outcome = match answer {
+            Answered::Refund(charge) => refund_outcome(row, &charge),
+            // What `final_answer_of` answers from the row from now on.
+            Answered::Refused(reason) => Outcome::Rejected {
+                kind: RejectionKind::Invalid,
+                reason,
+            },
+        };
         if self.tokens.in_transaction().is_some() {
             return Settlement::Settled(outcome);
         }

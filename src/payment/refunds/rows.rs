@@ -20,8 +20,9 @@ pub enum RefundStatus {
     Refunded,
     /// The gateway refused to refund; its amount is free again.
     Declined,
-    /// Refused before anything was sent (its reason in `failure_reason`): answered
-    /// the same to every later delivery.
+    /// Refused for good, nothing refunded (its reason in `failure_reason`): before
+    /// anything was sent, or by the gateway. Answered the same to every later
+    /// delivery.
     Rejected,
 }
 
@@ -293,7 +294,8 @@ pub enum Locked {
     Status(RefundStatus),
     /// Another holder of the key has it locked: its gateway call is in flight.
     Held,
-    /// The row is gone (released after a refusal).
+    /// The row is gone (released: its key was used at the gateway for another
+    /// request).
     Gone,
 }
 
@@ -320,7 +322,32 @@ pub async fn record_refund(
     Ok(done.rows_affected() == 1)
 }
 
-/// A reservation the gateway refused for good (nothing refunded): its amount freed.
+/// The longest `failure_reason` a row holds, in characters.
+pub const MAX_FAILURE_REASON: usize = 512;
+
+/// A refund the gateway refused for good (nothing refunded), kept on its row still
+/// `processing` as `rejected` with the refusal's reason: its amount is freed (only
+/// `processing` and `refunded` rows count), and the row answers every later
+/// delivery. `false` when the row was no longer `processing`.
+pub async fn record_gateway_refusal(
+    conn: &mut PgConnection,
+    refund_id: Uuid,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query!(
+        "UPDATE refunds
+            SET status = 'rejected', failure_reason = $2, updated_at = now()
+          WHERE id = $1 AND status = 'processing'",
+        refund_id,
+        reason,
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A reservation whose key was used at the gateway for another request (nothing
+/// refunded): its amount freed, the row gone.
 pub async fn release_refund(conn: &mut PgConnection, refund_id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "DELETE FROM refunds WHERE id = $1 AND status = 'processing'",
@@ -374,7 +401,7 @@ pub async fn record_rejection(
     payment_id: Option<Uuid>,
     reason: &str,
 ) -> Result<Option<Uuid>, sqlx::Error> {
-    let reason: String = reason.chars().take(512).collect();
+    let reason: String = reason.chars().take(MAX_FAILURE_REASON).collect();
     sqlx::query_scalar!(
         "INSERT INTO refunds (id, idempotency_key, payment_id, fingerprint, amount_minor,
                               currency, reason, status, failure_reason)

@@ -5,19 +5,21 @@
 //! different keys for one payment (several workers, Redis flushed) never refund
 //! more than was charged.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payment_worker::fault::{FaultPoint, Faults};
-use payment_worker::gateway::{ChargeStatus, RefundEntry};
+use payment_worker::gateway::{ChargeStatus, PaymentGateway, RefundEntry, RefundRequest};
 use payment_worker::payment::{
     refunded_of, Attempt, CommandContext, Outcome, Processor, RefundCommand, RejectionKind,
     WAITING_FOR_PAYMENT,
 };
-use payment_worker::token::{TokenPolicy, TokenState};
+use payment_worker::token::{IdempotencyKey, TokenPolicy, TokenState};
 use payment_worker_devtools::SimulatorConfig;
 
 use super::rig::*;
+use crate::support::helpers::NoLease;
 
 fn refund(key: &str, payment_key: &str, amount_minor: i64) -> RefundCommand {
     RefundCommand::new(key, payment_key, amount_minor, "USD", Some("returned")).unwrap()
@@ -285,6 +287,65 @@ async fn a_refusal_for_want_of_a_payment_yields_to_a_refund_made_meanwhile() {
     let again = refund_until_final(&p, &never).await;
     assert!(rejected_with(&again, "payment_unknown"), "{again:?}");
     assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-m").await), 100);
+}
+
+/// A refund the gateway refuses for good (more than is left of the charge by the
+/// gateway's books: a refund was made there directly) is kept on its row: a later
+/// delivery is answered the same from the row and the gateway is not asked again
+/// (Stripe, asked again under the same attempt key with a new row's id, answers an
+/// idempotency error instead of its refusal). The refused amount is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_the_gateway_refuses_is_kept_and_answered_again_without_asking() {
+    let rig = Rig::new(SimulatorConfig::default(), TokenPolicy::default()).await;
+    charged(&rig, "pay-g", 1000).await;
+    let outside = RefundRequest {
+        payment_transaction_id: rig.ledger_for("pay-g")[0].transaction_id.clone(),
+        amount_minor: 800,
+        currency: "USD".into(),
+        refund_id: None,
+    };
+    let outside_key = IdempotencyKey::try_from("rf-outside").unwrap();
+    rig.gateway
+        .inner
+        .refund(&outside_key, &outside, &NoLease)
+        .await
+        .unwrap();
+    let p = rig.processor("p");
+    let made = refund("rf-g", "pay-g", 500);
+
+    let first = refund_until_final(&p, &made).await;
+    assert!(
+        rejected_with(&first, "gateway_rejected: HTTP 400: amount_too_large"),
+        "{first:?}"
+    );
+    let asked = rig.gateway.refunds.load(Ordering::SeqCst);
+    let again = refund_until_final(&p, &made).await;
+    assert_eq!(again, first, "the same answer");
+    assert_eq!(
+        rig.gateway.refunds.load(Ordering::SeqCst),
+        asked,
+        "not asked again"
+    );
+    assert_eq!(rig.simulator.refund_refusals().len(), 1);
+    let (status, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT status, failure_reason FROM refunds WHERE idempotency_key = $1")
+            .bind("rf-g")
+            .fetch_one(&rig.db.pool)
+            .await
+            .unwrap();
+    let Outcome::Rejected {
+        reason: answered, ..
+    } = &first
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (status.as_str(), reason.as_ref()),
+        ("rejected", Some(answered))
+    );
+    assert_eq!(refunded_of(&rig.db.pool, "pay-g").await.unwrap(), (0, 0));
+    let rest = refund_until_final(&p, &refund("rf-h", "pay-g", 200)).await;
+    assert!(matches!(rest, Outcome::Refunded { .. }), "{rest:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,8 @@ enum Script {
     Conflict,
     /// A 400 `invalid_request_error` with this code (kept, and replayed).
     Refuse(&'static str),
+    /// A 402 `card_error` with this decline code (kept, and replayed).
+    Decline(&'static str),
 }
 
 #[derive(Default)]
@@ -103,6 +105,13 @@ async fn create(State(books): State<Shared>, headers: HeaderMap, body: Bytes) ->
         Some(Script::Refuse(code)) => (
             StatusCode::BAD_REQUEST,
             stripe_error("invalid_request_error", Some(code)),
+        ),
+        Some(Script::Decline(code)) => (
+            StatusCode::PAYMENT_REQUIRED,
+            json!({"error": {
+                "type": "card_error", "code": "card_declined", "decline_code": code,
+                "message": "scripted",
+            }}),
         ),
         Some(Script::ProxyFailed) => {
             return (StatusCode::BAD_GATEWAY, "<html>bad gateway</html>").into_response()
@@ -297,4 +306,22 @@ async fn an_over_refund_refusal_is_final_even_when_replayed() {
     }
     assert_eq!(rig.refunds(), 0);
     assert_eq!(rig.keys_seen(), ["rk-over:refund:0"; 2]);
+}
+
+/// A 402 makes no Refund object: a refusal for good (its decline code in the
+/// reason), never a declined refund recorded under the PaymentIntent's id.
+#[tokio::test]
+async fn a_402_is_a_refusal_never_a_refund_under_the_intents_id() {
+    let rig = Rig::new().await;
+    let key = IdempotencyKey::try_from("rk-402").unwrap();
+    rig.script("rk-402:refund:0", Script::Decline("insufficient_funds"));
+    for _ in 0..2 {
+        let refused = rig.gateway.refund(&key, &request(), &NoLease).await;
+        assert!(
+            matches!(&refused, Err(GatewayError::Rejected { status: 402, reason }) if reason.contains("insufficient_funds")),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(rig.refunds(), 0);
+    assert_eq!(rig.keys_seen(), ["rk-402:refund:0"; 2]);
 }
