@@ -8,6 +8,7 @@ mod gateway;
 mod kafka;
 mod kafka_passthrough;
 mod key_hash;
+mod names;
 mod redis;
 mod secrets;
 mod stores;
@@ -26,7 +27,9 @@ pub use kafka_passthrough::{
 };
 pub use key_hash::KeyHashSettings;
 pub use redis::{RedisSettings, DEFAULT_REDIS_URL};
-pub use secrets::{read_secret, Secret, SecretError, SecretFile, SecretFileParser};
+pub use secrets::{
+    read_secret, read_setting_file, Secret, SecretError, SecretFile, SecretFileParser,
+};
 pub use stores::{ProcessorSettings, StoreSettings};
 pub use tokens::{TokenSettings, TokenStoreKind, TokenTableSettings};
 pub use worker::{ResultsMode, WorkerSettings};

@@ -31,6 +31,15 @@ pub enum SecretError {
         /// What the operating system said, without the contents.
         kind: std::io::ErrorKind,
     },
+    /// The file is larger than any secret or client configuration (`/dev/zero`, a
+    /// log file named by mistake): not read past the limit.
+    #[error("{name}_FILE {}: larger than {} MiB; is it the right file?", path.display(), MAX_SETTING_FILE >> 20)]
+    TooLarge {
+        /// The setting's name.
+        name: &'static str,
+        /// The file named.
+        path: PathBuf,
+    },
     /// The setting or its file is empty (a file of whitespace counts as empty).
     #[error("{name} is empty")]
     Empty {
@@ -59,11 +68,7 @@ pub fn read_secret(
         (None, None) => return Ok(None),
         (Some(value), None) => value.clone(),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).map_err(|error| SecretError::Unreadable {
-                name,
-                path: path.to_owned(),
-                kind: error.kind(),
-            })?;
+            let text = read_bounded(name, path)?;
             warn_when_others_may_read(name, path);
             Secret::from(text.trim_end_matches(['\n', '\r']))
         }
@@ -72,6 +77,47 @@ pub fn read_secret(
         return Err(SecretError::Empty { name });
     }
     Ok(Some(secret))
+}
+
+/// The most a file named by a setting may hold: keys, URLs, a Kafka client's
+/// properties and PEM bundles (a whole system CA bundle is about 200 KiB) are far
+/// smaller.
+pub const MAX_SETTING_FILE: usize = 4 << 20;
+
+/// A file a setting names (a secret, a CA bundle, a client certificate), read no
+/// further than [`MAX_SETTING_FILE`]: `/dev/zero`, a FIFO that never ends or a log
+/// file named by mistake is refused (`ErrorKind::FileTooLarge`) instead of read
+/// forever.
+pub fn read_setting_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_SETTING_FILE as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() > MAX_SETTING_FILE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("larger than {} MiB", MAX_SETTING_FILE >> 20),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A secret file's text ([`read_setting_file`]).
+fn read_bounded(name: &'static str, path: &Path) -> Result<String, SecretError> {
+    let unreadable = |kind| SecretError::Unreadable {
+        name,
+        path: path.to_owned(),
+        kind,
+    };
+    let bytes = read_setting_file(path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::FileTooLarge => SecretError::TooLarge {
+            name,
+            path: path.to_owned(),
+        },
+        kind => unreadable(kind),
+    })?;
+    String::from_utf8(bytes).map_err(|_| unreadable(std::io::ErrorKind::InvalidData))
 }
 
 /// A secret file any user of the machine may read is a leak waiting to happen (a
@@ -189,7 +235,23 @@ mod tests {
         assert!(!missing.is_usage());
         std::fs::write(&file, "\n").unwrap();
         let empty = read_secret("GATEWAY_API_KEY", None, Some(&file)).unwrap_err();
-        for error in [both, missing, empty] {
+        // A file that never ends is refused, not read forever.
+        let endless =
+            read_secret("GATEWAY_API_KEY", None, Some(Path::new("/dev/zero"))).unwrap_err();
+        assert!(
+            matches!(endless, SecretError::TooLarge { .. }),
+            "{endless:?}"
+        );
+        std::fs::write(&file, format!("sk_test_{}", "x".repeat(MAX_SETTING_FILE))).unwrap();
+        let large = read_secret("GATEWAY_API_KEY", None, Some(&file)).unwrap_err();
+        assert!(matches!(large, SecretError::TooLarge { .. }), "{large:?}");
+        std::fs::write(&file, b"sk_test_\xff").unwrap();
+        let binary = read_secret("GATEWAY_API_KEY", None, Some(&file)).unwrap_err();
+        assert!(
+            matches!(binary, SecretError::Unreadable { .. }),
+            "{binary:?}"
+        );
+        for error in [both, missing, empty, endless, large, binary] {
             let text = format!("{error} {error:?}");
             assert!(!text.contains("sk_test"), "{text}");
         }

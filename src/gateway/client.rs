@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
+use super::bodies::{error_text, read_body, BodyError, ONE_ANSWER};
 use super::interface::{
     Charge, ChargeRequest, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway,
 };
@@ -119,10 +120,7 @@ impl HttpGateway {
     /// The status and the gateway's reason of an error answer (never called for 2xx).
     async fn status_and_reason(response: reqwest::Response) -> (StatusCode, String) {
         let status = response.status();
-        (
-            status,
-            reason_from_body(response.text().await.unwrap_or_default()),
-        )
+        (status, reason_from_body(error_text(response).await))
     }
 
     /// An error answer to a look-up or the ledger: nothing is charged by asking, so
@@ -180,11 +178,12 @@ impl HttpGateway {
         }
         // A 2xx means the gateway decided; a body that breaks off or cannot be read
         // leaves the decision unknown, which only a look-up can recover.
-        let charge: Charge = match read_json(response).await {
+        let charge: Charge = match read_json(response, ONE_ANSWER).await {
             Ok(charge) => charge,
             Err(error) => {
                 let error = GatewayError::UnreadableAnswer(match error {
                     ReadError::Transport(e) => format!("the body broke off: {}", describe(&e)),
+                    ReadError::TooLarge { limit } => BodyError::too_large(limit),
                     ReadError::Decode(message) => format!("the body is not an answer: {message}"),
                 });
                 note_failure(operation, key, Some(status), &error);
@@ -196,17 +195,25 @@ impl HttpGateway {
     }
 }
 
-/// Body-read failures split in two: the transport broke (`Err(reqwest)`) or the
-/// bytes were not the expected JSON (`Ok(message)`).
+/// Why a 2xx body was not read: the transport broke, the body is over its limit
+/// ([`super::bodies`]), or the bytes were not the expected JSON.
 pub(super) enum ReadError {
     Transport(reqwest::Error),
+    TooLarge { limit: usize },
     Decode(String),
 }
 
+/// A 2xx body of at most `limit` bytes, read as `T`.
 pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
     response: reqwest::Response,
+    limit: usize,
 ) -> Result<T, ReadError> {
-    let bytes = response.bytes().await.map_err(ReadError::Transport)?;
+    let bytes = read_body(response, limit)
+        .await
+        .map_err(|error| match error {
+            BodyError::Transport(e) => ReadError::Transport(e),
+            BodyError::TooLarge { limit } => ReadError::TooLarge { limit },
+        })?;
     serde_json::from_slice(&bytes).map_err(|error| ReadError::Decode(unreadable_json(&error)))
 }
 
@@ -231,6 +238,7 @@ pub(super) fn idempotent_request_error(error: reqwest::Error) -> GatewayError {
 pub(super) fn idempotent_request_error_or(error: ReadError) -> GatewayError {
     match error {
         ReadError::Transport(e) => idempotent_request_error(e),
+        ReadError::TooLarge { limit } => GatewayError::Protocol(BodyError::too_large(limit)),
         ReadError::Decode(message) => GatewayError::Protocol(message),
     }
 }

@@ -5,6 +5,7 @@
 
 use reqwest::StatusCode;
 
+use super::bodies::{LISTING, ONE_ANSWER};
 use super::client::{
     idempotent_request_error, idempotent_request_error_or, note_failure, read_json, record_status,
     trace_headers, HttpGateway, MIN_LEDGER_TIMEOUT,
@@ -47,7 +48,7 @@ impl HttpGateway {
         if !response.status().is_success() {
             return Err(Self::read_error_from(response).await);
         }
-        let entries: Vec<T> = read_json(response)
+        let entries: Vec<T> = read_json(response, LISTING)
             .await
             .map_err(idempotent_request_error_or)?;
         Ok(entries
@@ -87,7 +88,7 @@ impl HttpGateway {
             return Ok(None);
         }
         let found = if status.is_success() {
-            read_json(response)
+            read_json(response, ONE_ANSWER)
                 .await
                 .map(Some)
                 .map_err(idempotent_request_error_or)
@@ -115,7 +116,7 @@ impl HttpGateway {
         if !response.status().is_success() {
             return Err(Self::read_error_from(response).await);
         }
-        read_json(response)
+        read_json(response, LISTING)
             .await
             .map_err(idempotent_request_error_or)
     }

@@ -1,6 +1,7 @@
 //! The payment gateway as the worker sees it: the interface, and one adapter per
 //! protocol (`charges`, `stripe`) over a shared transport (credentials, TLS).
 //! (The simulator that answers `charges` in development lives in `devtools`.)
+mod bodies;
 mod client;
 mod client_reads;
 mod client_refunds;

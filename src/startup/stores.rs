@@ -20,7 +20,8 @@ use crate::token::{PostgresTokenStore, RedisTokenStore, TokenStore};
 /// read here: configuration stays data).
 fn redis_target(redis: &RedisSettings) -> anyhow::Result<crate::token::RedisTarget> {
     let read = |setting: &str, path: &std::path::Path| {
-        std::fs::read(path).with_context(|| format!("reading {setting} {}", path.display()))
+        crate::configuration::read_setting_file(path)
+            .with_context(|| format!("reading {setting} {}", path.display()))
     };
     let ca_pem = redis
         .ca_cert

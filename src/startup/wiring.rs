@@ -47,7 +47,8 @@ pub async fn gateway(
 }
 
 fn read_file(setting: &str, path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("reading {setting} {}", path.display()))
+    crate::configuration::read_setting_file(path)
+        .with_context(|| format!("reading {setting} {}", path.display()))
 }
 
 /// The credentials and TLS material `access` names, read now: the API key (or its

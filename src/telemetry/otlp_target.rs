@@ -85,7 +85,10 @@ impl OtlpTarget {
 
     /// The client certificate (chain) and its key, PEM, when both are set.
     fn client_identity(&self) -> Result<Option<PemPair>, String> {
-        let read = |path: &str| std::fs::read(path).map_err(|e| format!("reading {path}: {e}"));
+        let read = |path: &str| {
+            crate::configuration::read_setting_file(path.as_ref())
+                .map_err(|e| format!("reading {path}: {e}"))
+        };
         match (&self.client_certificate, &self.client_key) {
             (Some(cert), Some(key)) => Ok(Some((read(cert)?, read(key)?))),
             (None, None) => Ok(None),
@@ -99,7 +102,10 @@ impl OtlpTarget {
     fn ca_pem(&self) -> Result<Option<Vec<u8>>, String> {
         self.ca_file
             .as_ref()
-            .map(|path| std::fs::read(path).map_err(|e| format!("reading CA file {path}: {e}")))
+            .map(|path| {
+                crate::configuration::read_setting_file(path.as_ref())
+                    .map_err(|e| format!("reading CA file {path}: {e}"))
+            })
             .transpose()
     }
 

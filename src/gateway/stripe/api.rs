@@ -9,6 +9,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
+use super::super::bodies::{error_text, read_body, BodyError, ONE_ANSWER};
 use super::super::client::{
     describe, reason_from_body, record_status, trace_headers, unreadable_json,
 };
@@ -466,9 +467,14 @@ async fn send_dated<T: serde::de::DeserializeOwned>(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| chrono::DateTime::parse_from_rfc2822(v).ok())
             .map(|date| date.timestamp());
-        let bytes = response.bytes().await.map_err(|error| {
-            Failure::NoAnswer(format!("the body broke off: {}", describe(&error)))
-        })?;
+        let bytes = read_body(response, ONE_ANSWER)
+            .await
+            .map_err(|error| match error {
+                BodyError::Transport(error) => {
+                    Failure::NoAnswer(format!("the body broke off: {}", describe(&error)))
+                }
+                BodyError::TooLarge { limit } => Failure::Unreadable(BodyError::too_large(limit)),
+            })?;
         let body = serde_json::from_slice(&bytes)
             .map_err(|error| Failure::Unreadable(unreadable_json(&error)))?;
         return Ok((body, date));
@@ -486,7 +492,7 @@ async fn read_error(status: StatusCode, response: reqwest::Response) -> Answer {
     };
     let should_retry = header("stripe-should-retry").map(|v| v == "true");
     let replayed = header("idempotent-replayed").is_some_and(|v| v == "true");
-    let body = response.text().await.unwrap_or_default();
+    let body = error_text(response).await;
     let error = serde_json::from_str::<ErrorEnvelope>(&body)
         .map(|e| e.error)
         .unwrap_or_default();

@@ -195,6 +195,18 @@ async fn secrets_given_as_files_are_used_and_shown_nowhere() {
         output.contains("DATABASE_URL_FILE") && output.contains(path_str(&missing)),
         "{output}"
     );
+    // A file that never ends (a device named by mistake) is refused, not read
+    // until memory runs out.
+    let (code, output) = run(
+        &["migrate"],
+        &with(&env, &[("DATABASE_URL_FILE", "/dev/zero")]),
+    )
+    .await;
+    assert_eq!(code, Some(2), "{output}");
+    assert!(
+        output.contains("DATABASE_URL_FILE /dev/zero: larger than 4 MiB"),
+        "{output}"
+    );
 
     // A file every user may read is named in a warning; a private one is not.
     let (code, output) = run(&["migrate"], &env).await;

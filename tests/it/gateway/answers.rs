@@ -354,6 +354,23 @@ async fn an_unreadable_2xx_whose_lookup_fails_is_left_to_the_lease_then_booked_o
     );
 }
 
+/// A 2xx the worker would have to hold megabytes of to read is not read past its
+/// limit (4 MiB): the charge is found by a look-up instead, and booked once. The
+/// same answer padded to well under the limit is read as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2xx_body_over_the_size_limit_is_not_read_but_looked_up() {
+    let rig = Rig::new(Duration::from_secs(5)).await;
+    let processor = rig.processor();
+    for (key, padding, lookups) in [("padded", 256 << 10, 0), ("oversized", 8 << 20, 1)] {
+        rig.front
+            .script(key, &[PostAnswer::ChargeThenPaddedBody(padding)]);
+        let attempt = once(&processor, &command(key, 2500)).await;
+        rig.assert_booked_once(key, &final_outcome(attempt)).await;
+        assert_eq!(rig.front.posts_seen(key), 1, "{key}: one POST");
+        assert_eq!(rig.front.lookups_seen(key), lookups, "{key}: looked up");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_that_refuses_connections_is_transient_and_charges_nothing() {
     let rig = Rig::new(Duration::from_secs(5)).await;

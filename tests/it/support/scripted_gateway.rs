@@ -30,6 +30,9 @@ pub enum PostAnswer {
     ChargeThenGarbledBody,
     /// Charge, then answer 200 and break the connection in the middle of the body.
     ChargeThenCutBody,
+    /// Charge, then answer the ledger's 200 followed by this many bytes of white
+    /// space (still the same JSON), streamed without a declared length.
+    ChargeThenPaddedBody(usize),
     /// Charge, then answer the ledger's 200 with this transaction id instead of the
     /// charge's own (a gateway that hands out an id twice).
     ChargeWithTransactionId(&'static str),
@@ -225,6 +228,20 @@ async fn charge(State(front): State<Arc<Front>>, headers: HeaderMap, body: Bytes
                     .insert("location", format!("/charges/{key}").parse().unwrap());
             }
             response
+        }
+        PostAnswer::ChargeThenPaddedBody(padding) => {
+            const CHUNK: usize = 64 << 10;
+            let mut chunks: Vec<Result<Bytes, std::io::Error>> = vec![Ok(ledger_body)];
+            chunks.extend(
+                (0..padding.div_ceil(CHUNK))
+                    .map(|n| Ok(Bytes::from(vec![b' '; CHUNK.min(padding - n * CHUNK)]))),
+            );
+            (
+                status(ledger_status.as_u16()),
+                [("content-type", "application/json")],
+                Body::from_stream(futures::stream::iter(chunks)),
+            )
+                .into_response()
         }
         PostAnswer::ChargeWithTransactionId(id) => {
             let mut charge: serde_json::Value = serde_json::from_slice(&ledger_body).unwrap();
