@@ -74,6 +74,25 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The process's command line, parsed. clap's own errors quote the argument they
+    /// refuse (`invalid value '…' for '--limit'`), and what an operator pasted there
+    /// may be a card number (a record key, a line copied from a ticket): errors are
+    /// printed with card numbers masked, and end the process with clap's status (2).
+    /// `--help` and `--version` are printed as clap prints them.
+    pub fn parse_args() -> Self {
+        match Self::try_parse() {
+            Ok(cli) => cli,
+            Err(error) if !error.use_stderr() => error.exit(),
+            Err(error) => {
+                let text = error.render().to_string();
+                eprint!("{}", crate::redaction::masked_text(&text));
+                std::process::exit(error.exit_code())
+            }
+        }
+    }
+}
+
 /// Every `payment-worker` command.
 // Parsed once per process: boxing the larger settings would buy nothing.
 #[allow(clippy::large_enum_variant)]

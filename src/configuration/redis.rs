@@ -53,12 +53,13 @@ pub struct RedisSettings {
         requires = "redis_client_cert"
     )]
     pub client_key: Option<std::path::PathBuf>,
-    /// Key prefix; each key is `<prefix>:token:{<idempotency key>}` (hash-tagged for Redis Cluster).
+    /// Key prefix, 1–64 of [A-Za-z0-9._:-]; each key is `<prefix>:token:{<idempotency key>}` (hash-tagged for Redis Cluster).
     #[arg(
         id = "redis_key_prefix",
         long = "redis-key-prefix",
         env = "REDIS_KEY_PREFIX",
-        default_value = "pw"
+        default_value = "pw",
+        value_parser = super::names::parse_name
     )]
     pub key_prefix: String,
 }

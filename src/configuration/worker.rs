@@ -21,8 +21,8 @@ pub struct WorkerSettings {
     /// Serve `/healthz` and `/readyz` on this address.
     #[arg(long = "health-listen", env = "HEALTH_LISTEN")]
     pub health_listen: Option<std::net::SocketAddr>,
-    /// Identifies this member in token owners and logs (default: host-pid).
-    #[arg(long = "worker-id", env = "WORKER_ID")]
+    /// Identifies this member in token owners and logs: 1–64 of [A-Za-z0-9._:-] (default: host:pid).
+    #[arg(long = "worker-id", env = "WORKER_ID", value_parser = super::names::parse_name)]
     pub worker_id: Option<String>,
     /// How results, dead letters and offsets leave the worker. `at-least-once`: each
     /// is acknowledged, then the offset is committed (a crash in between answers a
@@ -91,13 +91,11 @@ impl Default for WorkerSettings {
 }
 
 impl WorkerSettings {
-    /// `--worker-id`, or `<hostname>-<pid>` when none is given.
+    /// `--worker-id`, or `<hostname>:<pid>` when none is given.
     pub fn worker_id(&self) -> String {
         self.worker_id.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_else(|_| "worker".to_owned());
-            format!("{host}-{}", std::process::id())
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            super::names::default_worker_id(host.trim(), std::process::id())
         })
     }
 }

@@ -78,8 +78,9 @@ fn is_wide_dot_slash_or_underscore(c: char) -> bool {
 
 /// Characters a reader does not see (Unicode's format characters and variation
 /// selectors that render as nothing, and a carriage return: "\r\n" is one line
-/// break): between two digits they join, not separate.
-fn is_invisible(c: char) -> bool {
+/// break): between two digits they join, not separate. (Also what an identifier in a
+/// command may not hold.)
+pub(crate) fn is_invisible(c: char) -> bool {
     matches!(
         c,
         '\r' | '\u{00AD}'

@@ -15,6 +15,7 @@ mod readings;
 mod secret;
 mod urls;
 
+pub(crate) use card_numbers::is_invisible;
 pub use card_numbers::mask_card_numbers;
 pub use echo::{contains_card_number, holds_card_number, masked_for_echo, masked_text};
 pub use key_hash::{EmptyKeySecret, KeyHasher, KeySecretSource};

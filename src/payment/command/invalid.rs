@@ -25,6 +25,8 @@ pub enum TextProblem {
     TooLong { length: usize, max: usize },
     #[error("contains a control character at position {position}")]
     ControlCharacter { position: usize },
+    #[error("contains a character that shows as nothing at position {position}")]
+    InvisibleCharacter { position: usize },
 }
 
 /// Why a command was refused. `Display` names the field and the rule, and never

@@ -144,18 +144,36 @@ pub(super) fn check_text(value: &str, max: usize) -> Result<(), TextProblem> {
     if length > max {
         return Err(TextProblem::TooLong { length, max });
     }
-    if let Some(position) = value.chars().position(char::is_control) {
+    if let Some(position) = value.chars().position(is_control) {
         return Err(TextProblem::ControlCharacter { position });
+    }
+    // An identifier has no look-alike twin: `acct_42` and `acct\u{200B}_42` would
+    // be two accounts that show the same in every log line and console.
+    if let Some(position) = value.chars().position(crate::redaction::is_invisible) {
+        return Err(TextProblem::InvisibleCharacter { position });
     }
     Ok(())
 }
 
+/// A character no text field may hold: a control character (C0, DEL, C1: Postgres
+/// cannot store a NUL, and logs must not carry terminal escapes) or one of Unicode's
+/// bidirectional controls, which reorder how the rest of a line shows in a log or a
+/// console ("Trojan Source": `refund \u{202E}0001` reads backwards).
+pub(super) fn is_control(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
 fn validate_account_id(account_id: &str) -> Result<(), InvalidCommand> {
-    check_text(account_id, MAX_ACCOUNT_ID_LEN).map_err(InvalidCommand::InvalidAccountId)?;
+    // Card check first, as for the payment method: a number hidden behind characters
+    // that show as nothing is still named as a card number.
     if contains_card_number(account_id) {
         return Err(InvalidCommand::CardNumberInAccountId);
     }
-    Ok(())
+    check_text(account_id, MAX_ACCOUNT_ID_LEN).map_err(InvalidCommand::InvalidAccountId)
 }
 
 fn validate_payment_method(payment_method: &str) -> Result<(), InvalidCommand> {
@@ -175,8 +193,9 @@ fn validate_description(description: &str) -> Result<(), InvalidCommand> {
     if contains_card_number(description) {
         return Err(InvalidCommand::CardNumberInDescription);
     }
-    // Postgres cannot store a NUL, and logs must not carry terminal escapes.
-    if let Some(position) = description.chars().position(char::is_control) {
+    // Free text keeps what shows as nothing (emoji joiners, variation selectors),
+    // not what reorders the line.
+    if let Some(position) = description.chars().position(is_control) {
         return Err(InvalidCommand::DescriptionControlCharacter { position });
     }
     Ok(())
@@ -257,6 +276,15 @@ mod tests {
             ("blank account", b(&with("account_id", "\"   \"")), "invalid_account_id"),
             ("account too long", b(&with("account_id", &format!("\"{long_account}\""))), "invalid_account_id"),
             ("account with newline", b(&with("account_id", "\"a\\nb\"")), "invalid_account_id"),
+            ("account reversed", b(&with("account_id", "\"acct\\u202e24\"")), "invalid_account_id"),
+            ("account isolated", b(&with("account_id", "\"\\u2066acct\\u2069\"")), "invalid_account_id"),
+            ("account with zero width", b(&with("account_id", "\"acct\\u200b_42\"")), "invalid_account_id"),
+            ("account with bom", b(&with("account_id", "\"\\ufeffacct\"")), "invalid_account_id"),
+            ("pm with soft hyphen", b(&with("payment_method", "\"pm_card\\u00advisa\"")), "invalid_payment_method"),
+            // The card check comes first: a number hidden by zero-width spaces is named.
+            ("zero-width pan in account", b(&with("account_id", "\"4111\\u200b1111\\u200b1111\\u200b1111\"")), "card_number_in_account_id"),
+            ("arabic mark in description", b(&with("description", "\"a\\u061cb\"")), "description_control_character"),
+            ("reversed description", b(&with("description", "\"refund \\u202e0001 USD\"")), "description_control_character"),
             ("pan in account", b(&with("account_id", "\"acct 4111111111111111\"")), "card_number_in_account_id"),
             ("pan as key", b(&with("idempotency_key", "\"4111111111111111\"")), "card_number_as_key"),
             ("grouped pan as key", b(&with("idempotency_key", "\"4111-1111-1111-1111\"")), "card_number_as_key"),
@@ -327,6 +355,8 @@ mod tests {
             with("description", "null"),
             with("description", "\"\""),
             with("description", &format!("\"{}\"", "é".repeat(512))),
+            // Right-to-left text and emoji with their joiners and variation selectors.
+            with("description", "\"שלום 👍\\ufe0f\\u200d\""),
             with("unknown_field", "{\"nested\":[1,2,3]}"),
             with("amount_minor", "1"),
             with("amount_minor", "1000000000000"),

@@ -119,7 +119,7 @@ fn validate_reason(reason: &str) -> Result<(), InvalidCommand> {
     if contains_card_number(reason) {
         return Err(InvalidCommand::CardNumberInReason);
     }
-    if let Some(position) = reason.chars().position(char::is_control) {
+    if let Some(position) = reason.chars().position(super::payment_command::is_control) {
         return Err(InvalidCommand::ReasonControlCharacter { position });
     }
     Ok(())
@@ -194,6 +194,10 @@ mod tests {
             ),
             (
                 REFUND.replace("returned", r"a\u0007b"),
+                "reason_control_character",
+            ),
+            (
+                REFUND.replace("returned", r"re\u202eturned"),
                 "reason_control_character",
             ),
             (

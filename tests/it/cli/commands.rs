@@ -456,6 +456,20 @@ async fn every_command_exits_with_its_documented_status() {
         let output = pw(&usage, &[]).await;
         assert_eq!(status_of(&output), 2, "{usage:?}: {output:?}");
     }
+    // clap quotes the argument it refuses: a card number pasted there is masked.
+    for pasted in ["4111111111111111", "4111 1111 1111 1111"] {
+        let output = pw(&["healthcheck", "--timeout", pasted], &[]).await;
+        assert_eq!(status_of(&output), 2, "{output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("invalid value") && stderr.contains("--timeout"),
+            "{stderr}"
+        );
+        assert!(
+            crate::support::cards::card_like_numbers(&stderr).is_empty(),
+            "{stderr}"
+        );
+    }
     // Completions and the manual need nothing and succeed.
     for args in [
         vec!["completions", "bash"],
