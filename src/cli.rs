@@ -74,21 +74,27 @@ pub struct Cli {
     pub command: Command,
 }
 
-impl Cli {
-    /// The process's command line, parsed. clap's own errors quote the argument they
-    /// refuse (`invalid value '…' for '--limit'`), and what an operator pasted there
-    /// may be a card number (a record key, a line copied from a ticket): errors are
-    /// printed with card numbers masked, and end the process with clap's status (2).
-    /// `--help` and `--version` are printed as clap prints them.
-    pub fn parse_args() -> Self {
-        match Self::try_parse() {
-            Ok(cli) => cli,
-            Err(error) if !error.use_stderr() => error.exit(),
-            Err(error) => {
-                let text = error.render().to_string();
-                eprint!("{}", crate::redaction::masked_text(&text));
-                std::process::exit(error.exit_code())
+/// The process's command line parsed as `P` (the product's, or the development
+/// tools' that carry its commands). Whatever clap prints on the way is shown with
+/// card numbers masked: an error quotes the argument it refuses (`invalid value '…'
+/// for '--worker-id'`), and `--help` shows each setting's value from the environment
+/// (`[env: WORKER_ID=…]`); what an operator pasted or exported there may be a card
+/// number. Ends the process as clap would: help and version on standard output with
+/// status 0, errors on standard error with status 2.
+pub fn parse_masked<P: Parser>() -> P {
+    match P::try_parse() {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            use std::io::Write as _;
+            let text = error.render().to_string();
+            let text = crate::redaction::masked_text(&text);
+            if error.use_stderr() {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+                let _ = std::io::stdout().flush();
             }
+            std::process::exit(error.exit_code())
         }
     }
 }

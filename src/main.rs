@@ -10,7 +10,7 @@ async fn main() -> std::process::ExitCode {
     // Before anything can panic: the default hook would print a panic's message, which
     // may quote a record's data, to stderr unmasked.
     payment_worker::redaction::install_panic_hook();
-    let cli = payment_worker::cli::Cli::parse_args();
+    let cli = payment_worker::cli::parse_masked::<payment_worker::cli::Cli>();
     let telemetry = payment_worker::telemetry::init("info");
     let result = payment_worker::cli::run(cli).await;
     telemetry.shutdown();

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::Context;
 use sqlx::PgPool;
 
-use super::refund_rows::{overdrawn_payments, refund_rows, Overdrawn, RefundRow};
+use super::refund_rows::{overdrawn_payments, refund_rows, refused_keys, Overdrawn, RefundRow};
 use super::report::AuditReport;
 use crate::gateway::{ChargeStatus, LedgerEntry, PaymentGateway, RefundEntry};
 use crate::payment::{RefundStatus, UnresolvedCharge};
@@ -20,14 +20,23 @@ pub(super) struct RefundSources {
     pub rows: Vec<RefundRow>,
     /// Payments whose rows refund (or reserve) more than was charged.
     pub overdrawn: Vec<Overdrawn>,
+    /// The audited keys whose refund was refused for good (kept `rejected` rows:
+    /// final, nothing refunded, so not among `rows`).
+    pub refused: Vec<String>,
 }
 
 impl RefundSources {
-    /// Each audited refund row's status, by its key.
+    /// Each audited refund row's status, by its key (a kept refusal's too: a token
+    /// left to its lease over one is settled on the next touch, not a violation).
     pub fn statuses(&self) -> HashMap<&str, RefundStatus> {
         self.rows
             .iter()
             .map(|row| (row.idempotency_key.as_str(), row.status))
+            .chain(
+                self.refused
+                    .iter()
+                    .map(|key| (key.as_str(), RefundStatus::Rejected)),
+            )
             .collect()
     }
 }
@@ -47,6 +56,9 @@ pub(super) async fn read_refunds(
     let overdrawn = overdrawn_payments(pool, prefix)
         .await
         .context("summing the refunds of each payment")?;
+    let refused = refused_keys(pool, prefix)
+        .await
+        .context("reading the kept refund refusals")?;
     let entries = gateway
         .refunds()
         .await
@@ -55,6 +67,7 @@ pub(super) async fn read_refunds(
         entries,
         rows,
         overdrawn,
+        refused,
     })
 }
 
@@ -304,6 +317,7 @@ mod tests {
             entries,
             rows,
             overdrawn: Vec::new(),
+            refused: Vec::new(),
         };
         let mut report = AuditReport::default();
         report_refunds(&mut report, &sources, "", &[charge(charged)]);

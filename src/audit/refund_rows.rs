@@ -84,6 +84,21 @@ pub(super) async fn refund_rows(
         .collect()
 }
 
+/// The keys starting with `key_prefix` whose refund was refused for good and kept
+/// (`rejected`): final rows, with nothing at the gateway to reconcile them with.
+pub(super) async fn refused_keys(
+    pool: &PgPool,
+    key_prefix: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT idempotency_key FROM refunds
+          WHERE left(idempotency_key, char_length($1)) = $1 AND status = 'rejected'",
+        key_prefix,
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// Payments whose refunded and reserved refunds exceed the amount charged, among
 /// the payments whose key, or one of whose refunds' keys, starts with `key_prefix`.
 /// Every refund of such a payment counts, whatever its key.

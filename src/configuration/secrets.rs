@@ -85,9 +85,10 @@ pub fn read_secret(
 pub const MAX_SETTING_FILE: usize = 4 << 20;
 
 /// A file a setting names (a secret, a CA bundle, a client certificate), read no
-/// further than [`MAX_SETTING_FILE`]: `/dev/zero`, a FIFO that never ends or a log
-/// file named by mistake is refused (`ErrorKind::FileTooLarge`) instead of read
-/// forever.
+/// further than [`MAX_SETTING_FILE`]: `/dev/zero`, a pipe whose writer never stops
+/// or a log file named by mistake is refused (`ErrorKind::FileTooLarge`) instead of
+/// read until memory runs out. (A pipe is read, not refused: `NAME_FILE=<(pass
+/// show db)` is one. One whose writer never writes waits, as `cat` would.)
 pub fn read_setting_file(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read as _;
     let mut bytes = Vec::new();

@@ -41,7 +41,8 @@ pub(super) async fn read_body(
     if declared > limit as u64 {
         return Err(BodyError::TooLarge { limit });
     }
-    let mut body = Vec::with_capacity(declared as usize);
+    // Nor is it allocated ahead beyond a small start: a server can declare anything.
+    let mut body = Vec::with_capacity((declared as usize).min(64 << 10));
     while let Some(chunk) = response.chunk().await.map_err(BodyError::Transport)? {
         if body.len() + chunk.len() > limit {
             return Err(BodyError::TooLarge { limit });

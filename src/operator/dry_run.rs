@@ -308,12 +308,12 @@ impl Examiner<'_> {
                             WOULD_LOOK_UP,
                             format!("refund {} reserved, its answer unknown", row.id),
                         ),
-                        // A refusal kept before anything was sent: the replay answers
-                        // it again, as the refusal it was.
+                        // A kept refusal (before anything was sent, or by the
+                        // gateway): the replay answers it again, as the refusal it was.
                         RefundStatus::Rejected => (
                             "invalid",
                             format!(
-                                "refund {} refused before anything was sent ({})",
+                                "refund {} refused for good ({})",
                                 row.id,
                                 row.failure_reason
                                     .as_deref()

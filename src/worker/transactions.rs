@@ -164,9 +164,12 @@ impl Transactions {
     /// broker round trips: call it before the worker starts consuming.
     pub fn start(kafka: &KafkaSettings, worker: &WorkerSettings) -> anyhow::Result<Arc<Self>> {
         // Unique per process (KIP-447): fencing comes from the group's generation,
-        // not from reusing an id, so two members can never fence each other.
+        // not from reusing an id, so two members can never fence each other. Colons
+        // between the parts: a dash would join the worker id's last digits (its
+        // pid) and the suffix's first into one number, which may read as a card
+        // number in the log line below.
         let transactional_id = format!(
-            "{}-{}-{}",
+            "{}:{}:{}",
             kafka.group_id,
             worker.worker_id(),
             uuid::Uuid::new_v4().simple()

@@ -149,22 +149,31 @@ pub(super) fn check_text(value: &str, max: usize) -> Result<(), TextProblem> {
     }
     // An identifier has no look-alike twin: `acct_42` and `acct\u{200B}_42` would
     // be two accounts that show the same in every log line and console.
-    if let Some(position) = value.chars().position(crate::redaction::is_invisible) {
+    if let Some(position) = value.chars().position(shows_as_nothing) {
         return Err(TextProblem::InvisibleCharacter { position });
     }
     Ok(())
 }
 
-/// A character no text field may hold: a control character (C0, DEL, C1: Postgres
-/// cannot store a NUL, and logs must not carry terminal escapes) or one of Unicode's
-/// bidirectional controls, which reorder how the rest of a line shows in a log or a
-/// console ("Trojan Source": `refund \u{202E}0001` reads backwards).
-pub(super) fn is_control(c: char) -> bool {
-    c.is_control()
+/// What a reader does not see: the card detector's invisible characters (format
+/// characters, variation selectors, the direction marks) and the blanks that are
+/// letters or symbols to Unicode (the Hangul fillers, the braille blank).
+fn shows_as_nothing(c: char) -> bool {
+    crate::redaction::is_invisible(c)
         || matches!(
             c,
-            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+            '\u{115F}' | '\u{1160}' | '\u{3164}' | '\u{FFA0}' | '\u{2800}'
         )
+}
+
+/// A character no text field may hold: a control character (C0, DEL, C1: Postgres
+/// cannot store a NUL, and logs must not carry terminal escapes) or one of Unicode's
+/// bidirectional embeddings, overrides and isolates, which reorder how the rest of a
+/// line shows in a log or a console ("Trojan Source": `refund \u{202E}0001` reads
+/// backwards). The direction marks (U+200E, U+200F, U+061C) reorder nothing beyond
+/// themselves and are common in right-to-left text: free text keeps them.
+pub(super) fn is_control(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 fn validate_account_id(account_id: &str) -> Result<(), InvalidCommand> {
@@ -283,7 +292,9 @@ mod tests {
             ("pm with soft hyphen", b(&with("payment_method", "\"pm_card\\u00advisa\"")), "invalid_payment_method"),
             // The card check comes first: a number hidden by zero-width spaces is named.
             ("zero-width pan in account", b(&with("account_id", "\"4111\\u200b1111\\u200b1111\\u200b1111\"")), "card_number_in_account_id"),
-            ("arabic mark in description", b(&with("description", "\"a\\u061cb\"")), "description_control_character"),
+            ("isolate in description", b(&with("description", "\"a\\u2067b\\u2069\"")), "description_control_character"),
+            ("mark in account", b(&with("account_id", "\"acct\\u200f42\"")), "invalid_account_id"),
+            ("hangul filler in account", b(&with("account_id", "\"acct\\u316442\"")), "invalid_account_id"),
             ("reversed description", b(&with("description", "\"refund \\u202e0001 USD\"")), "description_control_character"),
             ("pan in account", b(&with("account_id", "\"acct 4111111111111111\"")), "card_number_in_account_id"),
             ("pan as key", b(&with("idempotency_key", "\"4111111111111111\"")), "card_number_as_key"),
@@ -355,8 +366,12 @@ mod tests {
             with("description", "null"),
             with("description", "\"\""),
             with("description", &format!("\"{}\"", "é".repeat(512))),
-            // Right-to-left text and emoji with their joiners and variation selectors.
-            with("description", "\"שלום 👍\\ufe0f\\u200d\""),
+            // Right-to-left text with its direction marks, and emoji with their
+            // joiners and variation selectors.
+            with(
+                "description",
+                "\"שלום\\u200f 42 \\u061cمرحبا 👍\\ufe0f\\u200d\"",
+            ),
             with("unknown_field", "{\"nested\":[1,2,3]}"),
             with("amount_minor", "1"),
             with("amount_minor", "1000000000000"),

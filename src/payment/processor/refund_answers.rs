@@ -163,7 +163,8 @@ pub(super) fn final_answer_of(row: &RefundRecord) -> Outcome {
             }
         }
     };
-    // Only a refund the gateway answered has its payment.
+    // A refunded or declined row always has its payment (only a refusal kept for
+    // want of one has none, answered above).
     let payment_id = row.payment_id.unwrap_or_default();
     Outcome::Duplicate {
         payment_id,

@@ -34,6 +34,17 @@ enum Answered {
     Refused(String),
 }
 
+/// A gateway's refusal as a row keeps it: its control characters (a NUL, which
+/// Postgres cannot store, a gateway's line breaks) as spaces, cut to what the column
+/// holds. The answer given now is the same text, so every delivery reads alike.
+fn keepable_reason(reason: &str) -> String {
+    reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(refunds::MAX_FAILURE_REASON)
+        .collect()
+}
+
 impl Answered {
     /// Recorded on the row still `processing`; `false` when it no longer was.
     async fn record(&self, conn: &mut PgConnection, row: Uuid) -> Result<bool, sqlx::Error> {
@@ -166,12 +177,11 @@ impl Processor {
         }
         let answer = match self.ask_gateway(step).await {
             Ok(answer) => Answered::Refund(answer),
-            Err(RefundEnd::Refused(reason)) => {
-                Answered::Refused(reason.chars().take(refunds::MAX_FAILURE_REASON).collect())
-            }
+            Err(RefundEnd::Refused(reason)) => Answered::Refused(keepable_reason(&reason)),
             Err(RefundEnd::Settle(settlement)) => return settlement,
             Err(RefundEnd::Release(settlement)) => {
-                // Nothing refunded: the reservation is freed with the refusal.
+                // Nothing refunded, and the key is not this refund's: the
+                // reservation is freed.
                 let released = stall
                     .bounded("releasing the refund", async {
                         refunds::release_refund(&mut tx, step.row.id).await?;
@@ -236,6 +246,12 @@ impl Processor {
             // answers the next attempt.
             Ok(false) => {
                 return Settlement::LeaveToLease(retry("the refund was recorded by another holder"))
+            }
+            // A refusal not recorded: nothing was refunded, the transaction is
+            // rolled back (the row stays `processing`, looked up first next time,
+            // then refused again).
+            Err(error) if matches!(answer, Answered::Refused(_)) => {
+                return Settlement::Restore(database_failure("recording the refusal", &error))
             }
             // Refunded but not recorded: the row stays `processing`, its amount
             // reserved, and the next holder looks the refund up.
@@ -375,5 +391,23 @@ fn refusal_of(reserving: &Reserving) -> Option<(Option<Uuid>, String)> {
             format!("refund_exceeds_charge: {left} minor units of the payment are left to refund"),
         )),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_refusal_holds_no_control_character_and_fits_its_column() {
+        assert_eq!(
+            keepable_reason("gateway_rejected: HTTP 400: a\0b\r\nc"),
+            "gateway_rejected: HTTP 400: a b  c"
+        );
+        let long = "é".repeat(refunds::MAX_FAILURE_REASON + 7);
+        assert_eq!(
+            keepable_reason(&long).chars().count(),
+            refunds::MAX_FAILURE_REASON
+        );
     }
 }

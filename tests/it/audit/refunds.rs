@@ -404,11 +404,13 @@ async fn a_refunds_token_left_to_its_lease_is_a_warning_once_its_row_is_final() 
     let stack = Stack::new(1, SimulatorConfig::default()).await;
     let charge = charged(&stack, "pay-t", 1000).await;
     // rf-t1 refunded and booked, its token left processing by a worker that died
-    // before confirming it; rf-t2 reserved, its token left the same way.
+    // before confirming it; rf-t2 reserved, its token left the same way; rf-t3 a
+    // refusal kept (`rejected`), its token left the same way.
     let made = refund_at_gateway(&stack, "rf-t1", &charge, 100).await;
     let booked = ("refunded", Some(made.transaction_id.as_str()));
     insert_refund_row(&stack, "rf-t1", "pay-t", 100, booked, 0.0).await;
     insert_refund_row(&stack, "rf-t2", "pay-t", 200, ("processing", None), 0.0).await;
+    insert_refund_row(&stack, "rf-t3", "pay-t", 300, ("rejected", None), 0.0).await;
     let short: Arc<dyn TokenStore> = Arc::new(RedisTokenStore::new(
         stack.redis.conn.clone(),
         stack.redis.prefix.clone(),
@@ -417,7 +419,11 @@ async fn a_refunds_token_left_to_its_lease_is_a_warning_once_its_row_is_final() 
             ..TokenPolicy::default()
         },
     ));
-    for (raw, owner) in [("rf-t1", "gone:1"), ("rf-t2", "gone:2")] {
+    for (raw, owner) in [
+        ("rf-t1", "gone:1"),
+        ("rf-t2", "gone:2"),
+        ("rf-t3", "gone:3"),
+    ] {
         let reserved = short.reserve(&key(raw), owner).await.unwrap();
         assert!(
             matches!(reserved, Reservation::Reserved { .. }),
@@ -434,12 +440,9 @@ async fn a_refunds_token_left_to_its_lease_is_a_warning_once_its_row_is_final() 
     )
     .await
     .unwrap();
-    assert_eq!(
-        report.lease_left_tokens.keys(),
-        ["rf-t1"],
-        "{}",
-        report.to_table()
-    );
+    let mut left = report.lease_left_tokens.keys();
+    left.sort_unstable();
+    assert_eq!(left, ["rf-t1", "rf-t3"], "{}", report.to_table());
     assert_eq!(
         report.stuck_tokens.keys(),
         ["rf-t2"],

@@ -470,6 +470,15 @@ async fn every_command_exits_with_its_documented_status() {
             "{stderr}"
         );
     }
+    // `--help` shows each setting's value from the environment: masked too.
+    let output = pw(&["run", "--help"], &[("WORKER_ID", "4111 1111 1111 1111")]).await;
+    assert_eq!(status_of(&output), 0, "{output:?}");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("[env: WORKER_ID="), "{help}");
+    assert!(
+        crate::support::cards::card_like_numbers(&help).is_empty(),
+        "{help}"
+    );
     // Completions and the manual need nothing and succeed.
     for args in [
         vec!["completions", "bash"],
