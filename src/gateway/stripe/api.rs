@@ -50,12 +50,13 @@ pub(super) enum IntentStatus {
     Unknown,
 }
 
-/// Why the last confirm failed (`last_payment_error`).
+/// Why the last confirm failed (`last_payment_error`). A code the worker could not
+/// keep (`gateway/ids.rs`) is left out, as the `charges` adapter's are.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(super) struct PaymentError {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::super::ids::decline_code")]
     pub code: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::super::ids::decline_code")]
     pub decline_code: Option<String>,
 }
 

@@ -7,9 +7,14 @@ use serde::Deserialize;
 
 use super::api::{send, Failure, Listed, StripeApi};
 
-/// The fields of a Refund the adapter reads; everything else is ignored.
+/// The fields of a Refund the adapter reads; everything else is ignored. Its id is
+/// kept (`refunds.gateway_transaction_id`) and its failure reason too
+/// (`failure_reason`, at most 512 characters): both are held to the rules of the
+/// `charges` adapter's (`gateway/ids.rs`), so an answer the worker could not record is
+/// unreadable, looked up, instead of failing after the refund.
 #[derive(Debug, Clone, Deserialize)]
 pub(super) struct Refund {
+    #[serde(deserialize_with = "super::super::ids::gateway_id")]
     pub id: String,
     pub amount: i64,
     pub currency: String,
@@ -24,7 +29,7 @@ pub(super) struct Refund {
     #[serde(default)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// Why a failed refund failed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::super::ids::decline_code")]
     pub failure_reason: Option<String>,
 }
 
@@ -95,5 +100,38 @@ impl StripeApi {
             .collect();
         let (refunds, _) = self.page_through(self.refunds_url(), &filter).await?;
         Ok(refunds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Refund;
+
+    fn refund(id: &str, failure_reason: &str) -> Result<Refund, String> {
+        let body = serde_json::json!({
+            "id": id, "amount": 500, "currency": "usd", "status": "failed",
+            "created": 1_700_000_000, "failure_reason": failure_reason,
+        });
+        serde_json::from_value(body).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_refund_the_worker_cannot_record_is_unreadable_and_an_odd_reason_left_out() {
+        let kept = refund("re_3Q0abc", "expired_or_canceled_card").unwrap();
+        assert_eq!(
+            kept.failure_reason.as_deref(),
+            Some("expired_or_canceled_card")
+        );
+        for id in [String::new(), "r".repeat(256), "re_\u{0}x".to_owned()] {
+            assert!(refund(&id, "lost").is_err(), "{id:?}");
+        }
+        let long = "x".repeat(600);
+        for reason in [long.as_str(), "a\nb", "4111 1111 1111 1111"] {
+            assert_eq!(
+                refund("re_1", reason).unwrap().failure_reason,
+                None,
+                "{reason}"
+            );
+        }
     }
 }
