@@ -292,36 +292,40 @@ async fn an_unknown_outcome_is_retried_under_the_same_key_never_a_fresh_one() {
     assert_eq!(rig.keys_seen(), ["rk-proxy:refund:0"; 3]);
 }
 
+/// A refusal is final, replayed or not: an over-refund (400), and a 402, which
+/// makes no Refund object (its decline code in the reason), never a declined refund
+/// recorded under the PaymentIntent's id.
 #[tokio::test]
-async fn an_over_refund_refusal_is_final_even_when_replayed() {
+async fn a_refusal_or_a_402_is_final_even_when_replayed() {
     let rig = Rig::new().await;
-    let key = IdempotencyKey::try_from("rk-over").unwrap();
-    rig.script("rk-over:refund:0", Script::Refuse("amount_too_large"));
-    for _ in 0..2 {
-        let refused = rig.gateway.refund(&key, &request(), &NoLease).await;
-        assert!(
-            matches!(&refused, Err(GatewayError::Rejected { status: 400, reason }) if reason.contains("amount_too_large")),
-            "{refused:?}"
-        );
+    let cases = [
+        (
+            "rk-over",
+            Script::Refuse("amount_too_large"),
+            400,
+            "amount_too_large",
+        ),
+        (
+            "rk-402",
+            Script::Decline("insufficient_funds"),
+            402,
+            "insufficient_funds",
+        ),
+    ];
+    let mut keys_seen = Vec::new();
+    for (raw, script, status, code) in cases {
+        let key = IdempotencyKey::try_from(raw).unwrap();
+        let attempt_key = format!("{raw}:refund:0");
+        rig.script(&attempt_key, script);
+        for _ in 0..2 {
+            let refused = rig.gateway.refund(&key, &request(), &NoLease).await;
+            assert!(
+                matches!(&refused, Err(GatewayError::Rejected { status: s, reason }) if *s == status && reason.contains(code)),
+                "{raw}: {refused:?}"
+            );
+            keys_seen.push(attempt_key.clone());
+        }
     }
     assert_eq!(rig.refunds(), 0);
-    assert_eq!(rig.keys_seen(), ["rk-over:refund:0"; 2]);
-}
-
-/// A 402 makes no Refund object: a refusal for good (its decline code in the
-/// reason), never a declined refund recorded under the PaymentIntent's id.
-#[tokio::test]
-async fn a_402_is_a_refusal_never_a_refund_under_the_intents_id() {
-    let rig = Rig::new().await;
-    let key = IdempotencyKey::try_from("rk-402").unwrap();
-    rig.script("rk-402:refund:0", Script::Decline("insufficient_funds"));
-    for _ in 0..2 {
-        let refused = rig.gateway.refund(&key, &request(), &NoLease).await;
-        assert!(
-            matches!(&refused, Err(GatewayError::Rejected { status: 402, reason }) if reason.contains("insufficient_funds")),
-            "{refused:?}"
-        );
-    }
-    assert_eq!(rig.refunds(), 0);
-    assert_eq!(rig.keys_seen(), ["rk-402:refund:0"; 2]);
+    assert_eq!(rig.keys_seen(), keys_seen);
 }
