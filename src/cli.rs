@@ -173,16 +173,28 @@ pub enum Command {
     },
 }
 
+/// `tokens issue --ttl`: a duration of at least a second (a token's expiry is kept
+/// in whole milliseconds, and one that expires before its key is printed is none).
+fn parse_token_ttl(value: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(value)?;
+    if ttl < Duration::from_secs(1) {
+        return Err("a token must live at least 1s".to_owned());
+    }
+    Ok(ttl)
+}
+
 /// The `tokens` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Mint pending tokens and print one per line (random keys unless KEYs are given).
     Issue {
-        /// How long each token stays valid.
-        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        /// How long each token stays valid (at least one second).
+        #[arg(long, default_value = "24h", value_parser = parse_token_ttl)]
         ttl: Duration,
-        /// Random keys to mint when no KEY is given.
-        #[arg(long, default_value_t = 1)]
+        /// Random keys to mint when no KEY is given (1 to 1,000,000: the keys are
+        /// made before the first is issued).
+        #[arg(long, default_value_t = 1, conflicts_with = "keys",
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
         count: usize,
         /// Idempotency keys to mint tokens for.
         keys: Vec<IdempotencyKey>,

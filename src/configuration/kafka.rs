@@ -102,6 +102,29 @@ pub enum GroupProtocol {
 }
 
 impl KafkaSettings {
+    /// The commands, results and dead-letter topics are three topics: a worker
+    /// whose answers go to its own commands topic would read each answer back as a
+    /// command (invalid), answer it again, and so on without end; dead letters among
+    /// the results would reach every reader of results. Checked before `run` or `dlq
+    /// redrive` connects.
+    pub fn check_topics(&self) -> Result<(), RefusedKafkaSetting> {
+        let topics = [
+            ("COMMANDS_TOPIC", &self.commands_topic),
+            ("RESULTS_TOPIC", &self.results_topic),
+            ("DLQ_TOPIC", &self.dlq_topic),
+        ];
+        for (at, (first, one)) in topics.iter().enumerate() {
+            if let Some((second, _)) = topics[at + 1..].iter().find(|(_, other)| other == one) {
+                return Err(RefusedKafkaSetting::SharedTopic(
+                    first,
+                    second,
+                    (*one).clone(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Settings for a local cluster (the mock cluster of the tests and tools): default topics, a 6 s session timeout.
     pub fn local(brokers: impl Into<String>, group_id: impl Into<String>) -> Self {
         Self {

@@ -111,6 +111,28 @@ pub enum RefusedKafkaSetting {
          --kafka-config: give each setting once"
     )]
     GivenTwice(String),
+    /// Two of the worker's topics are one: answers would be read back as commands.
+    #[error(
+        "{0} and {1} name the same topic {2:?}: the commands, results and dead-letter \
+         topics must be three topics (an answer written to the commands topic is read \
+         back as a command, and answered again, without end)"
+    )]
+    SharedTopic(&'static str, &'static str, String),
+}
+
+/// Why a setting whose key is no property name is refused.
+const NOT_A_PROPERTY_NAME: &str = "the part before '=' is no Kafka property name (letters, \
+     digits, '.', '_', '-'); write key=value (the setting is not shown: it may hold a secret)";
+
+/// Whether `key` is a librdkafka property name. A Java-style `name: value` (or
+/// `name value`) setting would otherwise make its value part of the key, and keys
+/// are shown (settings' `Debug`, librdkafka's refusals): a key is a property name or
+/// the setting is refused unshown.
+fn is_property_name(key: &str) -> bool {
+    !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 pub(super) fn check_passthrough_key(key: &str) -> Result<(), WorkerOwnedKafkaSetting> {
@@ -157,6 +179,9 @@ impl clap::builder::TypedValueParser for KafkaSettingParser {
                 refuse("a setting is written key=value (the argument is not shown: it may hold a secret)".to_owned())
             })?;
         let key = key.trim().to_owned();
+        if !is_property_name(&key) {
+            return Err(refuse(NOT_A_PROPERTY_NAME.to_owned()));
+        }
         check_passthrough_key(&key).map_err(|e| refuse(e.to_string()))?;
         Ok((key, value.to_owned()))
     }
@@ -212,17 +237,8 @@ fn parse_properties(text: &str) -> Result<Vec<(String, String)>, String> {
         if key.is_empty() {
             return Err(format!("line {at} has no key"));
         }
-        // A Java-style `name: value` or `name value` line would otherwise make its
-        // value part of the key, and keys are shown (settings' Debug, librdkafka's
-        // refusals): a key is a property name or the line is refused unshown.
-        if !key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        {
-            return Err(format!(
-                "line {at}: the part before '=' is no Kafka property name (letters, digits, \
-                 '.', '_', '-'); write key=value (the line is not shown: it may hold a secret)"
-            ));
+        if !is_property_name(key) {
+            return Err(format!("line {at}: {NOT_A_PROPERTY_NAME}"));
         }
         check_passthrough_key(key).map_err(|e| format!("line {at}: {e}"))?;
         if settings.iter().any(|(k, _)| k.eq_ignore_ascii_case(key)) {
@@ -304,5 +320,26 @@ mod tests {
             assert!(error.contains(expected), "{error}");
             assert!(!error.contains("hunter2-secret"), "{error}");
         }
+    }
+
+    #[test]
+    fn a_kafka_config_argument_whose_key_is_no_property_name_is_refused_unshown() {
+        use clap::builder::TypedValueParser as _;
+        let command = clap::Command::new("run");
+        let parse = |argument: &str| {
+            super::KafkaSettingParser.parse_ref(&command, None, std::ffi::OsStr::new(argument))
+        };
+        for bad in [
+            "sasl.password: hunter2-secret==",
+            "sasl.password hunter2-secret=",
+        ] {
+            let error = parse(bad).unwrap_err().to_string();
+            assert!(error.contains("no Kafka property name"), "{error}");
+            assert!(!error.contains("hunter2-secret"), "{error}");
+        }
+        assert_eq!(
+            parse("client.id=a=b").unwrap(),
+            ("client.id".to_owned(), "a=b".to_owned())
+        );
     }
 }

@@ -27,16 +27,16 @@ pub struct ProduceArgs {
     pub file: Option<PathBuf>,
     /// Records in a generated workload (without --file).
     // Generated in memory before they are sent: ten million is about 3 GB already.
-    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=10_000_000))]
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=10_000_000), conflicts_with = "file")]
     pub count: usize,
     /// Share of records that repeat an earlier command exactly.
-    #[arg(long, default_value_t = 0.25, value_parser = parse_share)]
+    #[arg(long, default_value_t = 0.25, value_parser = parse_share, conflicts_with = "file")]
     pub duplicate_ratio: f64,
     /// Share of records that are invalid (each breaks a different rule).
-    #[arg(long, default_value_t = 0.05, value_parser = parse_share)]
+    #[arg(long, default_value_t = 0.05, value_parser = parse_share, conflicts_with = "file")]
     pub invalid_ratio: f64,
     /// Share of commands whose payment method the simulator declines.
-    #[arg(long, default_value_t = 0.05, value_parser = parse_share)]
+    #[arg(long, default_value_t = 0.05, value_parser = parse_share, conflicts_with = "file")]
     pub decline_ratio: f64,
     /// Share (0 to 1) of the generated workload's valid, approved charges that are
     /// also refunded: refund commands keyed by the payment's key, sent after the
@@ -45,13 +45,13 @@ pub struct ProduceArgs {
     #[arg(long, default_value_t = 0.0, value_parser = parse_share, conflicts_with = "file")]
     pub refund_share: f64,
     /// Seed of the generated workload (amounts, duplicates, invalid records).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "file")]
     pub seed: Option<u64>,
     /// Prefix of generated idempotency keys, which are `PREFIX:000000`,
     /// `PREFIX:000001`, ... Default: `cmd-` and a fresh run id (`cmd-1a2b3c4d`), so
     /// each run's commands are new payments; give the same prefix (and --seed) to
     /// send the same commands again.
-    #[arg(long, value_parser = parse_key_prefix)]
+    #[arg(long, value_parser = parse_key_prefix, conflicts_with = "file")]
     pub key_prefix: Option<String>,
 }
 
@@ -135,6 +135,9 @@ pub async fn publish_records(
 
 /// Publishes the file's or the generated workload's records, waits for every acknowledgement and says how many.
 pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
+    // As for `run`: a passed-through setting the worker owns would quietly override
+    // a flag (`KAFKA_CONFIG_BOOTSTRAP_SERVERS`: another cluster than the one named).
+    args.kafka.check_passthrough()?;
     let mut generated_keys = None;
     let records = match &args.file {
         Some(path) => read_json_lines(path)?,

@@ -48,6 +48,12 @@ pub struct RedriveArgs {
 /// dropped for size) is never sent: the masked command could pass the rules the
 /// original broke and be charged as something nobody asked for.
 pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
+    // Before any connection: dead letters redriven into the dead-letter topic
+    // itself would be read again by the next redrive, and a passed-through setting
+    // the worker owns (`KAFKA_CONFIG_BOOTSTRAP_SERVERS`) would quietly override a
+    // flag.
+    args.kafka.check_topics()?;
+    args.kafka.check_passthrough()?;
     let kafka = args.kafka.clone();
     let (ends, progress) = tokio::task::spawn_blocking({
         let kafka = kafka.clone();

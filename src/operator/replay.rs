@@ -140,6 +140,10 @@ fn replay_targets(
 
 /// Rewinds the group (every member must be gone), or prints the dry run's report.
 pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    // A passed-through setting the worker owns would quietly override a flag: a
+    // `KAFKA_CONFIG_BOOTSTRAP_SERVERS` left in the environment would rewind the
+    // group on another cluster than `--kafka-brokers` names.
+    args.kafka.check_passthrough()?;
     let mut kafka = args.kafka.clone();
     if let Some(group) = &args.group {
         kafka.group_id = group.clone();

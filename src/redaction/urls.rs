@@ -5,6 +5,12 @@
 /// (Postgres drivers take `password`/`sslpassword` there too). A URL that does not
 /// parse is shown as `<unparseable url>` (it might hold a secret anywhere).
 pub fn redact_url(raw: &str) -> String {
+    // A list of node URLs (`REDIS_URL` of a cluster's seeds: `redis://:pw@r1/,
+    // redis://:pw@r2/`) parses as one URL whose path holds the rest, passwords and
+    // all: each is shown redacted on its own.
+    if raw.matches("://").count() > 1 {
+        return raw.split(',').map(redact_url).collect::<Vec<_>>().join(",");
+    }
     let Ok(mut parsed) = url::Url::parse(raw) else {
         return "<unparseable url>".to_owned();
     };
@@ -74,6 +80,18 @@ mod tests {
         assert_eq!(
             redact_url("postgres://app:hunter2@db:5432/payments?application_name=w"),
             "postgres://app:***@db:5432/payments?application_name=w"
+        );
+    }
+
+    #[test]
+    fn every_url_of_a_node_list_is_redacted() {
+        assert_eq!(
+            redact_url("redis://:hunter2@r1:6379/,redis://:hunter3@r2:6379/"),
+            "redis://:***@r1:6379/,redis://:***@r2:6379/"
+        );
+        assert_eq!(
+            redact_url("rediss://u:hunter2@r1:6379,not a url://x"),
+            "rediss://u:***@r1:6379,<unparseable url>"
         );
     }
 }

@@ -51,6 +51,7 @@ impl Application {
         } = settings;
         // Before any connection (and any migration): a refused Kafka setting or
         // drain deadline is a configuration error.
+        kafka.check_topics()?;
         kafka.check_passthrough()?;
         worker::check_drain_fits_session(&kafka, &worker)?;
         let worker_id = worker.worker_id();

@@ -283,7 +283,7 @@ impl StripeGateway {
         }
     }
 
-    /// Every PaymentIntent this worker made (metadata names a key).
+    /// Every PaymentIntent this worker made (its metadata as the worker writes it).
     async fn ours(&self) -> Result<Vec<(String, PaymentIntent)>, GatewayError> {
         let listed = self.api.list(None).await.map_err(|failure| {
             GatewayError::Unavailable(format!("listing PaymentIntents failed: {failure}"))
@@ -292,7 +292,7 @@ impl StripeGateway {
             .intents
             .into_iter()
             .filter_map(|intent| {
-                let key = intent.metadata("idempotency_key")?.to_owned();
+                let key = intent.made_by_worker()?.to_owned();
                 Some((key, intent))
             })
             .collect())

@@ -28,6 +28,14 @@ pub enum StripeCompat {
     Localstripe,
 }
 
+/// `key` when the worker could have made a request under it: a valid idempotency
+/// key holding no card number (what `metadata[idempotency_key]` must be for a
+/// PaymentIntent or a refund to be the worker's).
+pub(super) fn worker_key(key: &str) -> Option<&str> {
+    crate::token::IdempotencyKey::try_from(key).ok()?;
+    (!crate::redaction::contains_card_number(key)).then_some(key)
+}
+
 /// A PaymentIntent id as Stripe makes them; anything else never reaches a URL path.
 pub(super) fn is_intent_id(id: &str) -> bool {
     id.starts_with("pi_")
@@ -93,6 +101,18 @@ impl PaymentIntent {
     /// A metadata value, when it is text.
     pub fn metadata(&self, name: &str) -> Option<&str> {
         self.metadata.get(name).and_then(|v| v.as_str())
+    }
+
+    /// The key this worker made it under, when it is one of this worker's: its
+    /// metadata holds a key the worker could have taken (no card number), the
+    /// payment's id and the create attempt, as the worker writes them. A Stripe
+    /// account may be shared: another integration's PaymentIntent with an
+    /// `idempotency_key` of its own is not ours to book, audit or cancel.
+    pub fn made_by_worker(&self) -> Option<&str> {
+        let key = worker_key(self.metadata("idempotency_key")?)?;
+        self.metadata("payment_id")?.parse::<uuid::Uuid>().ok()?;
+        self.metadata("create_attempt")?.parse::<u32>().ok()?;
+        Some(key)
     }
 
     /// Whether a confirm of it made a charge that failed: a decline, even once
@@ -512,5 +532,45 @@ async fn read_error(status: StatusCode, response: reqwest::Response) -> Answer {
         should_retry,
         replayed,
         reason: reason_from_body(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PaymentIntent;
+
+    fn intent(metadata: serde_json::Value) -> PaymentIntent {
+        serde_json::from_value(serde_json::json!({
+            "id": "pi_1", "amount": 500, "currency": "usd", "status": "succeeded",
+            "created": 1_700_000_000, "metadata": metadata,
+        }))
+        .unwrap()
+    }
+
+    /// A shared Stripe account: only what the worker wrote is the worker's.
+    #[test]
+    fn only_a_payment_intent_with_the_workers_metadata_is_the_workers() {
+        let ours = serde_json::json!({
+            "idempotency_key": "order-77",
+            "payment_id": "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "create_attempt": "0",
+        });
+        assert_eq!(intent(ours.clone()).made_by_worker(), Some("order-77"));
+        let mut others = vec![
+            serde_json::json!({"idempotency_key": "order-77"}),
+            serde_json::json!({"idempotency_key": "order-77", "payment_id": "42", "create_attempt": "0"}),
+        ];
+        for (field, value) in [
+            ("create_attempt", "first"),
+            ("idempotency_key", "order 77"),
+            ("idempotency_key", "4111111111111111"),
+        ] {
+            let mut other = ours.clone();
+            other[field] = value.into();
+            others.push(other);
+        }
+        for other in others {
+            assert_eq!(intent(other.clone()).made_by_worker(), None, "{other}");
+        }
     }
 }

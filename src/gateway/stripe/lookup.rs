@@ -100,7 +100,7 @@ impl StripeGateway {
             .map_err(|failure| listing_failed(key, &failure))?;
         let attempt_text = attempt.to_string();
         let Some(found) = listing.intents.into_iter().find(|intent| {
-            intent.metadata("idempotency_key") == Some(key.as_str())
+            intent.made_by_worker() == Some(key.as_str())
                 && intent.metadata("create_attempt") == Some(attempt_text.as_str())
         }) else {
             // Without Stripe's clock, ours less the skew it may be behind.

@@ -39,6 +39,16 @@ impl Refund {
         self.metadata.get(name).and_then(|v| v.as_str())
     }
 
+    /// The key this worker refunded under, when the refund is one of this
+    /// worker's: its metadata holds a key the worker could have taken and the
+    /// refund attempt, as the worker writes them (a shared account's other
+    /// refunds are not ours to audit).
+    pub fn made_by_worker(&self) -> Option<&str> {
+        let key = super::api::worker_key(self.metadata("idempotency_key")?)?;
+        self.metadata("refund_attempt")?.parse::<u32>().ok()?;
+        Some(key)
+    }
+
     /// Whether the money goes (or went) back: Stripe took the refund. A pending
     /// refund is Stripe's to finish; it fails afterwards only outside the
     /// request (an event), as a charge's dispute would.
@@ -132,6 +142,26 @@ mod tests {
                 None,
                 "{reason}"
             );
+        }
+    }
+
+    #[test]
+    fn only_a_refund_with_the_workers_metadata_is_the_workers() {
+        let with = |metadata: serde_json::Value| -> Refund {
+            serde_json::from_value(serde_json::json!({
+                "id": "re_1", "amount": 500, "currency": "usd", "status": "succeeded",
+                "created": 1_700_000_000, "metadata": metadata,
+            }))
+            .unwrap()
+        };
+        let ours = with(serde_json::json!({"idempotency_key": "rf-1", "refund_attempt": "0"}));
+        assert_eq!(ours.made_by_worker(), Some("rf-1"));
+        for other in [
+            serde_json::json!({"idempotency_key": "rf-1"}),
+            serde_json::json!({"idempotency_key": "rf 1", "refund_attempt": "0"}),
+            serde_json::json!({"idempotency_key": "rf-1", "refund_attempt": "last"}),
+        ] {
+            assert_eq!(with(other.clone()).made_by_worker(), None, "{other}");
         }
     }
 }

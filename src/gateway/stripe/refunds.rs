@@ -84,7 +84,7 @@ fn answer_of(refund: &Refund) -> Charge {
 fn entry_of(refund: &Refund) -> Option<RefundEntry> {
     let answer = answer_of(refund);
     Some(RefundEntry {
-        idempotency_key: refund.metadata("idempotency_key")?.to_owned(),
+        idempotency_key: refund.made_by_worker()?.to_owned(),
         transaction_id: answer.transaction_id,
         payment_transaction_id: refund.payment_intent.clone()?,
         amount_minor: minor_units(refund.amount, &refund.currency)?,
@@ -182,7 +182,7 @@ impl StripeGateway {
             })?;
         Ok(listed
             .into_iter()
-            .filter(|refund| refund.metadata("idempotency_key") == Some(key.as_str()))
+            .filter(|refund| refund.made_by_worker() == Some(key.as_str()))
             .collect())
     }
 

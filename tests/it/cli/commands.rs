@@ -452,6 +452,15 @@ async fn every_command_exits_with_its_documented_status() {
         vec!["run", "--max-in-flight", "4294967296"],
         vec!["run", "--gateway-timeout", "18446744073709551615s"],
         vec!["process", "--lease", "2years", "{}"],
+        // Flags that would be dropped without a word, or do nothing useful.
+        vec!["tokens", "issue", "--count", "5", "order-1"],
+        vec!["tokens", "issue", "--count", "0"],
+        vec!["tokens", "issue", "--ttl", "0s"],
+        vec!["produce", "--file", "commands.jsonl", "--count", "10"],
+        // Answers written where commands are read would be read back as commands.
+        vec!["run", "--results-topic", "payments.commands"],
+        vec!["dlq", "redrive", "--dlq-topic", "payments.commands"],
+        vec!["run", "--kafka-config", "sasl.password: hunter2=="],
     ] {
         let output = pw(&usage, &[]).await;
         assert_eq!(status_of(&output), 2, "{usage:?}: {output:?}");

@@ -111,9 +111,10 @@ impl Setup {
         .unwrap()
     }
 
-    /// An unconfirmed PaymentIntent carrying `key`'s metadata, as a create whose
-    /// answer was lost and that no listing found leaves behind.
+    /// An unconfirmed PaymentIntent carrying `key`'s metadata as the worker writes
+    /// it, as a create whose answer was lost and that no listing found leaves behind.
     async fn orphan(&self, key: &str) -> String {
+        let payment_id = uuid::Uuid::now_v7().to_string();
         let made: Value = http()
             .post(format!("{}/v1/payment_intents", self.localstripe.url()))
             .bearer_auth(LOCALSTRIPE_KEY)
@@ -122,6 +123,7 @@ impl Setup {
                 ("currency", "usd"),
                 ("payment_method", "pm_card_visa"),
                 ("metadata[idempotency_key]", key),
+                ("metadata[payment_id]", payment_id.as_str()),
                 ("metadata[create_attempt]", "9"),
             ])
             .send()

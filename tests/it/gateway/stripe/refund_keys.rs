@@ -83,6 +83,7 @@ async fn create(State(books): State<Shared>, headers: HeaderMap, body: Bytes) ->
         "payment_intent": form.get("payment_intent"),
         "metadata": {
             "idempotency_key": form.get("metadata[idempotency_key]"),
+            "refund_attempt": form.get("metadata[refund_attempt]"),
             "refund_id": form.get("metadata[refund_id]"),
         },
     });
