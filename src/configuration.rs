@@ -28,7 +28,8 @@ pub use kafka_passthrough::{
 pub use key_hash::KeyHashSettings;
 pub use redis::{RedisSettings, DEFAULT_REDIS_URL};
 pub use secrets::{
-    read_secret, read_setting_file, Secret, SecretError, SecretFile, SecretFileParser,
+    read_named_setting_file, read_secret, read_setting_file, Secret, SecretError, SecretFile,
+    SecretFileParser,
 };
 pub use stores::{ProcessorSettings, StoreSettings};
 pub use tokens::{TokenSettings, TokenStoreKind, TokenTableSettings};

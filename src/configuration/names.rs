@@ -20,10 +20,7 @@ fn refusal(name: &str) -> Option<String> {
     if name.chars().count() > LONGEST_NAME {
         return Some(format!("it is longer than {LONGEST_NAME} characters"));
     }
-    if let Some(position) = name
-        .chars()
-        .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
-    {
+    if let Some(position) = crate::token::outside_key_alphabet(name) {
         return Some(format!(
             "character {} is not one of A-Z a-z 0-9 . _ : -",
             position + 1

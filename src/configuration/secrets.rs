@@ -104,6 +104,12 @@ pub fn read_setting_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// The file `setting` names ([`read_setting_file`]), an error naming both.
+pub fn read_named_setting_file(setting: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context as _;
+    read_setting_file(path).with_context(|| format!("reading {setting} {}", path.display()))
+}
+
 /// A secret file's text ([`read_setting_file`]).
 fn read_bounded(name: &'static str, path: &Path) -> Result<String, SecretError> {
     let unreadable = |kind| SecretError::Unreadable {

@@ -24,9 +24,14 @@ pub(super) enum BodyError {
 }
 
 impl BodyError {
-    /// What an operator is told about a body over the limit.
-    pub(super) fn too_large(limit: usize) -> String {
-        format!("the body is larger than {} KiB", limit >> 10)
+    /// What an operator is told about it.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Self::Transport(error) => {
+                format!("the body broke off: {}", super::transport::describe(error))
+            }
+            Self::TooLarge { limit } => format!("the body is larger than {} KiB", limit >> 10),
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use super::interface::{
     Charge, ChargeRequest, GatewayError, LeaseGuard, LedgerEntry, PaymentGateway,
 };
 use super::refunds::{RefundEntry, RefundRequest};
-use super::transport::{checked_base_url, GatewayTransport};
+use super::transport::{checked_base_url, describe, GatewayTransport};
 use crate::redaction::masked_text;
 use crate::telemetry::events::GatewayCallFailed;
 use crate::token::IdempotencyKey;
@@ -182,8 +182,7 @@ impl HttpGateway {
             Ok(charge) => charge,
             Err(error) => {
                 let error = GatewayError::UnreadableAnswer(match error {
-                    ReadError::Transport(e) => format!("the body broke off: {}", describe(&e)),
-                    ReadError::TooLarge { limit } => BodyError::too_large(limit),
+                    ReadError::Body(error) => error.describe(),
                     ReadError::Decode(message) => format!("the body is not an answer: {message}"),
                 });
                 note_failure(operation, key, Some(status), &error);
@@ -195,11 +194,10 @@ impl HttpGateway {
     }
 }
 
-/// Why a 2xx body was not read: the transport broke, the body is over its limit
-/// ([`super::bodies`]), or the bytes were not the expected JSON.
+/// Why a 2xx body was not read: not whole ([`super::bodies`]: the transport broke,
+/// or the body is over its limit), or the bytes were not the expected JSON.
 pub(super) enum ReadError {
-    Transport(reqwest::Error),
-    TooLarge { limit: usize },
+    Body(BodyError),
     Decode(String),
 }
 
@@ -208,12 +206,7 @@ pub(super) async fn read_json<T: serde::de::DeserializeOwned>(
     response: reqwest::Response,
     limit: usize,
 ) -> Result<T, ReadError> {
-    let bytes = read_body(response, limit)
-        .await
-        .map_err(|error| match error {
-            BodyError::Transport(e) => ReadError::Transport(e),
-            BodyError::TooLarge { limit } => ReadError::TooLarge { limit },
-        })?;
+    let bytes = read_body(response, limit).await.map_err(ReadError::Body)?;
     serde_json::from_slice(&bytes).map_err(|error| ReadError::Decode(unreadable_json(&error)))
 }
 
@@ -237,8 +230,8 @@ pub(super) fn idempotent_request_error(error: reqwest::Error) -> GatewayError {
 
 pub(super) fn idempotent_request_error_or(error: ReadError) -> GatewayError {
     match error {
-        ReadError::Transport(e) => idempotent_request_error(e),
-        ReadError::TooLarge { limit } => GatewayError::Protocol(BodyError::too_large(limit)),
+        ReadError::Body(BodyError::Transport(e)) => idempotent_request_error(e),
+        ReadError::Body(too_large) => GatewayError::Protocol(too_large.describe()),
         ReadError::Decode(message) => GatewayError::Protocol(message),
     }
 }
@@ -313,24 +306,6 @@ pub(super) fn note_failure(
         status: status.map(|s| s.as_u16()),
         error,
     });
-}
-
-/// The whole error chain: reqwest's Display stops at the top level and hides the
-/// cause an operator needs ("connection refused", "dns error", …).
-/// The URL in it is cut to the gateway's origin: a look-up's path ends with the
-/// idempotency key, which may hold a card number, and these texts reach log lines.
-pub(super) fn describe(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    if let Some(url) = error.url() {
-        text = text.replace(url.as_str(), &url.origin().ascii_serialization());
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Prefers the `error`/`message` of a JSON error body, else the text, shortened.

@@ -162,6 +162,24 @@ fn url_carries(url: &str, key: &str) -> bool {
             .any(|(name, value)| name.contains(key) || value.contains(key))
 }
 
+/// The whole error chain: reqwest's Display stops at the top level and hides the
+/// cause an operator needs ("connection refused", "dns error", …).
+/// The URL in it is cut to the gateway's origin: a look-up's path ends with the
+/// idempotency key, which may hold a card number, and these texts reach log lines.
+pub(super) fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    if let Some(url) = error.url() {
+        text = text.replace(url.as_str(), &url.origin().ascii_serialization());
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

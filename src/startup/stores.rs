@@ -19,10 +19,7 @@ use crate::token::{PostgresTokenStore, RedisTokenStore, TokenStore};
 /// `REDIS_CA_CERT` and `REDIS_CLIENT_CERT`/`REDIS_CLIENT_KEY` say (the TLS files are
 /// read here: configuration stays data).
 fn redis_target(redis: &RedisSettings) -> anyhow::Result<crate::token::RedisTarget> {
-    let read = |setting: &str, path: &std::path::Path| {
-        crate::configuration::read_setting_file(path)
-            .with_context(|| format!("reading {setting} {}", path.display()))
-    };
+    let read = crate::configuration::read_named_setting_file;
     let ca_pem = redis
         .ca_cert
         .as_deref()

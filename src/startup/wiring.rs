@@ -3,11 +3,9 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
-
 use crate::configuration::{
-    read_secret, DatabaseSettings, GatewayAccess, GatewayKind, GatewaySettings, KafkaSettings,
-    ProcessorSettings, WorkerSettings,
+    read_named_setting_file, read_secret, DatabaseSettings, GatewayAccess, GatewayKind,
+    GatewaySettings, KafkaSettings, ProcessorSettings, WorkerSettings,
 };
 use crate::gateway::{GatewayTransport, HttpGateway, PaymentGateway, StripeGateway, StripeOptions};
 use crate::payment::Processor;
@@ -46,11 +44,6 @@ pub async fn gateway(
     })
 }
 
-fn read_file(setting: &str, path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    crate::configuration::read_setting_file(path)
-        .with_context(|| format!("reading {setting} {}", path.display()))
-}
-
 /// The credentials and TLS material `access` names, read now: the API key (or its
 /// file), the CA bundle, the client certificate and its key.
 pub fn transport(access: &GatewayAccess) -> anyhow::Result<GatewayTransport> {
@@ -62,13 +55,13 @@ pub fn transport(access: &GatewayAccess) -> anyhow::Result<GatewayTransport> {
     let ca_pem = access
         .ca_cert
         .as_deref()
-        .map(|path| read_file("GATEWAY_CA_CERT", path))
+        .map(|path| read_named_setting_file("GATEWAY_CA_CERT", path))
         .transpose()?;
     let identity_pem = match (&access.client_cert, &access.client_key) {
         (Some(cert), Some(key)) => {
-            let mut pem = read_file("GATEWAY_CLIENT_CERT", cert)?;
+            let mut pem = read_named_setting_file("GATEWAY_CLIENT_CERT", cert)?;
             pem.push(b'\n');
-            pem.extend(read_file("GATEWAY_CLIENT_KEY", key)?);
+            pem.extend(read_named_setting_file("GATEWAY_CLIENT_KEY", key)?);
             Some(pem)
         }
         (None, None) => None,

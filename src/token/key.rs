@@ -3,6 +3,14 @@ use std::fmt;
 /// Longest idempotency key accepted (docs/CONTRACT.md, "Messages").
 pub const MAX_KEY_LEN: usize = 128;
 
+/// Where (in characters) `value` first leaves the keys' alphabet `[A-Za-z0-9._:-]`,
+/// or `None`: the alphabet of every name the worker writes into a store's keys.
+pub fn outside_key_alphabet(value: &str) -> Option<usize> {
+    value
+        .chars()
+        .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+}
+
 /// An idempotency key that passed the command rules: 1–128 characters of `[A-Za-z0-9._:-]`.
 ///
 /// Parsed once at the edge; everything inside the worker takes this type, so a
@@ -44,10 +52,7 @@ impl IdempotencyKey {
         if length > MAX_KEY_LEN {
             return Err(InvalidKey::TooLong(length));
         }
-        if let Some(position) = value
-            .chars()
-            .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
-        {
+        if let Some(position) = outside_key_alphabet(value) {
             return Err(InvalidKey::IllegalCharacter { position });
         }
         Ok(())

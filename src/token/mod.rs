@@ -4,7 +4,7 @@ mod redis;
 mod settle_wait;
 mod store;
 
-pub use key::{IdempotencyKey, InvalidKey};
+pub use key::{outside_key_alphabet, IdempotencyKey, InvalidKey};
 pub use postgres::PostgresTokenStore;
 pub use redis::RedisTokenStore;
 pub use redis::{

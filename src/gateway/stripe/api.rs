@@ -10,10 +10,8 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use super::super::bodies::{error_text, read_body, BodyError, ONE_ANSWER};
-use super::super::client::{
-    describe, reason_from_body, record_status, trace_headers, unreadable_json,
-};
-use super::super::transport::GatewayTransport;
+use super::super::client::{reason_from_body, record_status, trace_headers, unreadable_json};
+use super::super::transport::{describe, GatewayTransport};
 
 /// Stripe-compatible servers that lack parts of Stripe's API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -32,7 +30,7 @@ pub enum StripeCompat {
 /// key holding no card number (what `metadata[idempotency_key]` must be for a
 /// PaymentIntent or a refund to be the worker's).
 pub(super) fn worker_key(key: &str) -> Option<&str> {
-    crate::token::IdempotencyKey::try_from(key).ok()?;
+    crate::token::IdempotencyKey::check(key).ok()?;
     (!crate::redaction::contains_card_number(key)).then_some(key)
 }
 
@@ -491,10 +489,8 @@ async fn send_dated<T: serde::de::DeserializeOwned>(
         let bytes = read_body(response, ONE_ANSWER)
             .await
             .map_err(|error| match error {
-                BodyError::Transport(error) => {
-                    Failure::NoAnswer(format!("the body broke off: {}", describe(&error)))
-                }
-                BodyError::TooLarge { limit } => Failure::Unreadable(BodyError::too_large(limit)),
+                BodyError::Transport(_) => Failure::NoAnswer(error.describe()),
+                BodyError::TooLarge { .. } => Failure::Unreadable(error.describe()),
             })?;
         let body = serde_json::from_slice(&bytes)
             .map_err(|error| Failure::Unreadable(unreadable_json(&error)))?;
