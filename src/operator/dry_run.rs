@@ -2,63 +2,21 @@
 //! read-only from Postgres (the truth) and the token store. Neither the group's
 //! offsets nor the gateway are touched.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rdkafka::message::{Message, OwnedMessage};
 
-use super::topics::{partition_ranges, read_ranges, PartitionRange};
+use super::dry_run_report::{
+    DryRunReport, DryRunVerdict, Tally, WOULD_CHARGE, WOULD_LOOK_UP, WOULD_REFUND,
+};
+use super::topics::{group_offsets, partition_ranges, read_ranges, window, PartitionRange};
 use crate::configuration::{GatewayKind, KafkaSettings};
 use crate::payment::{Command, Fingerprint, GatewayLookup, RefundStatus};
 use crate::token::IdempotencyKey;
 use crate::token::{TokenMode, TokenState, TokenStore};
 use crate::worker::Inbound;
-
-/// Every verdict, in the order the summary prints them.
-pub const VERDICTS: [&str; 8] = [
-    WOULD_CHARGE,
-    WOULD_REFUND,
-    WOULD_LOOK_UP,
-    "duplicate",
-    "key_reused",
-    "in_flight",
-    "token_missing",
-    "invalid",
-];
-const WOULD_CHARGE: &str = "would_charge";
-const WOULD_LOOK_UP: &str = "would_look_up";
-const WOULD_REFUND: &str = "would_refund";
-
-/// What each verdict means, for the human summary.
-fn meaning(verdict: &str) -> &'static str {
-    match verdict {
-        WOULD_CHARGE => "charged at the gateway",
-        WOULD_LOOK_UP => "gateway asked by key first; charged (or refunded) only if it holds none",
-        WOULD_REFUND => "refunded at the gateway, within what is left of its payment",
-        "duplicate" => "answered from the recorded payment",
-        "key_reused" => "refused: the key was used for another request",
-        "in_flight" => "a live worker holds the token; retried later",
-        "token_missing" => "refused unless the gateway holds its charge",
-        "invalid" => "refused: not a valid command",
-        _ => "",
-    }
-}
-
-/// What `replay --dry-run` says one command would do.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DryRunVerdict {
-    /// The record's partition.
-    pub partition: i32,
-    /// The record's offset.
-    pub offset: i64,
-    /// The command's key; `None` for a record that is not a valid command.
-    pub idempotency_key: Option<String>,
-    /// One of [`VERDICTS`].
-    pub verdict: &'static str,
-    /// Why this verdict, in words (never the payment method).
-    pub detail: String,
-}
 
 /// Which records a dry run examines and how the worker would be configured.
 #[derive(Debug, Clone, Copy, Default)]
@@ -73,86 +31,6 @@ pub struct DryRunScope {
     pub gateway: GatewayKind,
 }
 
-/// The answer to "what would a replay do": counts per verdict (zeros included).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct DryRunReport {
-    /// The topic examined.
-    pub topic: String,
-    /// `null`: from the beginning of every partition.
-    pub from_offset: Option<i64>,
-    /// Records between the start offsets and the end of the topic.
-    pub records_in_range: u64,
-    /// Records examined (fewer than `records_in_range` under `--limit`).
-    pub examined: usize,
-    /// Records per verdict, every verdict of [`VERDICTS`] present (zeros included).
-    pub counts: BTreeMap<&'static str, usize>,
-    /// Every examined record (`--list`), in partition and offset order.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub records: Option<Vec<DryRunVerdict>>,
-}
-
-impl DryRunReport {
-    fn new(
-        topic: &str,
-        scope: &DryRunScope,
-        records_in_range: u64,
-        verdicts: Vec<DryRunVerdict>,
-        list: bool,
-    ) -> Self {
-        let mut counts: BTreeMap<&'static str, usize> = VERDICTS.iter().map(|v| (*v, 0)).collect();
-        for verdict in &verdicts {
-            *counts.entry(verdict.verdict).or_default() += 1;
-        }
-        Self {
-            topic: topic.to_owned(),
-            from_offset: scope.to_offset,
-            records_in_range,
-            examined: verdicts.len(),
-            counts,
-            records: list.then_some(verdicts),
-        }
-    }
-
-    /// The human report: one line per record (with `--list`), then the counts.
-    pub fn to_text(&self) -> String {
-        let mut out = String::new();
-        for v in self.records.iter().flatten() {
-            let key = v.idempotency_key.as_deref().unwrap_or("-");
-            let line = format!(
-                "{}/{}@{} {key} {}",
-                self.topic, v.partition, v.offset, v.verdict
-            );
-            if v.detail.is_empty() {
-                out.push_str(&format!("{line}\n"));
-            } else {
-                out.push_str(&format!("{line} {}\n", v.detail));
-            }
-        }
-        let from = match self.from_offset {
-            Some(offset) => format!("offset {offset}"),
-            None => "the beginning".to_owned(),
-        };
-        out.push_str(&format!(
-            "dry run: replaying {} from {from} ({} records)\n",
-            self.topic, self.records_in_range
-        ));
-        for verdict in VERDICTS {
-            let count = self.counts.get(verdict).copied().unwrap_or(0);
-            out.push_str(&format!(
-                "  {verdict:<14}{count:>8}  {}\n",
-                meaning(verdict)
-            ));
-        }
-        if (self.examined as u64) < self.records_in_range {
-            out.push_str(&format!(
-                "examined {} of {} records (--limit)\n",
-                self.examined, self.records_in_range
-            ));
-        }
-        out
-    }
-}
-
 /// Runs a dry run and builds its report.
 pub async fn dry_run_report(
     kafka: &KafkaSettings,
@@ -162,13 +40,12 @@ pub async fn dry_run_report(
     mode: TokenMode,
     list: bool,
 ) -> anyhow::Result<DryRunReport> {
-    let (in_range, verdicts) = examine(kafka, scope, pool, store, mode).await?;
+    let (in_range, tally) = examine(kafka, scope, pool, store, mode, list).await?;
     Ok(DryRunReport::new(
         &kafka.commands_topic,
-        scope,
+        scope.to_offset,
         in_range,
-        verdicts,
-        list,
+        tally,
     ))
 }
 
@@ -185,19 +62,32 @@ pub async fn dry_run_verdicts(
         to_offset,
         ..DryRunScope::default()
     };
-    Ok(examine(kafka, &scope, pool, store, mode).await?.1)
+    let (_, tally) = examine(kafka, &scope, pool, store, mode, true).await?;
+    Ok(tally.records.unwrap_or_default())
 }
 
-/// The records in range and the verdict of each one examined, in partition and
-/// offset order.
+/// Offsets of each partition read at a time: a dry run holds one window's records
+/// (and, with `--list`, every verdict), however long the topic is, and each read of
+/// a window has its own deadline.
+const READ_WINDOW: i64 = 1000;
+
+/// The records in range and the verdicts on those examined (each one, in partition
+/// and offset order, when `list`). The topic is read a window at a time and each
+/// window examined in the order it was read, as the workers would meet the records.
 async fn examine(
     kafka: &KafkaSettings,
     scope: &DryRunScope,
     pool: &sqlx::PgPool,
     store: &dyn TokenStore,
     mode: TokenMode,
-) -> anyhow::Result<(u64, Vec<DryRunVerdict>)> {
-    let (in_range, records) = read_replay(kafka, scope).await?;
+    list: bool,
+) -> anyhow::Result<(u64, Tally)> {
+    let ranges = off_the_runtime(kafka, {
+        let scope = *scope;
+        move |kafka| replay_ranges(kafka, &scope)
+    })
+    .await?;
+    let in_range = ranges.iter().map(|r| r.available).sum::<i64>().max(0) as u64;
     let mut examiner = Examiner {
         scope,
         pool,
@@ -206,29 +96,33 @@ async fn examine(
         unknown: charges_unknown(pool).await?,
         decided_here: HashMap::new(),
     };
-    let mut verdicts = Vec::with_capacity(records.len());
-    for record in &records {
-        verdicts.push(examiner.record(record).await?);
+    let mut tally = Tally::new(list);
+    for step in 0.. {
+        let next = window(&ranges, READ_WINDOW, step);
+        if next.is_empty() {
+            break;
+        }
+        let records = off_the_runtime(kafka, move |kafka| {
+            read_ranges(kafka, &kafka.commands_topic, &next)
+        })
+        .await?;
+        for record in &records {
+            tally.add(examiner.record(record).await?);
+        }
     }
-    verdicts.sort_by_key(|v| (v.partition, v.offset));
-    Ok((in_range, verdicts))
+    if let Some(records) = &mut tally.records {
+        records.sort_by_key(|v| (v.partition, v.offset));
+    }
+    Ok((in_range, tally))
 }
 
-/// The records a replay would read (off the runtime: reading blocks), and how many
-/// the ranges hold.
-async fn read_replay(
+/// Runs `read` on a blocking thread: reading a topic blocks.
+async fn off_the_runtime<T: Send + 'static>(
     kafka: &KafkaSettings,
-    scope: &DryRunScope,
-) -> anyhow::Result<(u64, Vec<OwnedMessage>)> {
-    let kafka_settings = kafka.clone();
-    let scope_copy = *scope;
-    tokio::task::spawn_blocking(move || {
-        let ranges = replay_ranges(&kafka_settings, &scope_copy)?;
-        let in_range = ranges.iter().map(|r| r.available).sum::<i64>().max(0) as u64;
-        let records = read_ranges(&kafka_settings, &kafka_settings.commands_topic, &ranges)?;
-        anyhow::Ok((in_range, records))
-    })
-    .await?
+    read: impl FnOnce(&KafkaSettings) -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    let kafka = kafka.clone();
+    tokio::task::spawn_blocking(move || read(&kafka)).await?
 }
 
 /// Keys given up on with their charge unknown, and since when: the workers look
@@ -430,12 +324,17 @@ fn token_verdict(
 }
 
 /// Per partition, where a replay starts and, under a limit, where reading stops.
+/// A replay never moves a partition forward: where the group has not read as far as
+/// the target, the workers go on from its committed offset, so the dry run starts
+/// there too (`replay.rs`, `restart_of`).
 fn replay_ranges(
     kafka: &KafkaSettings,
     scope: &DryRunScope,
 ) -> anyhow::Result<Vec<PartitionRange>> {
-    let mut ranges = partition_ranges(kafka, &kafka.commands_topic, |_, low| {
-        scope.to_offset.unwrap_or(low)
+    let committed = group_offsets(kafka, &kafka.commands_topic)?;
+    let mut ranges = partition_ranges(kafka, &kafka.commands_topic, |partition, low| {
+        let current = committed.get(&partition).copied().unwrap_or(low).max(low);
+        scope.to_offset.unwrap_or(low).min(current)
     })?;
     if let Some(limit) = scope.limit {
         share_limit(&mut ranges, limit);

@@ -2,6 +2,7 @@
 //! `dlq redrive`, `healthcheck`, `key-hash`, and the outcome `process` prints. They use the worker's Kafka
 //! settings and message formats; the worker itself never calls them.
 mod dry_run;
+mod dry_run_report;
 mod group_members;
 mod healthcheck;
 mod key_hash;
@@ -13,9 +14,8 @@ mod replay;
 mod topics;
 mod workload;
 
-pub use dry_run::{
-    dry_run_report, dry_run_verdicts, DryRunReport, DryRunScope, DryRunVerdict, VERDICTS,
-};
+pub use dry_run::{dry_run_report, dry_run_verdicts, DryRunScope};
+pub use dry_run_report::{DryRunReport, DryRunVerdict, VERDICTS};
 pub use healthcheck::{healthcheck, HealthcheckArgs, Probe};
 pub use key_hash::{key_hash, KeyHashArgs};
 pub use outcome_view::OutcomeView;

@@ -31,6 +31,42 @@ pub fn partition_count(settings: &KafkaSettings, topic: &str) -> anyhow::Result<
     Ok(count)
 }
 
+/// The offsets the group `kafka` names committed in each partition of `topic`
+/// (none for a partition it never committed), read without joining the group.
+pub(super) fn group_offsets(
+    kafka: &KafkaSettings,
+    topic: &str,
+) -> anyhow::Result<std::collections::HashMap<i32, i64>> {
+    let partitions = partition_count(kafka, topic)?;
+    let mut config = base_config(kafka);
+    config
+        .set("group.id", &kafka.group_id)
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = create_client(&config)?;
+    let mut list = TopicPartitionList::new();
+    for partition in 0..partitions {
+        list.add_partition(topic, partition);
+    }
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .with_context(|| format!("reading the committed offsets of group {}", kafka.group_id))?;
+    let mut offsets = std::collections::HashMap::new();
+    for entry in committed.elements() {
+        // An offset an open transaction sent is not known yet: not "none".
+        entry
+            .error()
+            .with_context(|| format!("the committed offset of {topic}/{}", entry.partition()))?;
+        if let Offset::Offset(offset) = entry.offset() {
+            offsets.insert(entry.partition(), offset);
+        }
+    }
+    // A partition list librdkafka returned that outlives its consumer makes the
+    // consumer's drop hang: the list goes first.
+    drop(committed);
+    drop(consumer);
+    Ok(offsets)
+}
+
 /// Where to read one partition: `[from, to)`; `available` is what the partition
 /// holds from `from` on (more than `to - from` when a limit cut the range short).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +116,27 @@ pub fn read_partitions(
 
 /// How long a read of ranges may take before it fails.
 const READ_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The `step`-th window of `ranges`: at most `width` offsets of each range, those
+/// after the first `step` windows; empty once every range is covered. Reading a
+/// topic window by window keeps what is held in memory, and each read's time, to
+/// one window's records however large the topic.
+pub(super) fn window(ranges: &[PartitionRange], width: i64, step: i64) -> Vec<PartitionRange> {
+    let width = width.max(1);
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let from = range.from.saturating_add(width.saturating_mul(step));
+            let to = range.to.min(from.saturating_add(width));
+            (to > from).then_some(PartitionRange {
+                partition: range.partition,
+                from,
+                to,
+                available: range.to - from,
+            })
+        })
+        .collect()
+}
 
 /// Whether the consumer's position in every partition of `ends` is at its end.
 fn reached(
@@ -155,4 +212,43 @@ pub fn read_ranges(
     }
     drop(consumer);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(partition: i32, from: i64, to: i64) -> PartitionRange {
+        PartitionRange {
+            partition,
+            from,
+            to,
+            available: to - from,
+        }
+    }
+
+    #[test]
+    fn windows_cover_every_range_once_in_order_and_then_end() {
+        let ranges = [range(0, 5, 12), range(1, 0, 3), range(2, 7, 7)];
+        let windows: Vec<Vec<PartitionRange>> = (0..)
+            .map(|step| window(&ranges, 3, step))
+            .take_while(|w| !w.is_empty())
+            .collect();
+        let spans = |w: &Vec<PartitionRange>| -> Vec<(i32, i64, i64)> {
+            w.iter().map(|r| (r.partition, r.from, r.to)).collect()
+        };
+        assert_eq!(
+            windows.iter().map(spans).collect::<Vec<_>>(),
+            vec![
+                vec![(0, 5, 8), (1, 0, 3)],
+                vec![(0, 8, 11)],
+                vec![(0, 11, 12)],
+            ]
+        );
+        // What each partition still holds from the window's start on.
+        assert_eq!(windows[1][0].available, 4);
+        assert!(window(&ranges, 3, 3).is_empty());
+        // A width below one still moves on.
+        assert_eq!(spans(&window(&ranges, 0, 1)), vec![(0, 6, 7), (1, 1, 2)]);
+    }
 }

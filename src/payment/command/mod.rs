@@ -14,6 +14,8 @@ mod fingerprint;
 mod invalid;
 mod payment_command;
 mod refund_command;
+#[cfg(test)]
+mod text_properties;
 
 pub use card::{dead_letter_redaction, mask_card_numbers, redact_payload, RedactedPayload};
 pub use command_type::{Command, CommandKind};

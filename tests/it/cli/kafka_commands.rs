@@ -323,3 +323,103 @@ async fn producing_twice_makes_new_payments_and_dry_run_counts_every_verdict() {
         "redrove 0 records\n"
     );
 }
+
+/// A topic longer than the dry run's window of 1,000 offsets per partition is read a
+/// window at a time, every record once, and a key's second command is still
+/// answered from its first when the two fall into different windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_reads_a_long_topic_window_by_window_and_remembers_across_windows() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    // 1,500 keys, each sent twice 1,500 records apart: every second copy is in
+    // the next window, or the one after.
+    const KEYS: usize = 1_500;
+    let line = |i: usize| {
+        serde_json::json!({"idempotency_key": format!("win-{i}"), "account_id": "acct_1",
+            "amount_minor": 500, "currency": "EUR", "payment_method": "pm_card_visa"})
+        .to_string()
+    };
+    let lines: Vec<String> = (0..2 * KEYS).map(|i| line(i % KEYS)).collect();
+    let dir = std::env::temp_dir().join(crate::support::helpers::unique("pw_cli_window"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("commands.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    pw(&stack, &["produce", "--file", file.to_str().unwrap()]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let report = dry_run_json(&stack, &["--list"]).await;
+    assert_eq!(report["records_in_range"], 2 * KEYS, "{}", report["counts"]);
+    assert_eq!(report["examined"], 2 * KEYS);
+    assert_eq!(
+        report["counts"]["would_charge"], KEYS,
+        "{}",
+        report["counts"]
+    );
+    assert_eq!(report["counts"]["duplicate"], KEYS, "{}", report["counts"]);
+    let records = report["records"].as_array().unwrap();
+    let offsets: Vec<i64> = records
+        .iter()
+        .map(|r| r["offset"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        offsets,
+        (0..2 * KEYS as i64).collect::<Vec<_>>(),
+        "every offset once, in order"
+    );
+    // The copy at offset 1,500 + i answers from offset i, across the windows.
+    let second = &records[KEYS + 10];
+    assert_eq!(second["idempotency_key"], "win-10");
+    assert_eq!(second["verdict"], "duplicate");
+    assert_eq!(second["detail"], "of offset 10, earlier in this replay");
+}
+
+/// A replay never moves a partition forward, so where the group has not read as far
+/// as `--to-offset`, the dry run counts from the group's committed offset: those
+/// commands are what the workers go on with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_starts_where_the_group_is_when_it_has_not_read_as_far_as_the_target() {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let generated = [
+        "produce",
+        "--count",
+        "10",
+        "--duplicate-ratio",
+        "0",
+        "--invalid-ratio",
+        "0",
+    ];
+    pw(&stack, &generated).await;
+    // Nothing committed yet: the workers would start at the beginning.
+    let report = dry_run_json(&stack, &[]).await;
+    assert_eq!(report["records_in_range"], 10, "{report}");
+
+    // The group has answered the first 3 commands.
+    let settings = stack.settings.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut config = payment_worker::worker::base_config(&settings);
+        config.set("group.id", &settings.group_id);
+        let consumer: BaseConsumer = config.create().unwrap();
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(&settings.commands_topic, 0, Offset::Offset(3))
+            .unwrap();
+        consumer.commit(&list, CommitMode::Sync).unwrap();
+        drop(list);
+        drop(consumer);
+    })
+    .await
+    .unwrap();
+
+    let mut args = vec!["replay", "--to-offset", "5", "--dry-run", "--json"];
+    let behind =
+        serde_json::from_slice::<serde_json::Value>(&pw(&stack, &args).await.stdout).unwrap();
+    assert_eq!(
+        behind["records_in_range"], 7,
+        "from offset 3, not 5: {behind}"
+    );
+    args[2] = "2";
+    let rewound =
+        serde_json::from_slice::<serde_json::Value>(&pw(&stack, &args).await.stdout).unwrap();
+    assert_eq!(rewound["records_in_range"], 8, "moved back to 2: {rewound}");
+}
