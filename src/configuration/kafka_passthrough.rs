@@ -118,6 +118,12 @@ pub enum RefusedKafkaSetting {
          back as a command, and answered again, without end)"
     )]
     SharedTopic(&'static str, &'static str, String),
+    /// A name the worker shows in log lines, spans and headers holds a card number.
+    #[error(
+        "{0} holds what looks like a card number (not shown); it is written into log lines, \
+         spans and headers: choose another name"
+    )]
+    CardNumberInName(&'static str),
 }
 
 /// Why a setting whose key is no property name is refused.

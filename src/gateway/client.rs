@@ -31,7 +31,7 @@ use super::interface::{
 };
 use super::refunds::{RefundEntry, RefundRequest};
 use super::transport::{checked_base_url, describe, GatewayTransport};
-use crate::redaction::masked_text;
+use crate::redaction::{masked_text, masked_within};
 use crate::telemetry::events::GatewayCallFailed;
 use crate::token::IdempotencyKey;
 
@@ -322,13 +322,15 @@ pub(super) fn reason_from_body(body: String) -> String {
             }
         });
     // The reason travels on (results, dead-letter headers, logs), and a gateway
-    // that echoes the request could put a card number in it, in any writing.
-    let mut reason = masked_text(&from_json.unwrap_or(body)).into_owned();
-    if reason.trim().is_empty() {
-        reason = "no reason given".to_owned();
+    // that echoes the request could put a card number in it, in any writing. Cut
+    // first, masked last: the first digits of a longer run can be a card number.
+    let text = from_json.unwrap_or(body);
+    if text.trim().is_empty() {
+        return "no reason given".to_owned();
     }
-    if reason.chars().count() > MAX_REASON_LEN {
-        reason = reason.chars().take(MAX_REASON_LEN).collect::<String>() + "…";
+    let mut reason = masked_within(&text, MAX_REASON_LEN);
+    if text.chars().nth(MAX_REASON_LEN).is_some() {
+        reason.push('…');
     }
     reason
 }
@@ -507,6 +509,17 @@ mod tests {
         assert_eq!(
             reason_from_body("x".repeat(2000)).chars().count(),
             MAX_REASON_LEN + 1
+        );
+        // Cut first, masked last: a run of 20 digits is no card, its first 16 are.
+        let filler = "a".repeat(MAX_REASON_LEN - "declined: ".len() - 16);
+        let cut = reason_from_body(format!(
+            r#"{{"error":"declined","message":"{filler}41111111111111111111"}}"#
+        ));
+        assert_eq!(cut.chars().count(), MAX_REASON_LEN + 1);
+        assert!(
+            !crate::redaction::contains_card_number(&cut),
+            "{}",
+            &cut[cut.len() - 24..]
         );
     }
 

@@ -368,7 +368,7 @@ pub(crate) async fn insert_or_find(
                 NULL::text AS "status?", NULL::text AS "gateway_transaction_id?",
                 NULL::text AS "trace_id?", NULL::text AS "span_id?",
                 EXISTS (SELECT 1 FROM unresolved_charges
-                         WHERE idempotency_key = $2) AS "charge_unknown?",
+                         WHERE idempotency_key = $2 AND kind = 'charge') AS "charge_unknown?",
                 EXISTS (SELECT 1 FROM refunds
                          WHERE idempotency_key = $2) AS "key_of_a_refund?"
          FROM inserted

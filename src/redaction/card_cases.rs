@@ -47,8 +47,21 @@ const SEPARATORS: [char; 15] = [
 ];
 
 /// Characters that show as nothing: a soft hyphen, a zero-width space, a word
-/// joiner, a byte order mark.
-const INVISIBLE: [char; 4] = ['\u{AD}', '\u{200B}', '\u{2060}', '\u{FEFF}'];
+/// joiner, a byte order mark, a Hangul filler, the braille blank, a musical symbol
+/// format control (outside the Basic Multilingual Plane), an Arabic number sign, a
+/// Khmer inherent vowel, the halfwidth Hangul filler.
+const INVISIBLE: [char; 10] = [
+    '\u{AD}',
+    '\u{200B}',
+    '\u{2060}',
+    '\u{FEFF}',
+    '\u{3164}',
+    '\u{2800}',
+    '\u{1D173}',
+    '\u{0600}',
+    '\u{17B4}',
+    '\u{FFA0}',
+];
 
 /// The digits written in groups of random sizes, each join one separator (the same
 /// one throughout, or mixed), with now and then a character that shows as nothing

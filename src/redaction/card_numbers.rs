@@ -76,22 +76,45 @@ fn is_wide_dot_slash_or_underscore(c: char) -> bool {
     )
 }
 
-/// Characters a reader does not see (Unicode's format characters and variation
-/// selectors that render as nothing, and a carriage return: "\r\n" is one line
-/// break): between two digits they join, not separate. (Also what an identifier in a
-/// command may not hold.)
+/// Characters a reader does not see: Unicode's default-ignorable code points (the
+/// soft hyphen, the combining grapheme joiner, the Hangul fillers, the Khmer
+/// inherent vowels, the Mongolian selectors, zero-width spaces and joiners, the
+/// direction marks and controls, the invisible operators, variation selectors, the
+/// byte order mark, the halfwidth filler, the shorthand format controls, the musical
+/// symbol format controls, the tags), the other format characters (the Arabic number
+/// signs and end of ayah, the Syriac abbreviation mark, the Kaithi number signs, the
+/// Egyptian hieroglyph format controls, the interlinear annotation marks), the
+/// braille blank, and a carriage return ("\r\n" is one line break). Between two
+/// digits they join, not separate. (Also what an identifier in a command may not
+/// hold.)
 pub(crate) fn is_invisible(c: char) -> bool {
     matches!(
         c,
         '\r' | '\u{00AD}'
             | '\u{034F}'
+            | '\u{0600}'..='\u{0605}'
             | '\u{061C}'
+            | '\u{06DD}'
+            | '\u{070F}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08E2}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
             | '\u{180B}'..='\u{180F}'
             | '\u{200B}'..='\u{200F}'
             | '\u{202A}'..='\u{202E}'
             | '\u{2060}'..='\u{206F}'
+            | '\u{2800}'
+            | '\u{3164}'
             | '\u{FE00}'..='\u{FE0F}'
             | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF0}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
             | '\u{E0000}'..='\u{E0FFF}'
     )
 }

@@ -47,6 +47,22 @@ pub fn masked_text(text: &str) -> std::borrow::Cow<'_, str> {
     )
 }
 
+/// `text` cut to at most `max_chars` characters, then masked ([`masked_text`]), in
+/// that order: cutting a text after it was masked can make a card number of what
+/// was none (the first 16 digits of a 20-digit run); the placeholder when the
+/// masked text would no longer fit.
+pub fn masked_within(text: &str, max_chars: usize) -> String {
+    let cut: String = text.chars().take(max_chars).collect();
+    let masked = masked_text(&cut);
+    if masked.chars().count() <= max_chars {
+        return masked.into_owned();
+    }
+    "<removed: it held a card number>"
+        .chars()
+        .take(max_chars)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +150,17 @@ mod tests {
             "key **** **** **** 1111"
         );
         assert_eq!(masked_text("nothing here"), "nothing here");
+    }
+
+    #[test]
+    fn a_text_is_cut_before_it_is_masked() {
+        // One run of 20 digits is no card; its first 16 are one.
+        let long = format!("{}41111111111111111111", "a".repeat(486));
+        assert!(!holds_card_number(long.as_bytes()));
+        let kept = masked_within(&long, 502);
+        assert_eq!(kept.chars().count(), 502);
+        assert!(!holds_card_number(kept.as_bytes()), "{kept}");
+        assert!(kept.ends_with("1111"), "masked, not dropped: {kept}");
+        assert_eq!(masked_within("plain", 3), "pla");
     }
 }

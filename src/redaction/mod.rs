@@ -17,7 +17,9 @@ mod urls;
 
 pub(crate) use card_numbers::is_invisible;
 pub use card_numbers::mask_card_numbers;
-pub use echo::{contains_card_number, holds_card_number, masked_for_echo, masked_text};
+pub use echo::{
+    contains_card_number, holds_card_number, masked_for_echo, masked_text, masked_within,
+};
 pub use key_hash::{EmptyKeySecret, KeyHasher, KeySecretSource};
 pub use panics::{install_panic_hook, panic_message};
 pub(crate) use readings::wide_readings;

@@ -6,11 +6,26 @@
 /// parse is shown as `<unparseable url>` (it might hold a secret anywhere).
 pub fn redact_url(raw: &str) -> String {
     // A list of node URLs (`REDIS_URL` of a cluster's seeds: `redis://:pw@r1/,
-    // redis://:pw@r2/`) parses as one URL whose path holds the rest, passwords and
-    // all: each is shown redacted on its own.
-    if raw.matches("://").count() > 1 {
+    // redis://:pw@r2/`, or with the later ones written without their scheme,
+    // `redis://:pw@r1/,:pw@r2/`) parses as one URL whose path holds the rest,
+    // passwords and all: each is shown redacted on its own.
+    let mut nodes = raw.split(',');
+    if nodes.next().is_some() && nodes.any(|node| node.contains("://") || node.contains('@')) {
         return raw.split(',').map(redact_url).collect::<Vec<_>>().join(",");
     }
+    // Without a scheme (`:pw@host:6379`, `user:pw@host`) the text before the first
+    // colon would be read as one and the password as a path: read as an authority.
+    if !raw.contains("://") {
+        let shown = redact_one(&format!("x://{raw}"));
+        return shown
+            .strip_prefix("x://")
+            .map_or(shown.clone(), str::to_owned);
+    }
+    redact_one(raw)
+}
+
+/// One URL, redacted.
+fn redact_one(raw: &str) -> String {
     let Ok(mut parsed) = url::Url::parse(raw) else {
         return "<unparseable url>".to_owned();
     };
@@ -93,5 +108,16 @@ mod tests {
             redact_url("rediss://u:hunter2@r1:6379,not a url://x"),
             "rediss://u:***@r1:6379,<unparseable url>"
         );
+        // Later nodes, or all of them, written without a scheme.
+        assert_eq!(
+            redact_url("redis://:hunter2@r1:6379/,:hunter3@r2:6379/"),
+            "redis://:***@r1:6379/,:***@r2:6379/"
+        );
+        assert_eq!(
+            redact_url("r1:6379,:hunter3@r2:6379"),
+            "r1:6379,:***@r2:6379"
+        );
+        assert_eq!(redact_url("app:hunter2@db:5432"), "app:***@db:5432");
+        assert_eq!(redact_url("db:5432"), "db:5432");
     }
 }

@@ -447,7 +447,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         file: PAYMENT_SQL,
         breaks: "the row insert reports a key in unresolved_charges (looked up before any POST)",
-        from: "EXISTS (SELECT 1 FROM unresolved_charges\n                         WHERE idempotency_key = $2) AS \"charge_unknown?\"",
+        from: "EXISTS (SELECT 1 FROM unresolved_charges\n                         WHERE idempotency_key = $2 AND kind = 'charge') AS \"charge_unknown?\"",
         to: "false AS \"charge_unknown?\"",
         tests: &["gateway::unknown_outcomes::a_redrive_after_the_token_expired_looks_the_charge_up_and_never_charges_again"],
     },
@@ -456,6 +456,13 @@ pub const MUTANTS: &[Mutant] = &[
         breaks: "the row insert reports a key a refund holds (a charge never shares it)",
         from: "EXISTS (SELECT 1 FROM refunds\n                         WHERE idempotency_key = $2) AS \"key_of_a_refund?\"",
         to: "false AS \"key_of_a_refund?\"",
+        tests: &["payment::refunds::a_charge_and_a_refund_never_share_a_key_once_the_token_is_gone"],
+    },
+    Mutant {
+        file: PAYMENT_SQL,
+        breaks: "only a charge's unknown outcome is looked up under a key (a refund's is not a charge's)",
+        from: "WHERE idempotency_key = $2 AND kind = 'charge') AS \"charge_unknown?\"",
+        to: "WHERE idempotency_key = $2) AS \"charge_unknown?\"",
         tests: &["payment::refunds::a_charge_and_a_refund_never_share_a_key_once_the_token_is_gone"],
     },
     // ---- SQL of the payments table: the unique key serialises two holders (I6).

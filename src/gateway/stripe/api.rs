@@ -126,14 +126,16 @@ impl PaymentIntent {
     }
 }
 
-/// Stripe's error object (`{"error": {...}}`), as far as the adapter reads it.
+/// Stripe's error object (`{"error": {...}}`), as far as the adapter reads it. Its
+/// codes are kept (a decline's code goes to the payment's row and result) only when
+/// a row can hold them and they hold no card number, as `PaymentError`'s.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(super) struct ErrorBody {
     #[serde(default, rename = "type")]
     pub kind: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::super::ids::decline_code")]
     pub code: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::super::ids::decline_code")]
     pub decline_code: Option<String>,
     #[serde(default)]
     pub message: Option<String>,
@@ -544,6 +546,26 @@ mod tests {
     }
 
     /// A shared Stripe account: only what the worker wrote is the worker's.
+    #[test]
+    fn an_error_code_a_row_cannot_keep_is_left_out() {
+        let body = |decline_code: &str| {
+            serde_json::from_value::<super::ErrorEnvelope>(serde_json::json!({
+                "error": {"type": "card_error", "code": "card_declined", "decline_code": decline_code}
+            }))
+            .map(|envelope| envelope.error)
+            .unwrap_or_default()
+        };
+        assert_eq!(
+            body("insufficient_funds").decline_code.as_deref(),
+            Some("insufficient_funds")
+        );
+        for unkeepable in ["4111 1111 1111 1111", "a\0b", &"x".repeat(300)] {
+            let error = body(unkeepable);
+            assert_eq!(error.decline_code, None, "{unkeepable:?}");
+            assert_eq!(error.code.as_deref(), Some("card_declined"));
+        }
+    }
+
     #[test]
     fn only_a_payment_intent_with_the_workers_metadata_is_the_workers() {
         let ours = serde_json::json!({

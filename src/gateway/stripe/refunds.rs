@@ -33,7 +33,8 @@
 //! still land and step 1 found no refund. A definite answer ends the walk: a
 //! refund (approved, or declined when Stripe marks it failed) or a refusal
 //! (`Rejected`, a 402 included: no Refund object, so nothing to record as a
-//! decline; `charge_already_refunded` and `amount_too_large` are never caused by
+//! decline; unless Stripe marks it `Stripe-Should-Retry: true`, which is retried
+//! as any transient refusal is; `charge_already_refunded` and `amount_too_large` are never caused by
 //! this worker, which refunds only what is left, and are logged as errors if
 //! they come). The processor keeps a refusal on the refund's row, so a later
 //! delivery of the command is answered from there and nothing is sent again.
@@ -127,7 +128,8 @@ fn step_after(key: &IdempotencyKey, failure: Failure) -> Step {
                 // No Refund object was made, so no refund id exists to record a
                 // decline under (the PaymentIntent's is the charge's): a refusal
                 // for good, its decline code in the reason.
-                402 => GatewayError::Rejected {
+                // (Unless Stripe says the refusal was transient: retried below.)
+                402 if !retry_advised => GatewayError::Rejected {
                     status: 402,
                     reason: answer.reason,
                 },
@@ -301,5 +303,47 @@ impl StripeGateway {
             GatewayError::Unavailable(format!("listing refunds failed: {failure}"))
         })?;
         Ok(listed.iter().filter_map(entry_of).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::api::{Answer, ErrorBody};
+    use super::*;
+
+    fn declined(should_retry: Option<bool>, replayed: bool) -> Failure {
+        Failure::Answered(Answer {
+            status: 402,
+            error: ErrorBody {
+                kind: Some("card_error".to_owned()),
+                code: Some("card_declined".to_owned()),
+                decline_code: Some("generic_decline".to_owned()),
+                message: Some("Your card was declined.".to_owned()),
+            },
+            should_retry,
+            replayed,
+            reason: "card_declined: generic_decline".to_owned(),
+        })
+    }
+
+    #[test]
+    fn a_402_is_final_unless_stripe_advises_a_retry() {
+        let key = IdempotencyKey::try_from("rf-1").unwrap();
+        for should_retry in [None, Some(false)] {
+            assert!(matches!(
+                step_after(&key, declined(should_retry, false)),
+                Step::Done(GatewayError::Rejected { status: 402, .. })
+            ));
+        }
+        // Transient by Stripe's word: asked again under the same key, which replays
+        // it, and then under the next one.
+        assert!(matches!(
+            step_after(&key, declined(Some(true), false)),
+            Step::Done(GatewayError::Unavailable(_))
+        ));
+        assert!(matches!(
+            step_after(&key, declined(Some(true), true)),
+            Step::NextKey
+        ));
     }
 }

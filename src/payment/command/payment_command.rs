@@ -155,15 +155,12 @@ pub(super) fn check_text(value: &str, max: usize) -> Result<(), TextProblem> {
     Ok(())
 }
 
-/// What a reader does not see: the card detector's invisible characters (format
-/// characters, variation selectors, the direction marks) and the blanks that are
-/// letters or symbols to Unicode (the Hangul fillers, the braille blank).
+/// What a reader does not see, or sees only as a mark on its neighbours: the card
+/// detector's invisible characters (format characters, the default-ignorable ones,
+/// the blanks that are letters or symbols to Unicode: the Hangul fillers, the
+/// braille blank).
 fn shows_as_nothing(c: char) -> bool {
     crate::redaction::is_invisible(c)
-        || matches!(
-            c,
-            '\u{115F}' | '\u{1160}' | '\u{3164}' | '\u{FFA0}' | '\u{2800}'
-        )
 }
 
 /// A character no text field may hold: a control character (C0, DEL, C1: Postgres

@@ -115,27 +115,43 @@ fn control_char() -> impl Strategy<Value = char> {
     ]
 }
 
-/// What shows as nothing and is not a control character: the soft hyphen, the
-/// combining grapheme joiner, the Mongolian selectors, zero-width spaces and
-/// joiners, the direction marks, the invisible operators, variation selectors,
-/// the byte-order mark, the tags, the Hangul fillers and the braille blank.
+/// What shows as nothing (or only as a mark on its neighbours) and is not a control
+/// character: Unicode's default-ignorable code points (the soft hyphen, the
+/// combining grapheme joiner, the Hangul fillers, the Khmer inherent vowels, the
+/// Mongolian selectors, zero-width spaces and joiners, the direction marks, the
+/// invisible operators, variation selectors, the byte-order mark, the shorthand and
+/// musical symbol format controls, the tags), the other format characters (the
+/// Arabic number signs and end of ayah, the Syriac abbreviation mark, the Kaithi
+/// number signs, the Egyptian hieroglyph format controls, the interlinear annotation
+/// marks) and the braille blank.
 fn invisible_char() -> impl Strategy<Value = char> {
     prop_oneof![
         Just('\u{00AD}'),
         Just('\u{034F}'),
+        proptest::char::range('\u{0600}', '\u{0605}'),
         Just('\u{061C}'),
+        Just('\u{06DD}'),
+        Just('\u{070F}'),
+        proptest::char::range('\u{0890}', '\u{0891}'),
+        Just('\u{08E2}'),
+        proptest::char::range('\u{115F}', '\u{1160}'),
+        proptest::char::range('\u{17B4}', '\u{17B5}'),
         proptest::char::range('\u{180B}', '\u{180F}'),
         proptest::char::range('\u{200B}', '\u{200F}'),
         proptest::char::range('\u{2060}', '\u{2065}'),
         proptest::char::range('\u{206A}', '\u{206F}'),
+        Just('\u{2800}'),
+        Just('\u{3164}'),
         proptest::char::range('\u{FE00}', '\u{FE0F}'),
         Just('\u{FEFF}'),
-        proptest::char::range('\u{E0000}', '\u{E0FFF}'),
-        Just('\u{115F}'),
-        Just('\u{1160}'),
-        Just('\u{3164}'),
         Just('\u{FFA0}'),
-        Just('\u{2800}'),
+        proptest::char::range('\u{FFF0}', '\u{FFFB}'),
+        Just('\u{110BD}'),
+        Just('\u{110CD}'),
+        proptest::char::range('\u{13430}', '\u{1343F}'),
+        proptest::char::range('\u{1BCA0}', '\u{1BCA3}'),
+        proptest::char::range('\u{1D173}', '\u{1D17A}'),
+        proptest::char::range('\u{E0000}', '\u{E0FFF}'),
     ]
 }
 

@@ -250,10 +250,13 @@ pub(super) fn gateway_rejected(error: &GatewayError) -> Outcome {
 
 /// The reason of [`gateway_rejected`]'s outcome.
 pub(super) fn gateway_rejection_reason(error: &GatewayError) -> String {
-    match error {
+    let reason = match error {
         GatewayError::Rejected { status, reason } => {
             format!("gateway_rejected: HTTP {status}: {reason}")
         }
         other => format!("gateway_rejected: {other}"),
-    }
+    };
+    // The gateway's own text was masked where it was read; this masks what the
+    // joined text could make of it, and of any other error's words.
+    crate::redaction::masked_text(&reason).into_owned()
 }

@@ -36,13 +36,15 @@ enum Answered {
 
 /// A gateway's refusal as a row keeps it: its control characters (a NUL, which
 /// Postgres cannot store, a gateway's line breaks) as spaces, cut to what the column
-/// holds. The answer given now is the same text, so every delivery reads alike.
+/// holds, and masked last: a space where a NUL stood, or a cut, can make a card
+/// number of digits the gateway's text held apart. The answer given now is the same
+/// text, so every delivery reads alike.
 fn keepable_reason(reason: &str) -> String {
-    reason
+    let spaced: String = reason
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
-        .take(refunds::MAX_FAILURE_REASON)
-        .collect()
+        .collect();
+    crate::redaction::masked_within(&spaced, refunds::MAX_FAILURE_REASON)
 }
 
 impl Answered {
@@ -409,5 +411,20 @@ mod tests {
             keepable_reason(&long).chars().count(),
             refunds::MAX_FAILURE_REASON
         );
+    }
+
+    #[test]
+    fn a_kept_refusal_is_masked_after_it_is_spaced_and_cut() {
+        use crate::redaction::contains_card_number;
+        // NULs keep the groups apart for the detector; as spaces they join them.
+        let spaced = keepable_reason("gateway_rejected: HTTP 402: 4111\u{0}1111\u{0}1111\u{0}1111");
+        assert!(!contains_card_number(&spaced), "{spaced}");
+        assert!(spaced.ends_with("**** **** **** 1111"), "{spaced}");
+        // A run of 20 digits is no card; cut to the column, its first 16 are one.
+        let prefix = "gateway_rejected: HTTP 402: ";
+        let filler = "a".repeat(refunds::MAX_FAILURE_REASON - prefix.len() - 16);
+        let cut = keepable_reason(&format!("{prefix}{filler}41111111111111111111"));
+        assert_eq!(cut.chars().count(), refunds::MAX_FAILURE_REASON);
+        assert!(!contains_card_number(&cut), "{cut}");
     }
 }

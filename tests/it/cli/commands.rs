@@ -461,9 +461,17 @@ async fn every_command_exits_with_its_documented_status() {
         vec!["run", "--results-topic", "payments.commands"],
         vec!["dlq", "redrive", "--dlq-topic", "payments.commands"],
         vec!["run", "--kafka-config", "sasl.password: hunter2=="],
+        // Names written into log lines, spans and headers hold no card number.
+        vec!["run", "--kafka-group-id", "grp-4111-1111-1111-1111"],
+        vec!["dlq", "redrive", "--dlq-topic", "dlq.4111111111111111"],
     ] {
         let output = pw(&usage, &[]).await;
         assert_eq!(status_of(&output), 2, "{usage:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            crate::support::cards::card_like_numbers(&stderr).is_empty(),
+            "{usage:?}: {stderr}"
+        );
     }
     // clap quotes the argument it refuses: a card number pasted there is masked.
     for pasted in ["4111111111111111", "4111 1111 1111 1111"] {

@@ -222,10 +222,26 @@ async fn a_declined_payment_another_currency_or_a_reused_key_is_refused() {
     assert!(gateway_refunds(&rig, "pay-d").await.is_empty());
 }
 
+/// `key` remembered in `unresolved_charges` as the worker remembers a `kind` it gave
+/// up on with its outcome unknown (the gateway timed out).
+async fn remember_unknown(rig: &Rig, key: &str, amount_minor: i64, kind: &str) {
+    sqlx::query(
+        "INSERT INTO unresolved_charges (idempotency_key, amount_minor, currency, reason, attempts, kind)
+         VALUES ($1, $2, 'USD', 'gateway timed out', 3, $3)",
+    )
+    .bind(key)
+    .bind(amount_minor)
+    .bind(kind)
+    .execute(&rig.db.pool)
+    .await
+    .unwrap();
+}
+
 /// A charge and a refund never share a key once the token that serialised them is
 /// gone (while it lives, a charge and a refund under one key reserve the same token,
 /// so they never run at once): once the refund's token is gone (Redis lost it, or its completed record expired), a charge
-/// under its key is refused by the refund's row, not charged; and a refund under the
+/// under its key is refused by the refund's row, not charged (even when the refund
+/// was once given up on with its outcome unknown); and a refund under the
 /// key of a charge whose outcome is unknown (no row yet, remembered in
 /// `unresolved_charges`) is refused before that charge can be booked under it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,6 +251,10 @@ async fn a_charge_and_a_refund_never_share_a_key_once_the_token_is_gone() {
     let p = rig.processor("p");
     let first = refund_until_final(&p, &refund("rf-s", "pay-s", 100)).await;
     assert!(matches!(first, Outcome::Refunded { .. }), "{first:?}");
+    // An earlier delivery of the refund was given up on with its outcome unknown
+    // (its gateway timed out): remembered as a refund's, which asks no look-up of
+    // a charge under its key.
+    remember_unknown(&rig, "rf-s", 100, "refund").await;
     rig.forget_token("rf-s").await;
 
     let (outcome, _) = until_final(&p, &command("rf-s", 500, "pm_card_visa")).await;
@@ -246,13 +266,7 @@ async fn a_charge_and_a_refund_never_share_a_key_once_the_token_is_gone() {
     assert!(rig.rows("rf-s").await.is_empty(), "no payment row under it");
 
     // The charge `pay-u` ended unknown: rolled back, remembered, not booked yet.
-    sqlx::query(
-        "INSERT INTO unresolved_charges (idempotency_key, amount_minor, currency, reason, attempts, kind)
-         VALUES ('pay-u', 700, 'USD', 'gateway timed out', 3, 'charge')",
-    )
-    .execute(&rig.db.pool)
-    .await
-    .unwrap();
+    remember_unknown(&rig, "pay-u", 700, "charge").await;
     let outcome = refund_until_final(&p, &refund("pay-u", "pay-s", 100)).await;
     assert!(is_key_reused(&outcome), "{outcome:?}");
     assert_eq!(refunded_total(&gateway_refunds(&rig, "pay-s").await), 100);
