@@ -20,8 +20,8 @@ pub struct AuditArgs {
     /// the lease plus this is listed as an orphan, and cancelled by `--repair`.
     #[arg(long = "orphan-margin", default_value = "1m", value_parser = parse_duration)]
     pub orphan_margin: Duration,
-    /// Settle tokens stuck in `processing` where it is safe (committed payment →
-    /// completed; no row and no charge → pending), cancel orphaned unconfirmed
+    /// Settle tokens stuck in `processing` where it is safe (committed payment or
+    /// refund → completed; no row and no charge → pending), cancel orphaned unconfirmed
     /// charges whose payment is not in progress, and record refunds stuck in
     /// `processing` that the gateway shows (one it does not show stays reserved).
     #[arg(long)]

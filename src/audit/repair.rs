@@ -6,7 +6,7 @@
 use uuid::Uuid;
 
 use crate::gateway::{PaymentGateway, Unconfirmed};
-use crate::payment::{find_payment, PaymentRecord, PaymentStatus};
+use crate::payment::{find_payment, find_refund, Fingerprint, PaymentStatus, RefundStatus};
 use crate::telemetry::events::TokenInconsistencyRepaired;
 use crate::token::{Claim, IdempotencyKey, Reservation, TokenStore, Transition};
 
@@ -105,13 +105,20 @@ pub(super) async fn repair_stuck_token(
         Ok(claim) => claim,
         Err(not_taken) => return not_taken,
     };
-    let row = async {
+    // A refund's token is one of the same store: its key holds a refund row, not a
+    // payment row, and no charge is looked up for it.
+    let rows = async {
         let mut conn = pool.acquire().await?;
-        find_payment(&mut conn, key.as_str()).await
+        let payment = find_payment(&mut conn, key.as_str()).await?;
+        let refund = match payment {
+            Some(_) => None,
+            None => find_refund(&mut conn, key.as_str()).await?,
+        };
+        Ok::<_, sqlx::Error>((payment, refund))
     }
     .await;
-    let row = match row {
-        Ok(row) => row,
+    let (payment, refund) = match rows {
+        Ok(rows) => rows,
         // Our lease runs out like any other; a worker then decides as usual.
         Err(error) => {
             return repair(
@@ -121,16 +128,27 @@ pub(super) async fn repair_stuck_token(
             )
         }
     };
-    match row {
-        Some(row) if row.status != PaymentStatus::Processing => {
-            complete_from_row(key, &claim, &row, tokens).await
+    match (payment, refund) {
+        (Some(row), _) if row.status != PaymentStatus::Processing => {
+            let what = format!("payment {}", row.id);
+            complete_with(key, &claim, row.id, &row.fingerprint, what, tokens).await
         }
-        Some(_) => repair(
+        (Some(_), _) => repair(
             key,
             RepairAction::LeftForWorker,
             "its payment row is stuck in processing; an operator must decide",
         ),
-        None => restore_if_uncharged(key, &claim, tokens, gateway).await,
+        (None, Some(row)) if row.status != RefundStatus::Processing => {
+            let what = format!("refund {}", row.id);
+            complete_with(key, &claim, row.id, &row.fingerprint, what, tokens).await
+        }
+        // The refund may be made at the gateway: the next delivery looks it up.
+        (None, Some(_)) => repair(
+            key,
+            RepairAction::LeftForWorker,
+            "its refund row is processing; the next delivery looks the refund up",
+        ),
+        (None, None) => restore_if_uncharged(key, &claim, tokens, gateway).await,
     }
 }
 
@@ -172,20 +190,23 @@ async fn take_over(key: &IdempotencyKey, tokens: &dyn TokenStore) -> Result<Clai
     Ok(Claim { owner, fence })
 }
 
-/// The payment committed final: completes the token with the row's payment.
-async fn complete_from_row(
+/// The payment (or refund) committed final: completes the token with its row's id
+/// and fingerprint, as the worker would have.
+async fn complete_with(
     key: &IdempotencyKey,
     claim: &Claim,
-    row: &PaymentRecord,
+    row_id: Uuid,
+    fingerprint: &Fingerprint,
+    what: String,
     tokens: &dyn TokenStore,
 ) -> TokenRepair {
     match tokens
-        .confirm(key, claim, row.id, row.fingerprint.as_str())
+        .confirm(key, claim, row_id, fingerprint.as_str())
         .await
     {
         Ok(Transition::Applied) => {
             record_inconsistency(key, "completed", "processing");
-            repair(key, RepairAction::Completed, format!("payment {}", row.id))
+            repair(key, RepairAction::Completed, what)
         }
         Ok(Transition::Refused) => repair(key, RepairAction::AlreadyMoved, "confirm refused"),
         Err(error) => repair(
@@ -196,7 +217,7 @@ async fn complete_from_row(
     }
 }
 
-/// No payment row: gives the token back to `pending`, unless the gateway holds a
+/// No payment or refund row: gives the token back to `pending`, unless the gateway holds a
 /// charge for the key after all.
 async fn restore_if_uncharged(
     key: &IdempotencyKey,

@@ -45,7 +45,7 @@ const EXIT_STATUSES: [(u8, &str); 8] = [
     ),
     (
         exit_status::DATA_ERROR,
-        "`process`: the command is invalid (malformed JSON or a broken rule)",
+        "`process`: the command is invalid (malformed JSON or a broken rule); `tokens issue`: a key holds a card number",
     ),
     (
         exit_status::TEMPORARY_FAILURE,

@@ -220,11 +220,25 @@ impl Examiner<'_> {
                     (row.fingerprint, same)
                 }),
         };
+        // A charge and a refund never share a key: the workers refuse a command
+        // whose key the other kind's row holds (the tables decide, not the token).
+        let other = match (&existing, command) {
+            (Some(_), _) => None,
+            // (Unless a charge under it is remembered unknown: that one is looked up.)
+            (None, Command::Charge(_)) if self.unknown.contains_key(key.as_str()) => None,
+            (None, Command::Charge(_)) => crate::payment::find_refund(&mut conn, key.as_str())
+                .await?
+                .map(|row| format!("refund {}", row.id)),
+            (None, Command::Refund(_)) => crate::payment::find_payment(&mut conn, key.as_str())
+                .await?
+                .map(|row| format!("payment {}", row.id)),
+        };
         drop(conn);
-        let verdict = match existing {
-            Some((stored, same)) if stored == fingerprint => same,
-            Some((_, (_, detail))) => ("key_reused", format!("key belongs to {detail}")),
-            None => match self.decided_earlier(key, &fingerprint) {
+        let verdict = match (existing, other) {
+            (_, Some(detail)) => ("key_reused", format!("key belongs to {detail}")),
+            (Some((stored, same)), None) if stored == fingerprint => same,
+            (Some((_, (_, detail))), None) => ("key_reused", format!("key belongs to {detail}")),
+            (None, None) => match self.decided_earlier(key, &fingerprint) {
                 Some(verdict) => verdict,
                 None => self.decide_from_token(key, fingerprint, offset).await?,
             },

@@ -141,6 +141,12 @@ impl HealthChecks {
         if !self.liveness.in_group() {
             return unavailable("not a member of the consumer group".to_owned());
         }
+        // A stalled poll loop reads no command, whatever the group and the stores
+        // say (the group's view is only updated by that loop's rebalance callback).
+        let (alive, stalled) = self.healthz();
+        if alive != StatusCode::OK {
+            return unavailable(stalled);
+        }
         // Both stores at once, each within its own deadline: a cut Postgres does not
         // hide the state of Redis behind its time-out (the two together stay within
         // a probe's few seconds), and the answer names every dependency that is cut.

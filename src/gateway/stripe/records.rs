@@ -8,9 +8,40 @@
 //! The statements are checked at compile time (`sqlx::query!`) through the offline
 //! cache `.sqlx/` at the workspace root (docs/ARCHITECTURE.md, "Checked SQL").
 
+use std::future::Future;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
+
+/// How long one statement of the records may take, as long as one of the payment's
+/// own. The adapter's calls run under a lease that is kept renewed while they are
+/// pending, so a statement that never returned (a silent partition, a failover that
+/// left the connection half-open) would hold its key `processing` for good, and
+/// every later delivery of it `in_flight`.
+const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// `statement`, or a time-out error once [`STATEMENT_DEADLINE`] has passed.
+async fn bounded<T>(
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    within(STATEMENT_DEADLINE, statement).await
+}
+
+/// `statement`, or a time-out error once `deadline` has passed.
+async fn within<T>(
+    deadline: Duration,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match tokio::time::timeout(deadline, statement).await {
+        Ok(answer) => answer,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from Postgres within {deadline:?}"),
+        ))),
+    }
+}
 
 /// One create attempt of one payment.
 #[derive(Debug, Clone)]
@@ -42,15 +73,17 @@ impl Records {
     pub async fn of(&self, key: &str) -> Result<Vec<IntentRecord>, sqlx::Error> {
         // The columns are spelled out in each statement: a macro checks a literal
         // only, so the shared `format!` of the columns went.
-        sqlx::query_as!(
-            IntentRecord,
-            "SELECT create_attempt, account, livemode, requested_at, payment_intent_id,
+        bounded(
+            sqlx::query_as!(
+                IntentRecord,
+                "SELECT create_attempt, account, livemode, requested_at, payment_intent_id,
                     decline_code
              FROM stripe_payment_intents
              WHERE idempotency_key = $1 ORDER BY create_attempt DESC",
-            key
+                key
+            )
+            .fetch_all(&self.pool),
         )
-        .fetch_all(&self.pool)
         .await
     }
 
@@ -63,20 +96,22 @@ impl Records {
         account: &str,
         livemode: bool,
     ) -> Result<IntentRecord, sqlx::Error> {
-        sqlx::query_as!(
-            IntentRecord,
-            "INSERT INTO stripe_payment_intents
+        bounded(
+            sqlx::query_as!(
+                IntentRecord,
+                "INSERT INTO stripe_payment_intents
                  (idempotency_key, create_attempt, payment_id, account, livemode)
              SELECT $1, COALESCE(MAX(create_attempt), 0) + 1, $2, $3, $4
              FROM stripe_payment_intents WHERE idempotency_key = $1
              RETURNING create_attempt, account, livemode, requested_at, payment_intent_id,
                        decline_code",
-            key,
-            payment_id,
-            account,
-            livemode
+                key,
+                payment_id,
+                account,
+                livemode
+            )
+            .fetch_one(&self.pool),
         )
-        .fetch_one(&self.pool)
         .await
     }
 
@@ -87,14 +122,16 @@ impl Records {
         create_attempt: i32,
         id: &str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            "UPDATE stripe_payment_intents SET payment_intent_id = $3, updated_at = now()
+        bounded(
+            sqlx::query!(
+                "UPDATE stripe_payment_intents SET payment_intent_id = $3, updated_at = now()
              WHERE idempotency_key = $1 AND create_attempt = $2",
-            key,
-            create_attempt,
-            id
+                key,
+                create_attempt,
+                id
+            )
+            .execute(&self.pool),
         )
-        .execute(&self.pool)
         .await?;
         Ok(())
     }
@@ -107,8 +144,9 @@ impl Records {
     pub async fn begin_confirm(&self, key: &str, create_attempt: i32) -> Result<i64, sqlx::Error> {
         // `confirms!`: NULL when no row of the attempt was bumped; decoding that is an
         // error, as it was before the macros (Postgres cannot tell of an expression).
-        sqlx::query_scalar!(
-            r#"WITH bumped AS (
+        bounded(
+            sqlx::query_scalar!(
+                r#"WITH bumped AS (
                  UPDATE stripe_payment_intents
                  SET confirm_attempts = confirm_attempts + 1, updated_at = now()
                  WHERE idempotency_key = $1 AND create_attempt = $2
@@ -117,10 +155,11 @@ impl Records {
                  + COALESCE((SELECT SUM(confirm_attempts) FROM stripe_payment_intents
                              WHERE idempotency_key = $1 AND create_attempt <> $2), 0)::bigint
                  AS "confirms!""#,
-            key,
-            create_attempt
+                key,
+                create_attempt
+            )
+            .fetch_one(&self.pool),
         )
-        .fetch_one(&self.pool)
         .await
     }
 
@@ -131,15 +170,34 @@ impl Records {
         create_attempt: i32,
         code: &str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            "UPDATE stripe_payment_intents SET decline_code = $3, updated_at = now()
+        bounded(
+            sqlx::query!(
+                "UPDATE stripe_payment_intents SET decline_code = $3, updated_at = now()
              WHERE idempotency_key = $1 AND create_attempt = $2",
-            key,
-            create_attempt,
-            code.chars().take(255).collect::<String>()
+                key,
+                create_attempt,
+                code.chars().take(255).collect::<String>()
+            )
+            .execute(&self.pool),
         )
-        .execute(&self.pool)
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_statement_that_never_answers_ends_at_the_deadline() {
+        let never = std::future::pending::<Result<(), sqlx::Error>>();
+        match within(Duration::from_millis(20), never).await {
+            Err(sqlx::Error::Io(error)) => {
+                assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(bounded(async { Ok(7) }).await.ok(), Some(7));
     }
 }

@@ -459,4 +459,70 @@ async fn a_refunds_token_left_to_its_lease_is_a_warning_once_its_row_is_final() 
     // Its row is stale too under this lease: listed as a stuck refund as well.
     assert_eq!(report.stuck_refunds.keys(), ["rf-t2"]);
     assert_eq!(report.violations(), 2, "{}", report.to_table());
+
+    // `--repair` completes the tokens of the final refunds with their rows, as the
+    // worker would have, and leaves the reserved one to the next delivery's look-up:
+    // none is restored as a charge that never happened.
+    let repaired = audit(
+        &stack.db.pool,
+        short.as_ref(),
+        stack.gateway.as_ref(),
+        &AuditOptions {
+            repair: true,
+            ..AuditOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut actions: Vec<(&str, RepairAction, &str)> = repaired
+        .repairs
+        .iter()
+        .map(|r| (r.idempotency_key.as_str(), r.action, r.detail.as_str()))
+        .collect();
+    actions.sort_unstable_by_key(|(k, _, detail)| (*k, *detail));
+    let ids: Vec<(String, Uuid)> = sqlx::query_as(
+        "SELECT idempotency_key, id FROM refunds WHERE idempotency_key IN ('rf-t1', 'rf-t3')
+         ORDER BY idempotency_key",
+    )
+    .fetch_all(&stack.db.pool)
+    .await
+    .unwrap();
+    let (t1, t3) = (ids[0].1, ids[1].1);
+    assert_eq!(
+        actions,
+        [
+            (
+                "rf-t1",
+                RepairAction::Completed,
+                format!("refund {t1}").as_str()
+            ),
+            (
+                "rf-t2",
+                RepairAction::LeftForWorker,
+                "its refund row is processing; the next delivery looks the refund up"
+            ),
+            // (The stuck refund's own repair: nothing shows at the gateway.)
+            (
+                "rf-t2",
+                RepairAction::LeftForWorker,
+                "the gateway shows no refund under its key; its amount stays reserved until \
+                 one shows or an operator decides"
+            ),
+            (
+                "rf-t3",
+                RepairAction::Completed,
+                format!("refund {t3}").as_str()
+            ),
+        ],
+        "{}",
+        repaired.to_table()
+    );
+    for raw in ["rf-t1", "rf-t3"] {
+        let shown = short.show(&key(raw)).await.unwrap().unwrap();
+        assert_eq!(
+            shown.state,
+            payment_worker::token::TokenState::Completed,
+            "{raw}"
+        );
+    }
 }

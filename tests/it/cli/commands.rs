@@ -408,6 +408,15 @@ async fn every_command_exits_with_its_documented_status() {
     let output = pw(&["tokens", "show", "cli-tok-never"], &env).await;
     assert_eq!(status_of(&output), 1, "{output:?}");
     assert_eq!(stdout_json(&output)["state"], "missing");
+    // tokens issue: 65 for a key that holds a card number, shown masked.
+    let output = pw(&["tokens", "issue", "4111-1111-1111-1111"], &env).await;
+    assert_eq!(status_of(&output), 65, "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no token issued"), "{stderr}");
+    assert!(
+        crate::support::cards::card_like_numbers(&stderr).is_empty(),
+        "{stderr}"
+    );
 
     // audit: 0 on clean books, 3 once a charge has no payment row.
     let output = pw(&["audit"], &env).await;

@@ -151,13 +151,22 @@ async fn a_stalled_poll_loop_fails_healthz_then_ends_the_process_non_zero() {
     )
     .await;
     let url = format!("http://127.0.0.1:{health}/healthz");
+    let ready_url = format!("http://127.0.0.1:{health}/readyz");
     let (mut healthy, mut failing) = (false, false);
+    // What /readyz said while /healthz failed: never ready, for the stall.
+    let mut readiness_while_failing = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(40);
     while run.is_running() {
         assert!(Instant::now() < deadline, "still running: {}", run.tail(20));
         match crate::support::helpers::http_get(&url).await {
             Ok(answer) if answer.status() == 200 => healthy = true,
-            Ok(answer) if answer.status() == 503 => failing = true,
+            Ok(answer) if answer.status() == 503 => {
+                failing = true;
+                if let Ok(ready) = crate::support::helpers::http_get(&ready_url).await {
+                    let status = ready.status().as_u16();
+                    readiness_while_failing.push((status, ready.text().await.unwrap_or_default()));
+                }
+            }
             _ => {}
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -165,6 +174,13 @@ async fn a_stalled_poll_loop_fails_healthz_then_ends_the_process_non_zero() {
     assert!(
         healthy && failing,
         "healthz was ok ({healthy}), then failed ({failing})"
+    );
+    assert!(
+        !readiness_while_failing.is_empty()
+            && readiness_while_failing
+                .iter()
+                .all(|(status, why)| *status == 503 && why.contains("has not polled")),
+        "{readiness_while_failing:?}"
     );
     let status = run.wait_exit(Duration::from_secs(1)).await;
     assert_eq!(status.code(), Some(1), "{}", run.tail(20));

@@ -77,8 +77,8 @@ async fn run_worker(
     by_key(&answers)
 }
 
-/// What `replay --dry-run` from offset 0 says of each key.
-async fn dry_run(stack: &Stack) -> HashMap<String, &'static str> {
+/// What `replay --dry-run` from offset 0 says of each record.
+async fn dry_run_records(stack: &Stack) -> Vec<operator::DryRunVerdict> {
     operator::dry_run_verdicts(
         &stack.settings,
         None,
@@ -88,9 +88,15 @@ async fn dry_run(stack: &Stack) -> HashMap<String, &'static str> {
     )
     .await
     .unwrap()
-    .into_iter()
-    .map(|v| (v.idempotency_key.unwrap_or_default(), v.verdict))
-    .collect()
+}
+
+/// What `replay --dry-run` from offset 0 says of each key.
+async fn dry_run(stack: &Stack) -> HashMap<String, &'static str> {
+    dry_run_records(stack)
+        .await
+        .into_iter()
+        .map(|v| (v.idempotency_key.unwrap_or_default(), v.verdict))
+        .collect()
 }
 
 fn assert_rejected(answer: &ResultRecord, code: &str) {
@@ -265,4 +271,61 @@ async fn a_refused_refund_replayed_is_not_flagged_as_possibly_refunded() {
         .await
         .unwrap();
     assert_eq!(remembered, 0);
+}
+
+/// A charge and a refund never share a key, and the dry run says so as the workers
+/// do: a refund under a payment's key, or a charge under a refund's, is `key_reused`
+/// (the tables decide, whatever the key's token says), not a `duplicate` of the
+/// completed token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_calls_a_key_the_other_kind_holds_reused_as_the_workers_do() {
+    let stack = Stack::new(1, SimulatorConfig::default()).await;
+    let budget = Duration::from_secs(20);
+    let booked = vec![
+        charge("pay-1", 1000),
+        charge("pay-2", 500),
+        refund("pay-1", "rf-1", "pay-1", 100),
+    ];
+    stack.produce(&booked).await;
+    run_worker(&stack, "w", budget, (booked.len(), 1), false).await;
+    // Keys crossed: a refund of pay-1 under pay-2's key, a charge under rf-1's.
+    let crossed = vec![refund("pay-2", "pay-2", "pay-1", 50), charge("rf-1", 700)];
+    stack.produce(&crossed).await;
+
+    let verdicts = dry_run_records(&stack).await;
+    let at = |offset: i64| {
+        let verdict = verdicts.iter().find(|v| v.offset == offset).unwrap();
+        (verdict.verdict, verdict.detail.clone())
+    };
+    let (refund_verdict, refund_detail) = at(3);
+    assert_eq!(refund_verdict, "key_reused", "{verdicts:?}");
+    assert!(
+        refund_detail.starts_with("key belongs to payment "),
+        "{refund_detail}"
+    );
+    let (charge_verdict, charge_detail) = at(4);
+    assert_eq!(charge_verdict, "key_reused", "{verdicts:?}");
+    assert!(
+        charge_detail.starts_with("key belongs to refund "),
+        "{charge_detail}"
+    );
+
+    // The workers answer both so.
+    let answers = run_worker(
+        &stack,
+        "w2",
+        budget,
+        (booked.len() + crossed.len(), 1),
+        false,
+    )
+    .await;
+    for (key, offset) in [("pay-2", 3), ("rf-1", 4)] {
+        let answer = answers[key]
+            .iter()
+            .find(|a| a.source.offset == offset)
+            .unwrap();
+        assert_rejected(answer, "key_reused");
+    }
+    assert_eq!(stack.simulator.refunds().len(), 1, "nothing more refunded");
+    assert_eq!(stack.ledger().len(), 2, "nothing more charged");
 }
