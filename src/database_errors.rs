@@ -1,5 +1,11 @@
 //! What a failed Postgres call means, read from its error and SQLSTATE: worth
-//! another attempt, data the database refuses for good, or a bug in our own SQL.
+//! another attempt, data the database refuses for good, or a bug in our own SQL;
+//! and whether a server answered read-only, so the pools stop handing out the
+//! connections opened before it said so.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// Postgres failures that a later attempt can overcome: the connection, the pool,
 /// and the server states that abort a transaction without it being our fault.
@@ -56,4 +62,53 @@ pub fn classify_sqlx(error: &sqlx::Error) -> DatabaseFailure {
         Some("42") => DatabaseFailure::Bug,
         _ => DatabaseFailure::Retryable,
     }
+}
+
+/// SQLSTATE 25006, read_only_sql_transaction: the server is a standby now (the old
+/// primary of a failover, back as a standby, or a standby a service briefly pointed
+/// at).
+pub fn is_read_only(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
+}
+
+/// When a server last answered read-only, in nanoseconds after [`clock_start`] plus
+/// one (0: never).
+static READ_ONLY_ANSWERED: AtomicU64 = AtomicU64::new(0);
+
+fn clock_start() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+fn now_on_clock() -> u64 {
+    let elapsed = Instant::now().saturating_duration_since(clock_start());
+    u64::try_from(elapsed.as_nanos())
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
+}
+
+/// Remembers `error` when it is a read-only answer ([`is_read_only`]); says whether
+/// it was. Every pooled connection opened before it is closed when it is next
+/// handed out ([`opened_before_a_read_only_answer`]): the pool would hand each one
+/// out again, and every statement on it would fail the same way until the pool
+/// recycled it, half an hour later. (One answer drops the connections of every pool
+/// in the process: they are opened again to wherever the server's address leads
+/// now, which costs a connect each.)
+pub fn note_read_only(error: &sqlx::Error) -> bool {
+    let read_only = is_read_only(error);
+    if read_only {
+        READ_ONLY_ANSWERED.fetch_max(now_on_clock(), Ordering::SeqCst);
+    }
+    read_only
+}
+
+/// Whether a pooled connection `age` old was opened before a server last answered
+/// read-only.
+pub fn opened_before_a_read_only_answer(age: Duration) -> bool {
+    let answered = READ_ONLY_ANSWERED.load(Ordering::SeqCst);
+    if answered == 0 {
+        return false;
+    }
+    let age = u64::try_from(age.as_nanos()).unwrap_or(u64::MAX);
+    now_on_clock().saturating_sub(age) <= answered
 }

@@ -206,6 +206,11 @@ async fn pool_of(
         })
         .before_acquire(|connection, meta| {
             Box::pin(async move {
+                // Opened before a server answered read-only: closed (the pool opens
+                // another), not handed out to fail the same way.
+                if crate::database_errors::opened_before_a_read_only_answer(meta.age) {
+                    return Ok(false);
+                }
                 if meta.idle_for >= PING_AFTER_IDLE {
                     connection.ping().await?;
                 }

@@ -44,7 +44,7 @@ impl Stall {
         statement: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, sqlx::Error> {
         match tokio::time::timeout(STATEMENT_DEADLINE, statement).await {
-            Ok(Err(error)) if read_only(&error) => {
+            Ok(Err(error)) if crate::database_errors::note_read_only(&error) => {
                 self.0.store(true, Ordering::SeqCst);
                 Err(error)
             }
@@ -75,11 +75,6 @@ impl Stall {
             drop(connection);
         }
     }
-}
-
-/// SQLSTATE 25006, read_only_sql_transaction: the server is a standby now.
-fn read_only(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
 }
 
 fn timed_out(what: &str) -> sqlx::Error {

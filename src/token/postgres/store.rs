@@ -92,7 +92,11 @@ impl PostgresTokenStore {
     ) -> Result<T, TokenError> {
         match tokio::time::timeout(self.op_timeout, op).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(classify(e, what, &subject)),
+            Ok(Err(e)) => {
+                // A standby's answer: the pool drops the connections opened before it.
+                crate::database_errors::note_read_only(&e);
+                Err(classify(e, what, &subject))
+            }
             Err(_) => Err(TokenError::Unavailable(anyhow!(
                 "{what} {subject}: no answer from Postgres within {:?}",
                 self.op_timeout

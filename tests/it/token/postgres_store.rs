@@ -436,3 +436,53 @@ async fn lease_renewal_is_served_while_every_payment_connection_is_held() {
     );
     tx.rollback().await.unwrap();
 }
+
+/// A server that answers read-only (a failover's old primary back as a standby, a
+/// standby a service briefly pointed at) makes the pool drop the connections opened
+/// before that answer: the next reservation runs on a fresh connection, instead of
+/// failing on each old one until the pool recycles it half an hour later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_answer_drops_the_connections_opened_before_it() {
+    let db = TestDb::new().await;
+    // Sessions opened from now on are read-only, as on a standby.
+    let read_only = |on: bool| {
+        let statement = if on {
+            format!(
+                "ALTER DATABASE {} SET default_transaction_read_only = on",
+                db.name
+            )
+        } else {
+            format!(
+                "ALTER DATABASE {} RESET default_transaction_read_only",
+                db.name
+            )
+        };
+        let pool = db.pool.clone();
+        async move { sqlx::query(&statement).execute(&pool).await.unwrap() }
+    };
+    read_only(true).await;
+    let pool = connect_with_size(&DatabaseSettings::with_url(&db.url), 2)
+        .await
+        .unwrap();
+    payment_worker::startup::open_all_connections(&pool)
+        .await
+        .unwrap();
+    // The address leads to a primary again; the pool's two connections are the
+    // standby's.
+    read_only(false).await;
+    let store = PostgresTokenStore::new(pool.clone(), TokenPolicy::default());
+    let key = IdempotencyKey::try_from(unique("ro").as_str()).unwrap();
+
+    let refused = store.reserve(&key, "w1").await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("read-only")),
+        "{refused:?}"
+    );
+    let reserved = store.reserve(&key, "w1").await;
+    assert!(
+        matches!(reserved, Ok(Reservation::Reserved { .. })),
+        "the old connection was handed out again: {reserved:?}"
+    );
+}
