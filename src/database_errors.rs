@@ -97,10 +97,20 @@ fn now_on_clock() -> u64 {
 pub fn note_read_only(error: &sqlx::Error) -> bool {
     let read_only = is_read_only(error);
     if read_only {
-        READ_ONLY_ANSWERED.fetch_max(now_on_clock(), Ordering::SeqCst);
+        // At most once a second: while the address still leads to a standby, each
+        // answer would otherwise drop the connections just opened, and every retry
+        // would pay a new connection.
+        let now = now_on_clock();
+        let last = READ_ONLY_ANSWERED.load(Ordering::SeqCst);
+        if last == 0 || now.saturating_sub(last) >= MARK_AT_MOST_EVERY.as_nanos() as u64 {
+            READ_ONLY_ANSWERED.fetch_max(now, Ordering::SeqCst);
+        }
     }
     read_only
 }
+
+/// How often a read-only answer may drop the pools' connections.
+const MARK_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// Whether a pooled connection `age` old was opened before a server last answered
 /// read-only.

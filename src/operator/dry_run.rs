@@ -2,7 +2,7 @@
 //! read-only from Postgres (the truth) and the token store. Neither the group's
 //! offsets nor the gateway are touched.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -88,12 +88,14 @@ async fn examine(
     })
     .await?;
     let in_range = ranges.iter().map(|r| r.available).sum::<i64>().max(0) as u64;
+    let (unknown, unknown_charges) = charges_unknown(pool).await?;
     let mut examiner = Examiner {
         scope,
         pool,
         store,
         mode,
-        unknown: charges_unknown(pool).await?,
+        unknown,
+        unknown_charges,
         decided_here: HashMap::new(),
     };
     let mut tally = Tally::new(list);
@@ -125,14 +127,21 @@ async fn off_the_runtime<T: Send + 'static>(
     tokio::task::spawn_blocking(move || read(&kafka)).await?
 }
 
-/// Keys given up on with their charge unknown, and since when: the workers look
-/// these up before any charge, whatever their token says.
-async fn charges_unknown(pool: &sqlx::PgPool) -> anyhow::Result<HashMap<String, DateTime<Utc>>> {
-    Ok(crate::payment::unresolved_charges(pool, "")
-        .await?
-        .into_iter()
-        .map(|u| (u.idempotency_key, u.dead_lettered_at))
-        .collect())
+/// Keys given up on with their outcome unknown, and since when: the workers look
+/// these up before anything is sent, whatever their token says; and which of them
+/// are a charge's (the others a refund's).
+async fn charges_unknown(
+    pool: &sqlx::PgPool,
+) -> anyhow::Result<(HashMap<String, DateTime<Utc>>, HashSet<String>)> {
+    let mut since = HashMap::new();
+    let mut charges = HashSet::new();
+    for unresolved in crate::payment::unresolved_charges(pool, "").await? {
+        if unresolved.kind == "charge" {
+            charges.insert(unresolved.idempotency_key.clone());
+        }
+        since.insert(unresolved.idempotency_key, unresolved.dead_lettered_at);
+    }
+    Ok((since, charges))
 }
 
 /// What a dry run reads its verdicts from, and what it decided so far.
@@ -141,8 +150,10 @@ struct Examiner<'a> {
     pool: &'a sqlx::PgPool,
     store: &'a dyn TokenStore,
     mode: TokenMode,
-    /// Keys given up on with their charge unknown ([`charges_unknown`]).
+    /// Keys given up on with their outcome unknown ([`charges_unknown`]).
     unknown: HashMap<String, DateTime<Utc>>,
+    /// Those of them that are a charge's.
+    unknown_charges: HashSet<String>,
     /// Keys this replay would charge (or look up) at an earlier record: the workers
     /// answer their later records from that first one, not from today's state.
     decided_here: HashMap<String, (Fingerprint, i64)>,
@@ -225,10 +236,14 @@ impl Examiner<'_> {
         let other = match (&existing, command) {
             (Some(_), _) => None,
             // (Unless a charge under it is remembered unknown: that one is looked up.)
-            (None, Command::Charge(_)) if self.unknown.contains_key(key.as_str()) => None,
+            (None, Command::Charge(_)) if self.unknown_charges.contains(key.as_str()) => None,
             (None, Command::Charge(_)) => crate::payment::find_refund(&mut conn, key.as_str())
                 .await?
                 .map(|row| format!("refund {}", row.id)),
+            // A charge under the key remembered unknown may be booked yet.
+            (None, Command::Refund(_)) if self.unknown_charges.contains(key.as_str()) => {
+                Some("a charge whose outcome is unknown (unresolved_charges)".to_owned())
+            }
             (None, Command::Refund(_)) => crate::payment::find_payment(&mut conn, key.as_str())
                 .await?
                 .map(|row| format!("payment {}", row.id)),
@@ -240,7 +255,17 @@ impl Examiner<'_> {
             (Some((_, (_, detail))), None) => ("key_reused", format!("key belongs to {detail}")),
             (None, None) => match self.decided_earlier(key, &fingerprint) {
                 Some(verdict) => verdict,
-                None => self.decide_from_token(key, fingerprint, offset).await?,
+                None => {
+                    // A charge is looked up first for a charge's unknown outcome only;
+                    // a refund for any remembered under its key.
+                    let own_kind = match command {
+                        Command::Charge(_) => self.unknown_charges.contains(key.as_str()),
+                        Command::Refund(_) => true,
+                    };
+                    let since = self.unknown.get(key.as_str()).copied().filter(|_| own_kind);
+                    self.decide_from_token(key, fingerprint, offset, since)
+                        .await?
+                }
             },
         };
         Ok(match (command, verdict) {
@@ -274,14 +299,10 @@ impl Examiner<'_> {
         key: &IdempotencyKey,
         fingerprint: Fingerprint,
         offset: i64,
+        unknown_since: Option<DateTime<Utc>>,
     ) -> anyhow::Result<(&'static str, String)> {
         let token = self.store.show(key).await?;
-        let verdict = token_verdict(
-            token.as_ref(),
-            self.mode,
-            self.scope.lookup,
-            self.unknown.get(key.as_str()).copied(),
-        );
+        let verdict = token_verdict(token.as_ref(), self.mode, self.scope.lookup, unknown_since);
         if [WOULD_CHARGE, WOULD_LOOK_UP].contains(&verdict.0) {
             self.decided_here
                 .insert(key.as_str().to_owned(), (fingerprint, offset));

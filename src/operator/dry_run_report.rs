@@ -99,7 +99,9 @@ impl DryRunReport {
             }
         }
         let from = match self.from_offset {
-            Some(offset) => format!("offset {offset}"),
+            Some(offset) => {
+                format!("offset {offset} (or where the group is, where it has not read as far)")
+            }
             None => "the beginning".to_owned(),
         };
         out.push_str(&format!(

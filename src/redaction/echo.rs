@@ -47,12 +47,13 @@ pub fn masked_text(text: &str) -> std::borrow::Cow<'_, str> {
     )
 }
 
-/// `text` cut to at most `max_chars` characters, then masked ([`masked_text`]), in
-/// that order: cutting a text after it was masked can make a card number of what
-/// was none (the first 16 digits of a 20-digit run); the placeholder when the
-/// masked text would no longer fit.
+/// `text` masked, cut to at most `max_chars` characters, and masked again: a card
+/// number the cut falls in is masked before it can lose its last digits (13 of them
+/// fail the Luhn check nine times in ten, and would be kept), and what the cut makes
+/// of a longer run (its first 16 digits can be a card number) is masked after. The
+/// placeholder when the masked text would no longer fit.
 pub fn masked_within(text: &str, max_chars: usize) -> String {
-    let cut: String = text.chars().take(max_chars).collect();
+    let cut: String = masked_text(text).chars().take(max_chars).collect();
     let masked = masked_text(&cut);
     if masked.chars().count() <= max_chars {
         return masked.into_owned();
@@ -161,6 +162,10 @@ mod tests {
         assert_eq!(kept.chars().count(), 502);
         assert!(!holds_card_number(kept.as_bytes()), "{kept}");
         assert!(kept.ends_with("1111"), "masked, not dropped: {kept}");
+        // A card the cut falls in: masked before it loses its last digits.
+        let straddling = format!("{}4111111111111111", "a".repeat(498));
+        let kept = masked_within(&straddling, 510);
+        assert!(!kept.contains("411111111111"), "{kept}");
         assert_eq!(masked_within("plain", 3), "pla");
     }
 }

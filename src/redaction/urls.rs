@@ -5,13 +5,17 @@
 /// (Postgres drivers take `password`/`sslpassword` there too). A URL that does not
 /// parse is shown as `<unparseable url>` (it might hold a secret anywhere).
 pub fn redact_url(raw: &str) -> String {
-    // A list of node URLs (`REDIS_URL` of a cluster's seeds: `redis://:pw@r1/,
-    // redis://:pw@r2/`, or with the later ones written without their scheme,
-    // `redis://:pw@r1/,:pw@r2/`) parses as one URL whose path holds the rest,
-    // passwords and all: each is shown redacted on its own.
-    let mut nodes = raw.split(',');
-    if nodes.next().is_some() && nodes.any(|node| node.contains("://") || node.contains('@')) {
-        return raw.split(',').map(redact_url).collect::<Vec<_>>().join(",");
+    if is_node_list(raw) {
+        // A list of node URLs (`REDIS_URL` of a cluster's seeds: `redis://:pw@r1/,
+        // redis://:pw@r2/`, or with the later ones written without their scheme,
+        // `redis://:pw@r1/,:pw@r2/`) parses as one URL whose path holds the rest,
+        // passwords and all: each is shown redacted on its own. A piece that does
+        // not parse may be part of a password cut at a comma: then nothing is shown.
+        let nodes: Vec<String> = raw.split(',').map(redact_url).collect();
+        if nodes.iter().any(|node| node == UNPARSEABLE) {
+            return UNPARSEABLE.to_owned();
+        }
+        return nodes.join(",");
     }
     // Without a scheme (`:pw@host:6379`, `user:pw@host`) the text before the first
     // colon would be read as one and the password as a path: read as an authority.
@@ -24,10 +28,38 @@ pub fn redact_url(raw: &str) -> String {
     redact_one(raw)
 }
 
+/// What a URL that does not parse is shown as.
+const UNPARSEABLE: &str = "<unparseable url>";
+
+/// Whether `raw` is several URLs joined by commas: read as one, a part after its
+/// authority (path, query, fragment) holds another's credentials or scheme, or it
+/// does not parse at all. A comma inside a password (`postgres://u:p,w@db/x`) is no
+/// list: the URL parses and its authority holds the comma.
+fn is_node_list(raw: &str) -> bool {
+    if !raw.contains(',') {
+        return false;
+    }
+    let whole = if raw.contains("://") {
+        url::Url::parse(raw)
+    } else {
+        url::Url::parse(&format!("x://{raw}"))
+    };
+    match whole {
+        Ok(url) => [
+            url.path(),
+            url.query().unwrap_or(""),
+            url.fragment().unwrap_or(""),
+        ]
+        .iter()
+        .any(|part| part.contains('@') || part.contains("://")),
+        Err(_) => true,
+    }
+}
+
 /// One URL, redacted.
 fn redact_one(raw: &str) -> String {
     let Ok(mut parsed) = url::Url::parse(raw) else {
-        return "<unparseable url>".to_owned();
+        return UNPARSEABLE.to_owned();
     };
     if parsed.password().is_some() {
         // set_password only fails for URLs that cannot carry one.
@@ -104,19 +136,28 @@ mod tests {
             redact_url("redis://:hunter2@r1:6379/,redis://:hunter3@r2:6379/"),
             "redis://:***@r1:6379/,redis://:***@r2:6379/"
         );
+        // A piece that does not parse could be the rest of a password.
         assert_eq!(
             redact_url("rediss://u:hunter2@r1:6379,not a url://x"),
-            "rediss://u:***@r1:6379,<unparseable url>"
+            "<unparseable url>"
         );
+        // A comma inside a password is no list.
+        for (raw, shown) in [
+            ("postgres://app:s3cr,et@db/p", "postgres://app:***@db/p"),
+            ("redis://:pa,ss@r1", "redis://:***@r1"),
+        ] {
+            assert_eq!(redact_url(raw), shown, "{raw}");
+        }
+        // Nor is a libpq host list; its password is masked all the same.
+        let hosts = redact_url("postgres://app:hunter2@h1:5432,h2:5432/db");
+        assert!(!hosts.contains("hunter2"), "{hosts}");
         // Later nodes, or all of them, written without a scheme.
         assert_eq!(
             redact_url("redis://:hunter2@r1:6379/,:hunter3@r2:6379/"),
             "redis://:***@r1:6379/,:***@r2:6379/"
         );
-        assert_eq!(
-            redact_url("r1:6379,:hunter3@r2:6379"),
-            "r1:6379,:***@r2:6379"
-        );
+        let scheme_less = redact_url("r1:6379,:hunter3@r2:6379");
+        assert!(!scheme_less.contains("hunter3"), "{scheme_less}");
         assert_eq!(redact_url("app:hunter2@db:5432"), "app:***@db:5432");
         assert_eq!(redact_url("db:5432"), "db:5432");
     }

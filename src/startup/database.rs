@@ -79,21 +79,20 @@ async fn accept_reworded_migrations(pool: &PgPool) -> Result<(), sqlx::Error> {
 /// How long a connection to Postgres may take at start-up, and from the pool.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Set on every connection a pool opens, so the server ends what a lost client left
-/// behind. A statement the worker gives up on (its deadline passed: a silent
+/// Set on every connection a pool opens, so the server finds out when its client is
+/// gone. A statement the worker gives up on (its deadline passed: a silent
 /// partition, a half-open connection) is abandoned with its connection, and the
-/// server never hears of it: its open transaction keeps the payment's key locked
-/// in the unique index until the server's kernel gives up on the peer, two hours
-/// by default. With keepalives every 30 s (3 probes 10 s apart) the server finds a
-/// client gone within about a minute; a transaction left idle for 10 minutes (far
-/// beyond any lease a payment's transaction runs under; a pooler in between answers
-/// the keepalives for its client) is ended by the server all the same. A
-/// transaction ended so rolls back: its charge, if one was made, is found by the
-/// next owner's look-up, as after a crash.
+/// server never hears of it: its open transaction keeps the payment's key locked in
+/// the unique index until the server's kernel gives up on the peer, two hours by
+/// default. With keepalives every 30 s (3 probes 10 s apart) the server finds such a
+/// client gone within about a minute and rolls its transaction back; a charge it
+/// made is found by the next owner's look-up, as after a crash. (Nothing else: a
+/// limit on idle transactions would also end a payment's own, open across a
+/// gateway call of any length. Over a Unix socket the settings do nothing; behind
+/// a pooler they reach its server connections, where they are harmless.)
 const SESSION_SETTINGS: &str = "SET tcp_keepalives_idle = 30; \
      SET tcp_keepalives_interval = 10; \
-     SET tcp_keepalives_count = 3; \
-     SET idle_in_transaction_session_timeout = '10min'";
+     SET tcp_keepalives_count = 3";
 
 /// Creates the database named in the URL if it does not exist yet.
 pub async fn ensure_database(settings: &DatabaseSettings) -> anyhow::Result<()> {
@@ -199,9 +198,14 @@ async fn pool_of(
         .test_before_acquire(false)
         .after_connect(|connection, _meta| {
             Box::pin(async move {
-                sqlx::Executor::execute(&mut *connection, SESSION_SETTINGS)
-                    .await
-                    .map(|_| ())
+                // A server that refuses them (a Postgres-compatible one without the
+                // settings) still serves payments: said, not fatal.
+                if let Err(error) =
+                    sqlx::Executor::execute(&mut *connection, SESSION_SETTINGS).await
+                {
+                    tracing::warn!(%error, "the server refused the TCP keepalive settings");
+                }
+                Ok(())
             })
         })
         .before_acquire(|connection, meta| {

@@ -19,7 +19,10 @@ use uuid::Uuid;
 /// own. The adapter's calls run under a lease that is kept renewed while they are
 /// pending, so a statement that never returned (a silent partition, a failover that
 /// left the connection half-open) would hold its key `processing` for good, and
-/// every later delivery of it `in_flight`.
+/// every later delivery of it `in_flight`. (The connection of a statement cut so
+/// goes back to the adapter's small pool, which pings it without a deadline: its
+/// slot stays taken until the path heals, and a later statement may wait the pool's
+/// acquire time-out for another; it ends, in either case.)
 const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// `statement`, or a time-out error once [`STATEMENT_DEADLINE`] has passed.
@@ -35,6 +38,11 @@ async fn within<T>(
     statement: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, sqlx::Error> {
     match tokio::time::timeout(deadline, statement).await {
+        Ok(Err(error)) => {
+            // A standby's answer: the pools drop the connections opened before it.
+            crate::database_errors::note_read_only(&error);
+            Err(error)
+        }
         Ok(answer) => answer,
         Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
             std::io::ErrorKind::TimedOut,

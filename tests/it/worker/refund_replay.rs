@@ -288,8 +288,20 @@ async fn a_dry_run_calls_a_key_the_other_kind_holds_reused_as_the_workers_do() {
     ];
     stack.produce(&booked).await;
     run_worker(&stack, "w", budget, (booked.len(), 1), false).await;
-    // Keys crossed: a refund of pay-1 under pay-2's key, a charge under rf-1's.
-    let crossed = vec![refund("pay-2", "pay-2", "pay-1", 50), charge("rf-1", 700)];
+    // Keys crossed: a refund of pay-1 under pay-2's key, a charge under rf-1's, and
+    // a refund under the key of a charge given up on with its outcome unknown.
+    sqlx::query(
+        "INSERT INTO unresolved_charges (idempotency_key, amount_minor, currency, reason, attempts, kind)
+         VALUES ('pay-x', 300, 'USD', 'gateway timed out', 3, 'charge')",
+    )
+    .execute(&stack.db.pool)
+    .await
+    .unwrap();
+    let crossed = vec![
+        refund("pay-2", "pay-2", "pay-1", 50),
+        charge("rf-1", 700),
+        refund("pay-x", "pay-x", "pay-1", 10),
+    ];
     stack.produce(&crossed).await;
 
     let verdicts = dry_run_records(&stack).await;
@@ -309,8 +321,14 @@ async fn a_dry_run_calls_a_key_the_other_kind_holds_reused_as_the_workers_do() {
         charge_detail.starts_with("key belongs to refund "),
         "{charge_detail}"
     );
+    let (unknown_verdict, unknown_detail) = at(5);
+    assert_eq!(unknown_verdict, "key_reused", "{verdicts:?}");
+    assert!(
+        unknown_detail.contains("unresolved_charges"),
+        "{unknown_detail}"
+    );
 
-    // The workers answer both so.
+    // The workers answer all three so.
     let answers = run_worker(
         &stack,
         "w2",
@@ -319,7 +337,7 @@ async fn a_dry_run_calls_a_key_the_other_kind_holds_reused_as_the_workers_do() {
         false,
     )
     .await;
-    for (key, offset) in [("pay-2", 3), ("rf-1", 4)] {
+    for (key, offset) in [("pay-2", 3), ("rf-1", 4), ("pay-x", 5)] {
         let answer = answers[key]
             .iter()
             .find(|a| a.source.offset == offset)
