@@ -195,58 +195,10 @@ impl Examiner<'_> {
         let key = command.idempotency_key();
         let fingerprint = command.fingerprint();
         let mut conn = self.pool.acquire().await?;
-        // The row's fingerprint, and the verdict for the same request.
-        let existing = match command {
-            Command::Charge(_) => crate::payment::find_payment(&mut conn, key.as_str())
-                .await?
-                .map(|row| {
-                    (
-                        row.fingerprint,
-                        ("duplicate", format!("payment {}", row.id)),
-                    )
-                }),
-            Command::Refund(_) => crate::payment::find_refund(&mut conn, key.as_str())
-                .await?
-                .map(|row| {
-                    let same = match row.status {
-                        RefundStatus::Processing => (
-                            WOULD_LOOK_UP,
-                            format!("refund {} reserved, its answer unknown", row.id),
-                        ),
-                        // A kept refusal (before anything was sent, or by the
-                        // gateway): the replay answers it again, as the refusal it was.
-                        RefundStatus::Rejected => (
-                            "invalid",
-                            format!(
-                                "refund {} refused for good ({})",
-                                row.id,
-                                row.failure_reason
-                                    .as_deref()
-                                    .and_then(|reason| reason.split(':').next())
-                                    .unwrap_or("refused")
-                            ),
-                        ),
-                        _ => ("duplicate", format!("refund {}", row.id)),
-                    };
-                    (row.fingerprint, same)
-                }),
-        };
-        // A charge and a refund never share a key: the workers refuse a command
-        // whose key the other kind's row holds (the tables decide, not the token).
-        let other = match (&existing, command) {
-            (Some(_), _) => None,
-            // (Unless a charge under it is remembered unknown: that one is looked up.)
-            (None, Command::Charge(_)) if self.unknown_charges.contains(key.as_str()) => None,
-            (None, Command::Charge(_)) => crate::payment::find_refund(&mut conn, key.as_str())
-                .await?
-                .map(|row| format!("refund {}", row.id)),
-            // A charge under the key remembered unknown may be booked yet.
-            (None, Command::Refund(_)) if self.unknown_charges.contains(key.as_str()) => {
-                Some("a charge whose outcome is unknown (unresolved_charges)".to_owned())
-            }
-            (None, Command::Refund(_)) => crate::payment::find_payment(&mut conn, key.as_str())
-                .await?
-                .map(|row| format!("payment {}", row.id)),
+        let existing = own_row(&mut conn, command).await?;
+        let other = match existing {
+            Some(_) => None,
+            None => self.other_kinds_row(&mut conn, command).await?,
         };
         drop(conn);
         let verdict = match (existing, other) {
@@ -271,6 +223,31 @@ impl Examiner<'_> {
         Ok(match (command, verdict) {
             (Command::Refund(_), (WOULD_CHARGE, detail)) => (WOULD_REFUND, detail),
             (_, verdict) => verdict,
+        })
+    }
+
+    /// The other kind's row under the command's key, if one holds it: a charge and a
+    /// refund never share a key, and the workers refuse a command whose key the
+    /// other kind's row holds (the tables decide, not the token).
+    async fn other_kinds_row(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        command: &Command,
+    ) -> anyhow::Result<Option<String>> {
+        let key = command.idempotency_key();
+        Ok(match command {
+            // (Unless a charge under it is remembered unknown: that one is looked up.)
+            Command::Charge(_) if self.unknown_charges.contains(key.as_str()) => None,
+            Command::Charge(_) => crate::payment::find_refund(&mut *conn, key.as_str())
+                .await?
+                .map(|row| format!("refund {}", row.id)),
+            // A charge under the key remembered unknown may be booked yet.
+            Command::Refund(_) if self.unknown_charges.contains(key.as_str()) => {
+                Some("a charge whose outcome is unknown (unresolved_charges)".to_owned())
+            }
+            Command::Refund(_) => crate::payment::find_payment(&mut *conn, key.as_str())
+                .await?
+                .map(|row| format!("payment {}", row.id)),
         })
     }
 
@@ -309,6 +286,50 @@ impl Examiner<'_> {
         }
         Ok(verdict)
     }
+}
+
+/// The command's own row under its key (a payment's for a charge, a refund's for a
+/// refund): its fingerprint, and the verdict for the same request.
+async fn own_row(
+    conn: &mut sqlx::PgConnection,
+    command: &Command,
+) -> anyhow::Result<Option<(Fingerprint, (&'static str, String))>> {
+    let key = command.idempotency_key();
+    Ok(match command {
+        Command::Charge(_) => crate::payment::find_payment(&mut *conn, key.as_str())
+            .await?
+            .map(|row| {
+                (
+                    row.fingerprint,
+                    ("duplicate", format!("payment {}", row.id)),
+                )
+            }),
+        Command::Refund(_) => crate::payment::find_refund(&mut *conn, key.as_str())
+            .await?
+            .map(|row| {
+                let same = match row.status {
+                    RefundStatus::Processing => (
+                        WOULD_LOOK_UP,
+                        format!("refund {} reserved, its answer unknown", row.id),
+                    ),
+                    // A kept refusal (before anything was sent, or by the
+                    // gateway): the replay answers it again, as the refusal it was.
+                    RefundStatus::Rejected => (
+                        "invalid",
+                        format!(
+                            "refund {} refused for good ({})",
+                            row.id,
+                            row.failure_reason
+                                .as_deref()
+                                .and_then(|reason| reason.split(':').next())
+                                .unwrap_or("refused")
+                        ),
+                    ),
+                    _ => ("duplicate", format!("refund {}", row.id)),
+                };
+                (row.fingerprint, same)
+            }),
+    })
 }
 
 /// The verdict for a command with no payment row, from its token: the processor
