@@ -1,8 +1,10 @@
 //! What a failed Postgres call means, read from its error and SQLSTATE: worth
 //! another attempt, data the database refuses for good, or a bug in our own SQL;
 //! and whether a server answered read-only, so the pools stop handing out the
-//! connections opened before it said so.
+//! connections opened before it said so. Also the deadline one statement answers
+//! within, or is given up on.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -121,4 +123,37 @@ pub fn opened_before_a_read_only_answer(age: Duration) -> bool {
     }
     let age = u64::try_from(age.as_nanos()).unwrap_or(u64::MAX);
     now_on_clock().saturating_sub(age) <= answered
+}
+
+/// How long one statement may take (a payment's, or the Stripe adapter's records).
+/// A row lock held by another attempt's transaction while its gateway call runs
+/// (itself bounded by the gateway timeout) is the longest legitimate wait; cut, it
+/// is retried like any outage.
+pub const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// `statement` within [`STATEMENT_DEADLINE`], or an I/O time-out naming `what` (a
+/// transient failure, as the driver reports a dead connection); a read-only answer
+/// is noted ([`note_read_only`]).
+pub async fn within_deadline<T>(
+    what: &str,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match tokio::time::timeout(STATEMENT_DEADLINE, statement).await {
+        Ok(Err(error)) => {
+            note_read_only(&error);
+            Err(error)
+        }
+        Ok(answer) => answer,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what}: no answer from Postgres within {STATEMENT_DEADLINE:?}"),
+        ))),
+    }
+}
+
+/// Whether the connection `error` came from must not be used again: its statement
+/// went unanswered ([`within_deadline`]), or the server is read-only.
+pub fn connection_unusable(error: &sqlx::Error) -> bool {
+    is_read_only(error)
+        || matches!(error, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
 }

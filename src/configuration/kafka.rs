@@ -111,22 +111,17 @@ impl KafkaSettings {
     /// checked: a pod name with a millisecond timestamp would be refused one time in
     /// ten.)
     pub fn check_topics(&self) -> Result<(), RefusedKafkaSetting> {
-        let names = [
-            ("KAFKA_GROUP_ID", &self.group_id),
-            ("COMMANDS_TOPIC", &self.commands_topic),
-            ("RESULTS_TOPIC", &self.results_topic),
-            ("DLQ_TOPIC", &self.dlq_topic),
-        ];
-        for (setting, name) in names {
-            if crate::redaction::contains_card_number(name) {
-                return Err(RefusedKafkaSetting::CardNumberInName(setting));
-            }
-        }
         let topics = [
             ("COMMANDS_TOPIC", &self.commands_topic),
             ("RESULTS_TOPIC", &self.results_topic),
             ("DLQ_TOPIC", &self.dlq_topic),
         ];
+        let group = ("KAFKA_GROUP_ID", &self.group_id);
+        for (setting, name) in std::iter::once(group).chain(topics) {
+            if crate::redaction::contains_card_number(name) {
+                return Err(RefusedKafkaSetting::CardNumberInName(setting));
+            }
+        }
         for (at, (first, one)) in topics.iter().enumerate() {
             if let Some((second, _)) = topics[at + 1..].iter().find(|(_, other)| other == one) {
                 return Err(RefusedKafkaSetting::SharedTopic(

@@ -322,8 +322,8 @@ pub(super) fn reason_from_body(body: String) -> String {
             }
         });
     // The reason travels on (results, dead-letter headers, logs), and a gateway
-    // that echoes the request could put a card number in it, in any writing. Cut
-    // first, masked last: the first digits of a longer run can be a card number.
+    // that echoes the request could put a card number in it, in any writing; it is
+    // masked before and after it is cut to length (`masked_within`).
     let text = from_json.unwrap_or(body);
     if text.trim().is_empty() {
         return "no reason given".to_owned();
@@ -510,7 +510,7 @@ mod tests {
             reason_from_body("x".repeat(2000)).chars().count(),
             MAX_REASON_LEN + 1
         );
-        // Cut first, masked last: a run of 20 digits is no card, its first 16 are.
+        // Masked after the cut too: a run of 20 digits is no card, its first 16 are.
         let filler = "a".repeat(MAX_REASON_LEN - "declined: ".len() - 16);
         let cut = reason_from_body(format!(
             r#"{{"error":"declined","message":"{filler}41111111111111111111"}}"#

@@ -2,7 +2,7 @@
 //! read-only from Postgres (the truth) and the token store. Neither the group's
 //! offsets nor the gateway are touched.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -11,9 +11,10 @@ use rdkafka::message::{Message, OwnedMessage};
 use super::dry_run_report::{
     DryRunReport, DryRunVerdict, Tally, WOULD_CHARGE, WOULD_LOOK_UP, WOULD_REFUND,
 };
+use super::restarts::restart_of;
 use super::topics::{group_offsets, partition_ranges, read_ranges, window, PartitionRange};
 use crate::configuration::{GatewayKind, KafkaSettings};
-use crate::payment::{Command, Fingerprint, GatewayLookup, RefundStatus};
+use crate::payment::{Command, CommandKind, Fingerprint, GatewayLookup, RefundStatus};
 use crate::token::IdempotencyKey;
 use crate::token::{TokenMode, TokenState, TokenStore};
 use crate::worker::Inbound;
@@ -88,14 +89,13 @@ async fn examine(
     })
     .await?;
     let in_range = ranges.iter().map(|r| r.available).sum::<i64>().max(0) as u64;
-    let (unknown, unknown_charges) = charges_unknown(pool).await?;
+    let unknown = outcomes_unknown(pool).await?;
     let mut examiner = Examiner {
         scope,
         pool,
         store,
         mode,
         unknown,
-        unknown_charges,
         decided_here: HashMap::new(),
     };
     let mut tally = Tally::new(list);
@@ -127,21 +127,23 @@ async fn off_the_runtime<T: Send + 'static>(
     tokio::task::spawn_blocking(move || read(&kafka)).await?
 }
 
-/// Keys given up on with their outcome unknown, and since when: the workers look
-/// these up before anything is sent, whatever their token says; and which of them
-/// are a charge's (the others a refund's).
-async fn charges_unknown(
+/// Keys given up on with their outcome unknown, since when, and whose (a charge's or
+/// a refund's): the workers look these up before anything is sent, whatever their
+/// token says.
+async fn outcomes_unknown(
     pool: &sqlx::PgPool,
-) -> anyhow::Result<(HashMap<String, DateTime<Utc>>, HashSet<String>)> {
-    let mut since = HashMap::new();
-    let mut charges = HashSet::new();
-    for unresolved in crate::payment::unresolved_charges(pool, "").await? {
-        if unresolved.kind == "charge" {
-            charges.insert(unresolved.idempotency_key.clone());
-        }
-        since.insert(unresolved.idempotency_key, unresolved.dead_lettered_at);
-    }
-    Ok((since, charges))
+) -> anyhow::Result<HashMap<String, (DateTime<Utc>, CommandKind)>> {
+    Ok(crate::payment::unresolved_charges(pool, "")
+        .await?
+        .into_iter()
+        .map(|u| {
+            let kind = match u.kind.as_str() {
+                "charge" => CommandKind::Charge,
+                _ => CommandKind::Refund,
+            };
+            (u.idempotency_key, (u.dead_lettered_at, kind))
+        })
+        .collect())
 }
 
 /// What a dry run reads its verdicts from, and what it decided so far.
@@ -150,10 +152,8 @@ struct Examiner<'a> {
     pool: &'a sqlx::PgPool,
     store: &'a dyn TokenStore,
     mode: TokenMode,
-    /// Keys given up on with their outcome unknown ([`charges_unknown`]).
-    unknown: HashMap<String, DateTime<Utc>>,
-    /// Those of them that are a charge's.
-    unknown_charges: HashSet<String>,
+    /// Keys given up on with their outcome unknown ([`outcomes_unknown`]).
+    unknown: HashMap<String, (DateTime<Utc>, CommandKind)>,
     /// Keys this replay would charge (or look up) at an earlier record: the workers
     /// answer their later records from that first one, not from today's state.
     decided_here: HashMap<String, (Fingerprint, i64)>,
@@ -210,11 +210,11 @@ impl Examiner<'_> {
                 None => {
                     // A charge is looked up first for a charge's unknown outcome only;
                     // a refund for any remembered under its key.
-                    let own_kind = match command {
-                        Command::Charge(_) => self.unknown_charges.contains(key.as_str()),
-                        Command::Refund(_) => true,
+                    let since = match (command, self.unknown.get(key.as_str())) {
+                        (Command::Refund(_), Some(&(since, _)))
+                        | (Command::Charge(_), Some(&(since, CommandKind::Charge))) => Some(since),
+                        _ => None,
                     };
-                    let since = self.unknown.get(key.as_str()).copied().filter(|_| own_kind);
                     self.decide_from_token(key, fingerprint, offset, since)
                         .await?
                 }
@@ -237,18 +237,26 @@ impl Examiner<'_> {
         let key = command.idempotency_key();
         Ok(match command {
             // (Unless a charge under it is remembered unknown: that one is looked up.)
-            Command::Charge(_) if self.unknown_charges.contains(key.as_str()) => None,
+            Command::Charge(_) if self.charge_unknown(key) => None,
             Command::Charge(_) => crate::payment::find_refund(&mut *conn, key.as_str())
                 .await?
                 .map(|row| format!("refund {}", row.id)),
             // A charge under the key remembered unknown may be booked yet.
-            Command::Refund(_) if self.unknown_charges.contains(key.as_str()) => {
+            Command::Refund(_) if self.charge_unknown(key) => {
                 Some("a charge whose outcome is unknown (unresolved_charges)".to_owned())
             }
             Command::Refund(_) => crate::payment::find_payment(&mut *conn, key.as_str())
                 .await?
                 .map(|row| format!("payment {}", row.id)),
         })
+    }
+
+    /// Whether a charge under `key` was given up on with its outcome unknown.
+    fn charge_unknown(&self, key: &IdempotencyKey) -> bool {
+        matches!(
+            self.unknown.get(key.as_str()),
+            Some((_, CommandKind::Charge))
+        )
     }
 
     /// The verdict when an earlier record of this replay already decided the key.
@@ -382,15 +390,21 @@ fn token_verdict(
 /// Per partition, where a replay starts and, under a limit, where reading stops.
 /// A replay never moves a partition forward: where the group has not read as far as
 /// the target, the workers go on from its committed offset, so the dry run starts
-/// there too (`replay.rs`, `restart_of`).
+/// there too, by the replay's own rule.
 fn replay_ranges(
     kafka: &KafkaSettings,
     scope: &DryRunScope,
 ) -> anyhow::Result<Vec<PartitionRange>> {
     let committed = group_offsets(kafka, &kafka.commands_topic)?;
     let mut ranges = partition_ranges(kafka, &kafka.commands_topic, |partition, low| {
-        let current = committed.get(&partition).copied().unwrap_or(low).max(low);
-        scope.to_offset.unwrap_or(low).min(current)
+        // (`partition_ranges` keeps the start within the high watermark.)
+        restart_of(
+            scope.to_offset,
+            low,
+            i64::MAX,
+            committed.get(&partition).copied(),
+        )
+        .start
     })?;
     if let Some(limit) = scope.limit {
         share_limit(&mut ranges, limit);

@@ -11,6 +11,7 @@ mod produce;
 mod redrive;
 mod refund_workload;
 mod replay;
+mod restarts;
 mod topics;
 mod workload;
 

@@ -154,7 +154,7 @@ mod tests {
     }
 
     #[test]
-    fn a_text_is_cut_before_it_is_masked() {
+    fn a_text_is_masked_before_and_after_it_is_cut() {
         // One run of 20 digits is no card; its first 16 are one.
         let long = format!("{}41111111111111111111", "a".repeat(486));
         assert!(!holds_card_number(long.as_bytes()));

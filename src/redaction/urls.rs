@@ -17,15 +17,30 @@ pub fn redact_url(raw: &str) -> String {
         }
         return nodes.join(",");
     }
-    // Without a scheme (`:pw@host:6379`, `user:pw@host`) the text before the first
-    // colon would be read as one and the password as a path: read as an authority.
-    if !raw.contains("://") {
-        let shown = redact_one(&format!("x://{raw}"));
-        return shown
-            .strip_prefix("x://")
-            .map_or(shown.clone(), str::to_owned);
+    match as_url(raw) {
+        std::borrow::Cow::Borrowed(url) => redact_one(url),
+        std::borrow::Cow::Owned(url) => {
+            let shown = redact_one(&url);
+            match shown.strip_prefix(SCHEME_LESS) {
+                Some(authority) => authority.to_owned(),
+                None => shown,
+            }
+        }
     }
-    redact_one(raw)
+}
+
+/// The scheme put in front of a value written without one.
+const SCHEME_LESS: &str = "x://";
+
+/// `raw` as a URL: without a scheme (`:pw@host:6379`, `user:pw@host`) the text
+/// before the first colon would be read as one and the password as a path, so it
+/// is read behind [`SCHEME_LESS`], as an authority.
+fn as_url(raw: &str) -> std::borrow::Cow<'_, str> {
+    if raw.contains("://") {
+        std::borrow::Cow::Borrowed(raw)
+    } else {
+        std::borrow::Cow::Owned(format!("{SCHEME_LESS}{raw}"))
+    }
 }
 
 /// What a URL that does not parse is shown as.
@@ -39,12 +54,7 @@ fn is_node_list(raw: &str) -> bool {
     if !raw.contains(',') {
         return false;
     }
-    let whole = if raw.contains("://") {
-        url::Url::parse(raw)
-    } else {
-        url::Url::parse(&format!("x://{raw}"))
-    };
-    match whole {
+    match url::Url::parse(&as_url(raw)) {
         Ok(url) => [
             url.path(),
             url.query().unwrap_or(""),

@@ -545,7 +545,6 @@ mod tests {
         .unwrap()
     }
 
-    /// A shared Stripe account: only what the worker wrote is the worker's.
     #[test]
     fn an_error_code_a_row_cannot_keep_is_left_out() {
         let body = |decline_code: &str| {
@@ -566,6 +565,7 @@ mod tests {
         }
     }
 
+    /// A shared Stripe account: only what the worker wrote is the worker's.
     #[test]
     fn only_a_payment_intent_with_the_workers_metadata_is_the_workers() {
         let ours = serde_json::json!({

@@ -8,48 +8,20 @@
 //! The statements are checked at compile time (`sqlx::query!`) through the offline
 //! cache `.sqlx/` at the workspace root (docs/ARCHITECTURE.md, "Checked SQL").
 
-use std::future::Future;
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// How long one statement of the records may take, as long as one of the payment's
-/// own. The adapter's calls run under a lease that is kept renewed while they are
-/// pending, so a statement that never returned (a silent partition, a failover that
-/// left the connection half-open) would hold its key `processing` for good, and
-/// every later delivery of it `in_flight`. (The connection of a statement cut so
-/// goes back to the adapter's small pool, which pings it without a deadline: its
-/// slot stays taken until the path heals, and a later statement may wait the pool's
-/// acquire time-out for another; it ends, in either case.)
-const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
+use crate::database_errors::within_deadline;
 
-/// `statement`, or a time-out error once [`STATEMENT_DEADLINE`] has passed.
-async fn bounded<T>(
-    statement: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, sqlx::Error> {
-    within(STATEMENT_DEADLINE, statement).await
-}
-
-/// `statement`, or a time-out error once `deadline` has passed.
-async fn within<T>(
-    deadline: Duration,
-    statement: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, sqlx::Error> {
-    match tokio::time::timeout(deadline, statement).await {
-        Ok(Err(error)) => {
-            // A standby's answer: the pools drop the connections opened before it.
-            crate::database_errors::note_read_only(&error);
-            Err(error)
-        }
-        Ok(answer) => answer,
-        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer from Postgres within {deadline:?}"),
-        ))),
-    }
-}
+// Every statement answers within the payment's statement deadline: the adapter's
+// calls run under a lease that is kept renewed while they are pending, so a
+// statement that never returned (a silent partition, a failover that left the
+// connection half-open) would hold its key `processing` for good, and every later
+// delivery of it `in_flight`. (The connection of a statement cut so goes back to
+// the adapter's small pool, which pings it without a deadline: its slot stays taken
+// until the path heals, and a later statement may wait the pool's acquire time-out
+// for another; it ends, in either case.)
 
 /// One create attempt of one payment.
 #[derive(Debug, Clone)]
@@ -81,7 +53,8 @@ impl Records {
     pub async fn of(&self, key: &str) -> Result<Vec<IntentRecord>, sqlx::Error> {
         // The columns are spelled out in each statement: a macro checks a literal
         // only, so the shared `format!` of the columns went.
-        bounded(
+        within_deadline(
+            "reading the key's create attempts",
             sqlx::query_as!(
                 IntentRecord,
                 "SELECT create_attempt, account, livemode, requested_at, payment_intent_id,
@@ -104,7 +77,8 @@ impl Records {
         account: &str,
         livemode: bool,
     ) -> Result<IntentRecord, sqlx::Error> {
-        bounded(
+        within_deadline(
+            "recording a create attempt",
             sqlx::query_as!(
                 IntentRecord,
                 "INSERT INTO stripe_payment_intents
@@ -130,7 +104,8 @@ impl Records {
         create_attempt: i32,
         id: &str,
     ) -> Result<(), sqlx::Error> {
-        bounded(
+        within_deadline(
+            "recording a PaymentIntent",
             sqlx::query!(
                 "UPDATE stripe_payment_intents SET payment_intent_id = $3, updated_at = now()
              WHERE idempotency_key = $1 AND create_attempt = $2",
@@ -152,7 +127,8 @@ impl Records {
     pub async fn begin_confirm(&self, key: &str, create_attempt: i32) -> Result<i64, sqlx::Error> {
         // `confirms!`: NULL when no row of the attempt was bumped; decoding that is an
         // error, as it was before the macros (Postgres cannot tell of an expression).
-        bounded(
+        within_deadline(
+            "counting a confirm",
             sqlx::query_scalar!(
                 r#"WITH bumped AS (
                  UPDATE stripe_payment_intents
@@ -178,7 +154,8 @@ impl Records {
         create_attempt: i32,
         code: &str,
     ) -> Result<(), sqlx::Error> {
-        bounded(
+        within_deadline(
+            "recording a decline",
             sqlx::query!(
                 "UPDATE stripe_payment_intents SET decline_code = $3, updated_at = now()
              WHERE idempotency_key = $1 AND create_attempt = $2",
@@ -190,22 +167,5 @@ impl Records {
         )
         .await?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_statement_that_never_answers_ends_at_the_deadline() {
-        let never = std::future::pending::<Result<(), sqlx::Error>>();
-        match within(Duration::from_millis(20), never).await {
-            Err(sqlx::Error::Io(error)) => {
-                assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(bounded(async { Ok(7) }).await.ok(), Some(7));
     }
 }

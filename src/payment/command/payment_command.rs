@@ -148,19 +148,13 @@ pub(super) fn check_text(value: &str, max: usize) -> Result<(), TextProblem> {
         return Err(TextProblem::ControlCharacter { position });
     }
     // An identifier has no look-alike twin: `acct_42` and `acct\u{200B}_42` would
-    // be two accounts that show the same in every log line and console.
-    if let Some(position) = value.chars().position(shows_as_nothing) {
+    // be two accounts that show the same in every log line and console. What shows
+    // as nothing is the card detector's set (format and default-ignorable
+    // characters, the Hangul fillers, the braille blank): one list for both.
+    if let Some(position) = value.chars().position(crate::redaction::is_invisible) {
         return Err(TextProblem::InvisibleCharacter { position });
     }
     Ok(())
-}
-
-/// What a reader does not see, or sees only as a mark on its neighbours: the card
-/// detector's invisible characters (format characters, the default-ignorable ones,
-/// the blanks that are letters or symbols to Unicode: the Hangul fillers, the
-/// braille blank).
-fn shows_as_nothing(c: char) -> bool {
-    crate::redaction::is_invisible(c)
 }
 
 /// A character no text field may hold: a control character (C0, DEL, C1: Postgres

@@ -36,8 +36,8 @@ enum Answered {
 
 /// A gateway's refusal as a row keeps it: its control characters (a NUL, which
 /// Postgres cannot store, a gateway's line breaks) as spaces, cut to what the column
-/// holds, and masked last: a space where a NUL stood, or a cut, can make a card
-/// number of digits the gateway's text held apart. The answer given now is the same
+/// holds, masked before and after the cut (`masked_within`): a space where a NUL
+/// stood, or a cut, can make a card number of digits the gateway's text held apart. The answer given now is the same
 /// text, so every delivery reads alike.
 fn keepable_reason(reason: &str) -> String {
     let spaced: String = reason

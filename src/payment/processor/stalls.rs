@@ -20,15 +20,11 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::Postgres;
 
-/// How long one statement of the payment path may take. A row lock held by another
-/// attempt's transaction while its gateway call runs (itself bounded by the gateway
-/// timeout) is the longest legitimate wait; cut, it is retried like any outage.
-pub(super) const STATEMENT_DEADLINE: Duration = Duration::from_secs(5);
+use crate::database_errors::{connection_unusable, within_deadline, STATEMENT_DEADLINE};
 
 /// Whether a statement on one connection went unanswered, or found the server
 /// read-only.
@@ -37,23 +33,18 @@ pub(super) struct Stall(AtomicBool);
 
 impl Stall {
     /// `statement` within [`STATEMENT_DEADLINE`], or an I/O time-out (a transient
-    /// failure, as the driver reports a dead connection), the connection marked.
+    /// failure, as the driver reports a dead connection), the connection marked;
+    /// marked too when the server answered read-only.
     pub(super) async fn bounded<T>(
         &self,
         what: &str,
         statement: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, sqlx::Error> {
-        match tokio::time::timeout(STATEMENT_DEADLINE, statement).await {
-            Ok(Err(error)) if crate::database_errors::note_read_only(&error) => {
-                self.0.store(true, Ordering::SeqCst);
-                Err(error)
-            }
-            Ok(answer) => answer,
-            Err(_) => {
-                self.0.store(true, Ordering::SeqCst);
-                Err(timed_out(what))
-            }
+        let answer = within_deadline(what, statement).await;
+        if answer.as_ref().is_err_and(connection_unusable) {
+            self.0.store(true, Ordering::SeqCst);
         }
+        answer
     }
 
     pub(super) fn stalled(&self) -> bool {
@@ -75,13 +66,6 @@ impl Stall {
             drop(connection);
         }
     }
-}
-
-fn timed_out(what: &str) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("{what}: no answer from Postgres within {STATEMENT_DEADLINE:?}"),
-    ))
 }
 
 #[cfg(test)]
